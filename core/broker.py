@@ -1,0 +1,318 @@
+"""The broker facade: routing, subscriptions, acks and transactions per client."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from typing import Any
+
+from core.destinations import Queue
+from core.errors import (
+    DuplicateSubscription,
+    InvalidDestination,
+    LimitExceeded,
+    NotAuthorized,
+    TransactionExists,
+    UnknownSubscription,
+    UnknownTransaction,
+)
+from core.matching import SubscriptionTree
+from core.messages import DEFAULT_PRIORITY, Message
+from core.names import Address, Kind
+from core.ports import Clock, Sink
+from core.subscriptions import AckMode, Subscription
+from core.transactions import Transaction
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokerSettings:
+    # ActiveMQ's default queue prefetch.
+    default_prefetch: int = 1000
+    # Messages a non-durable topic subscriber may fall behind before the oldest
+    # are discarded (ActiveMQ's pending-message limit strategy).
+    topic_buffer_limit: int = 10_000
+    max_destinations: int = 10_000
+    max_subscriptions_per_client: int = 1_000
+    max_transactions_per_client: int = 64
+    max_transaction_messages: int = 100_000
+
+
+class BrokerStatistics:
+    __slots__ = ("messages_in", "messages_discarded", "clients")
+
+    def __init__(self) -> None:
+        self.messages_in = 0
+        self.messages_discarded = 0
+        self.clients = 0
+
+
+class Broker:
+    """Destinations and routing.  Clients act on it through :class:`Client`."""
+
+    def __init__(self, clock: Clock, settings: BrokerSettings | None = None, *, node: str | None = None) -> None:
+        self.clock = clock
+        self.settings = settings or BrokerSettings()
+        self.queues: dict[Address, Queue] = {}
+        self._trees: dict[Kind, SubscriptionTree[Subscription]] = {
+            Kind.TOPIC: SubscriptionTree(),
+            Kind.TEMP_TOPIC: SubscriptionTree(),
+        }
+        self._temporary_owners: dict[Address, Client] = {}
+        # Message ids stay unique across restarts without coordination.
+        self._id_prefix = f"ID:{node or os.urandom(4).hex()}-"
+        self._seq = itertools.count(1)
+        self._client_seq = itertools.count(1)
+        self.stats = BrokerStatistics()
+
+    # The in-memory broker promises nothing beyond memory, so every LSN it
+    # hands out (always 0) is already "durable".  The store issue replaces this.
+    durable_lsn = 0
+
+    def open_client(self, sink: Sink, *, client_id: str | None = None) -> Client:
+        self.stats.clients += 1
+        return Client(self, sink, next(self._client_seq), client_id)
+
+    def message(
+        self,
+        address: Address,
+        headers: dict[str, str],
+        body: bytes,
+        *,
+        persistent: bool = False,
+        priority: int = DEFAULT_PRIORITY,
+        expires: int = 0,
+    ) -> Message:
+        """A new message with a fresh id and the broker's timestamp."""
+        if address.is_pattern:
+            raise InvalidDestination(f"cannot send to a wildcard destination {address.text!r}")
+        return Message(
+            self._id_prefix + str(next(self._seq)),
+            address,
+            headers,
+            body,
+            persistent=persistent,
+            priority=priority,
+            expires=expires,
+            timestamp=self.clock.wall_ms(),
+        )
+
+    def route(self, message: Message) -> None:
+        """Deliver a committed message to its queue or to every matching topic subscriber."""
+        self.stats.messages_in += 1
+        address = message.address
+        if address.is_queue:
+            queue = self.queues.get(address)
+            if queue is None:
+                if address.is_temporary:
+                    # The owner is gone: a reply to a requester that left.
+                    self.stats.messages_discarded += 1
+                    return
+                queue = self._create_queue(address)
+            queue.put(message)
+        else:
+            for subscription in self._trees[address.kind].match(address.segments):
+                subscription.queue.put(message)
+
+    def queue(self, address: Address) -> Queue | None:
+        return self.queues.get(address)
+
+    def _create_queue(self, address: Address, owner: Client | None = None) -> Queue:
+        if len(self.queues) >= self.settings.max_destinations:
+            raise LimitExceeded(f"too many destinations (limit {self.settings.max_destinations})")
+        queue = self.queues[address] = Queue(address, owner=owner)
+        return queue
+
+    def _claim(self, address: Address, client: Client) -> None:
+        owner = self._temporary_owners.get(address)
+        if owner is None:
+            self._temporary_owners[address] = client
+            client.temporaries.add(address)
+            if address.is_queue and address not in self.queues:
+                self._create_queue(address, owner=client)
+        elif owner is not client:
+            raise NotAuthorized(f"temporary destination {address.text!r} belongs to another connection")
+
+    def _release(self, address: Address) -> None:
+        self._temporary_owners.pop(address, None)
+        queue = self.queues.pop(address, None)
+        if queue is not None:
+            queue.stats.discarded += len(queue.pending.clear())
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "clients": self.stats.clients,
+            "messages_in": self.stats.messages_in,
+            "messages_discarded": self.stats.messages_discarded,
+            "queues": {q.address.text: (q.depth, len(q.consumers)) for q in self.queues.values()},
+        }
+
+
+class Client:
+    """One connected client's view of the broker: its subscriptions,
+    transactions and temporary destinations, all released by :meth:`close`."""
+
+    def __init__(self, broker: Broker, sink: Sink, number: int, client_id: str | None) -> None:
+        self.broker = broker
+        self.sink = sink
+        self.number = number
+        self.client_id = client_id
+        self.subscriptions: dict[Any, Subscription] = {}
+        self.transactions: dict[str, Transaction] = {}
+        self.temporaries: set[Address] = set()
+        self.closed = False
+
+    # -- producing ---------------------------------------------------------
+
+    def send(self, message: Message, transaction: str | None = None) -> int:
+        """Publish, or hold until COMMIT when in a transaction.  Returns the LSN
+        a durability promise (a receipt) must wait for."""
+        if transaction is None:
+            self.broker.route(message)
+            return 0
+        tx = self._transaction(transaction)
+        self._grow(tx)
+        tx.sends.append((message.address, message))
+        return 0
+
+    def declare_temporary(self, address: Address) -> None:
+        """Claim a temporary destination named in a reply-to before it is subscribed."""
+        self.broker._claim(address, self)
+
+    # -- consuming ---------------------------------------------------------
+
+    def subscribe(self, token: Any, address: Address, ack_mode: AckMode, prefetch: int | None = None) -> Subscription:
+        if token in self.subscriptions:
+            raise DuplicateSubscription(f"subscription {token!r} already exists on this connection")
+        if len(self.subscriptions) >= self.broker.settings.max_subscriptions_per_client:
+            raise LimitExceeded(f"too many subscriptions (limit {self.broker.settings.max_subscriptions_per_client})")
+        if address.is_pattern and address.is_queue:
+            raise InvalidDestination("wildcards are supported on topic subscriptions only")
+        if address.is_temporary and not address.is_pattern:
+            self.broker._claim(address, self)
+        window = prefetch if prefetch and prefetch > 0 else self.broker.settings.default_prefetch
+        if address.is_queue:
+            queue = self.broker.queues.get(address) or self.broker._create_queue(address)
+            subscription = Subscription(token, address, queue, self.sink, ack_mode, window, private=False, owner=self)
+        else:
+            queue = Queue(address, owner=self, limit=self.broker.settings.topic_buffer_limit)
+            subscription = Subscription(token, address, queue, self.sink, ack_mode, window, private=True, owner=self)
+            self.broker._trees[address.kind].add(address.segments, subscription)
+        self.subscriptions[token] = subscription
+        queue.add_consumer(subscription)
+        return subscription
+
+    def unsubscribe(self, token: Any) -> int:
+        subscription = self.subscriptions.pop(token, None)
+        if subscription is None:
+            raise UnknownSubscription(f"no subscription {token!r} on this connection")
+        self._detach(subscription)
+        return 0
+
+    def _detach(self, subscription: Subscription) -> None:
+        queue = subscription.queue
+        queue.remove_consumer(subscription)
+        unacked = subscription.take_all()
+        if subscription.private:
+            self.broker._trees[subscription.address.kind].remove(subscription.address.segments, subscription)
+        elif unacked:
+            queue.requeue(unacked)
+
+    def subscription(self, token: Any) -> Subscription:
+        subscription = self.subscriptions.get(token)
+        if subscription is None:
+            raise UnknownSubscription(f"no subscription {token!r} on this connection")
+        return subscription
+
+    def ack(self, token: Any, message_id: str, transaction: str | None = None) -> int:
+        subscription = self.subscription(token)
+        tx = None if transaction is None else self._transaction(transaction)
+        messages = subscription.take(message_id)
+        if tx is None:
+            subscription.queue.acked(len(messages))
+        else:
+            self._grow(tx)
+            tx.acks.append((subscription, messages))
+        subscription.queue.dispatch()
+        return 0
+
+    def nack(self, token: Any, message_id: str, transaction: str | None = None) -> int:
+        """Put messages back for redelivery with their delivery count raised."""
+        subscription = self.subscription(token)
+        tx = None if transaction is None else self._transaction(transaction)
+        messages = subscription.take(message_id)
+        if tx is None:
+            subscription.queue.requeue(messages)
+        else:
+            self._grow(tx)
+            tx.nacks.append((subscription, messages))
+            subscription.queue.dispatch()
+        return 0
+
+    def resume(self) -> None:
+        """The sink is accepting again: hand it what waited meanwhile."""
+        for subscription in list(self.subscriptions.values()):
+            subscription.queue.dispatch()
+
+    # -- transactions ------------------------------------------------------
+
+    def begin(self, transaction: str) -> None:
+        if transaction in self.transactions:
+            raise TransactionExists(f"transaction {transaction!r} is already open")
+        if len(self.transactions) >= self.broker.settings.max_transactions_per_client:
+            raise LimitExceeded(f"too many open transactions (limit {self.broker.settings.max_transactions_per_client})")
+        self.transactions[transaction] = Transaction(transaction)
+
+    def commit(self, transaction: str) -> int:
+        tx = self.transactions.pop(transaction, None)
+        if tx is None:
+            raise UnknownTransaction(f"no open transaction {transaction!r}")
+        for _address, message in tx.sends:
+            self.broker.route(message)
+        for subscription, messages in tx.acks:
+            subscription.queue.acked(len(messages))
+        for subscription, messages in tx.nacks:
+            subscription.queue.requeue(messages)
+        return 0
+
+    def abort(self, transaction: str) -> None:
+        tx = self.transactions.pop(transaction, None)
+        if tx is None:
+            raise UnknownTransaction(f"no open transaction {transaction!r}")
+        self._roll_back(tx)
+
+    def _roll_back(self, tx: Transaction) -> None:
+        for subscription, messages in tx.settled_back():
+            subscription.queue.requeue(messages)
+
+    def _transaction(self, transaction: str) -> Transaction:
+        tx = self.transactions.get(transaction)
+        if tx is None:
+            raise UnknownTransaction(f"no open transaction {transaction!r}")
+        return tx
+
+    def _grow(self, tx: Transaction) -> None:
+        tx.size += 1
+        if tx.size > self.broker.settings.max_transaction_messages:
+            raise LimitExceeded(
+                f"transaction {tx.id!r} holds too many frames (limit {self.broker.settings.max_transaction_messages})"
+            )
+
+    # -- leaving -----------------------------------------------------------
+
+    def close(self) -> None:
+        """Abort open transactions, return unacked messages to their queues,
+        and drop this client's temporary destinations.  Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self.broker.stats.clients -= 1
+        transactions, self.transactions = self.transactions, {}
+        for tx in transactions.values():
+            self._roll_back(tx)
+        subscriptions, self.subscriptions = self.subscriptions, {}
+        for subscription in subscriptions.values():
+            self._detach(subscription)
+        for address in self.temporaries:
+            self.broker._release(address)
+        self.temporaries.clear()

@@ -1,0 +1,184 @@
+"""Queues: pending messages in priority order and the consumers they go to."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from core.messages import MAX_PRIORITY, Message
+from core.names import Address
+from core.subscriptions import AckMode, Subscription
+
+
+class PriorityBuffer:
+    """Messages by priority (0-9), FIFO within a priority.
+
+    ``pop`` takes the oldest message of the highest priority present.
+    """
+
+    __slots__ = ("_levels", "_len", "_top")
+
+    def __init__(self) -> None:
+        self._levels: list[deque[Message]] = [deque() for _ in range(MAX_PRIORITY + 1)]
+        self._len = 0
+        self._top = -1  # highest non-empty level, -1 when empty
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __bool__(self) -> bool:
+        return self._len > 0
+
+    def __iter__(self) -> Iterator[Message]:
+        """In delivery order, without removing anything."""
+        for level in reversed(self._levels):
+            yield from level
+
+    def push(self, message: Message) -> None:
+        p = message.priority
+        self._levels[p].append(message)
+        self._len += 1
+        if p > self._top:
+            self._top = p
+
+    def push_front(self, message: Message) -> None:
+        p = message.priority
+        self._levels[p].appendleft(message)
+        self._len += 1
+        if p > self._top:
+            self._top = p
+
+    def pop(self) -> Message:
+        level = self._levels[self._top]
+        message = level.popleft()
+        self._len -= 1
+        if not level:
+            self._settle()
+        return message
+
+    def pop_lowest(self) -> Message:
+        """The oldest message of the lowest priority: the one to evict first."""
+        for level in self._levels:
+            if level:
+                message = level.popleft()
+                self._len -= 1
+                if not level:
+                    self._settle()
+                return message
+        raise IndexError("pop from an empty PriorityBuffer")
+
+    def clear(self) -> list[Message]:
+        drained = list(self)
+        for level in self._levels:
+            level.clear()
+        self._len = 0
+        self._top = -1
+        return drained
+
+    def _settle(self) -> None:
+        top = self._top
+        while top >= 0 and not self._levels[top]:
+            top -= 1
+        self._top = top
+
+
+class QueueStatistics:
+    __slots__ = ("enqueued", "dequeued", "redelivered", "discarded")
+
+    def __init__(self) -> None:
+        self.enqueued = 0
+        self.dequeued = 0
+        self.redelivered = 0
+        self.discarded = 0
+
+
+class Queue:
+    """A queue: each message goes to exactly one consumer.
+
+    Dispatch is round-robin over the consumers that have room (prefetch credit
+    and a connection that is accepting).  A message that finds a consumer with
+    room and nothing queued ahead of it skips the buffer entirely.
+
+    ``limit`` bounds ``pending`` for private (topic-subscription) queues: past
+    it the oldest lowest-priority message is discarded and counted, so a slow
+    topic subscriber cannot make the broker grow without bound.
+    """
+
+    __slots__ = ("address", "pending", "consumers", "_rr", "stats", "owner", "limit")
+
+    def __init__(self, address: Address, *, owner: Any = None, limit: int = 0) -> None:
+        self.address = address
+        self.pending = PriorityBuffer()
+        self.consumers: list[Subscription] = []
+        self._rr = 0
+        self.stats = QueueStatistics()
+        self.owner = owner
+        self.limit = limit
+
+    def __repr__(self) -> str:
+        return f"Queue({self.address.text!r}, depth={len(self.pending)}, consumers={len(self.consumers)})"
+
+    @property
+    def depth(self) -> int:
+        return len(self.pending)
+
+    def put(self, message: Message) -> None:
+        self.stats.enqueued += 1
+        if not self.pending and self.consumers:
+            consumer = self._pick()
+            if consumer is not None:
+                self._deliver(consumer, message)
+                return
+        if self.limit and len(self.pending) >= self.limit:
+            self.pending.pop_lowest()
+            self.stats.discarded += 1
+        self.pending.push(message)
+
+    def requeue(self, messages: Iterable[Message]) -> None:
+        """Put messages back at the head, marked redelivered, in their original order."""
+        for message in reversed(list(messages)):
+            self.pending.push_front(message.redelivery())
+            self.stats.redelivered += 1
+        self.dispatch()
+
+    def dispatch(self) -> None:
+        pending = self.pending
+        while pending:
+            consumer = self._pick()
+            if consumer is None:
+                return
+            self._deliver(consumer, pending.pop())
+
+    def add_consumer(self, subscription: Subscription) -> None:
+        self.consumers.append(subscription)
+        self.dispatch()
+
+    def remove_consumer(self, subscription: Subscription) -> None:
+        self.consumers.remove(subscription)
+        if self._rr >= len(self.consumers):
+            self._rr = 0
+
+    def acked(self, count: int) -> None:
+        self.stats.dequeued += count
+
+    def _pick(self) -> Subscription | None:
+        consumers = self.consumers
+        n = len(consumers)
+        if n == 1:
+            only = consumers[0]
+            return only if only.has_room else None
+        start = self._rr
+        for i in range(n):
+            candidate = consumers[(start + i) % n]
+            if candidate.has_room:
+                self._rr = (start + i + 1) % n
+                return candidate
+        return None
+
+    def _deliver(self, consumer: Subscription, message: Message) -> None:
+        if consumer.ack_mode is AckMode.AUTO:
+            self.stats.dequeued += 1
+        else:
+            consumer.unacked[message.id] = message
+        consumer.sink.deliver(consumer, message)

@@ -1,0 +1,79 @@
+"""The message as the core holds it, whichever protocol brought it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.names import Address
+
+DEFAULT_PRIORITY = 4
+MAX_PRIORITY = 9
+
+
+class Message:
+    """One published message.
+
+    Shared, not copied, between every subscription a topic fans it out to; a
+    redelivery makes a copy (:meth:`redelivery`) so its count is its own.
+    ``wire`` is a cache a protocol session may fill with the message's encoded
+    form, so fan-out to N subscribers encodes the common part once.
+    Plain ``__slots__`` class, not a frozen dataclass: one is built per message.
+    """
+
+    __slots__ = (
+        "id",
+        "address",
+        "headers",
+        "body",
+        "persistent",
+        "priority",
+        "expires",
+        "timestamp",
+        "redeliveries",
+        "wire",
+    )
+
+    def __init__(
+        self,
+        id: str,
+        address: Address,
+        headers: dict[str, str],
+        body: bytes,
+        *,
+        persistent: bool = False,
+        priority: int = DEFAULT_PRIORITY,
+        expires: int = 0,
+        timestamp: int = 0,
+        redeliveries: int = 0,
+    ) -> None:
+        self.id = id
+        self.address = address
+        self.headers = headers
+        self.body = body
+        self.persistent = persistent
+        self.priority = priority
+        self.expires = expires
+        self.timestamp = timestamp
+        self.redeliveries = redeliveries
+        self.wire: Any = None
+
+    @property
+    def redelivered(self) -> bool:
+        return self.redeliveries > 0
+
+    def redelivery(self) -> Message:
+        """A copy to put back in a queue, with one more delivery counted."""
+        return Message(
+            self.id,
+            self.address,
+            self.headers,
+            self.body,
+            persistent=self.persistent,
+            priority=self.priority,
+            expires=self.expires,
+            timestamp=self.timestamp,
+            redeliveries=self.redeliveries + 1,
+        )
+
+    def __repr__(self) -> str:
+        return f"Message({self.id!r}, {self.address.text!r}, redeliveries={self.redeliveries})"

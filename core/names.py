@@ -1,0 +1,106 @@
+"""Destination names: ``/queue/``, ``/topic/``, ``/temp-queue/``, ``/temp-topic/``.
+
+A name is dot-separated segments.  Subscriptions to topics may use ``*`` for
+exactly one segment and ``>`` for all remaining segments (zero or more, so that
+MQTT's ``a/#``, which also matches ``a``, maps onto it).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+
+MAX_NAME_CHARS = 1024
+ANY_SEGMENT = "*"
+ANY_REST = ">"
+
+
+class Kind(enum.Enum):
+    QUEUE = "/queue/"
+    TOPIC = "/topic/"
+    TEMP_QUEUE = "/temp-queue/"
+    TEMP_TOPIC = "/temp-topic/"
+
+
+_QUEUE_KINDS = frozenset({Kind.QUEUE, Kind.TEMP_QUEUE})
+_TEMP_KINDS = frozenset({Kind.TEMP_QUEUE, Kind.TEMP_TOPIC})
+
+
+class Address:
+    """A parsed destination.  Interned by :func:`parse`, so compare with ``is`` or ``==``."""
+
+    __slots__ = ("kind", "name", "segments", "is_queue", "is_temporary", "is_pattern", "text")
+
+    def __init__(self, kind: Kind, name: str) -> None:
+        self.kind = kind
+        self.name = name
+        self.segments = tuple(name.split("."))
+        self.is_queue = kind in _QUEUE_KINDS
+        self.is_temporary = kind in _TEMP_KINDS
+        self.is_pattern = ANY_SEGMENT in self.segments or ANY_REST in self.segments
+        self.text = kind.value + name
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Address) and self.text == other.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+    def __repr__(self) -> str:
+        return f"Address({self.text!r})"
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _check_name(name: str) -> str | None:
+    """The reason ``name`` is malformed, or None."""
+    if not name:
+        return "empty destination name"
+    if len(name) > MAX_NAME_CHARS:
+        return f"destination name longer than {MAX_NAME_CHARS} characters"
+    if any(ord(c) < 0x20 or c == "\x7f" for c in name):
+        return "control character in destination name"
+    segments = name.split(".")
+    for i, segment in enumerate(segments):
+        if not segment:
+            return "empty segment in destination name"
+        if segment != ANY_SEGMENT and segment != ANY_REST and (ANY_SEGMENT in segment or ANY_REST in segment):
+            return "wildcards must be whole segments"
+        if segment == ANY_REST and i != len(segments) - 1:
+            return "'>' must be the last segment"
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(text: str) -> Address | str:
+    for kind in Kind:
+        if text.startswith(kind.value):
+            name = text[len(kind.value) :]
+            reason = _check_name(name)
+            return reason if reason else Address(kind, name)
+    return "destination must start with /queue/, /topic/, /temp-queue/ or /temp-topic/"
+
+
+def parse(text: str) -> Address | str:
+    """An :class:`Address`, or the reason ``text`` is not a valid destination.
+
+    Returns rather than raises: a malformed name is ordinary input, and the
+    caller decides how to tell the client.  Results are cached (bounded).
+    """
+    return _parse(text)
+
+
+def topic(name: str) -> Address | str:
+    """The topic with a dot-separated ``name`` (used by protocols without prefixes)."""
+    return _parse(Kind.TOPIC.value + name)
+
+
+def matches(pattern: tuple[str, ...], name: tuple[str, ...]) -> bool:
+    """Whether a topic name matches a subscription pattern, segment by segment."""
+    for i, part in enumerate(pattern):
+        if part == ANY_REST:
+            return True
+        if i >= len(name) or (part != ANY_SEGMENT and part != name[i]):
+            return False
+    return len(pattern) == len(name)

@@ -1,0 +1,37 @@
+"""The small interfaces through which the core speaks to the world.
+
+Implemented by ``gateway`` (sinks, clocks) and ``persistence`` (the store),
+structurally: neither side imports the other.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from core.messages import Message
+    from core.subscriptions import Subscription
+
+
+class Clock(Protocol):
+    def monotonic(self) -> float:
+        """Seconds on a clock that never goes back; for deadlines."""
+        ...
+
+    def wall_ms(self) -> int:
+        """Milliseconds since the epoch; for message timestamps and expiry."""
+        ...
+
+
+class Sink(Protocol):
+    """Where a connection receives deliveries: it appends them to its outbox.
+
+    ``accepting`` goes false while the connection's outbox is over its
+    high-water mark; the core then holds messages back (in the queue, or in a
+    topic subscription's bounded buffer) until the connection calls
+    :meth:`core.broker.Client.resume`.
+    """
+
+    accepting: bool
+
+    def deliver(self, subscription: Subscription, message: Message) -> None: ...

@@ -1,0 +1,83 @@
+"""A subscription: one consumer of one queue, with its ack mode and prefetch window."""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any
+
+from core.errors import UnknownMessage
+from core.messages import Message
+from core.names import Address
+
+if TYPE_CHECKING:
+    from core.destinations import Queue
+    from core.ports import Sink
+
+
+class AckMode(enum.Enum):
+    AUTO = "auto"  # acked as it is handed to the connection
+    CLIENT = "client"  # an ack covers this message and every earlier one
+    CLIENT_INDIVIDUAL = "client-individual"  # an ack covers exactly one message
+
+
+class Subscription:
+    """A consumer attached to a queue.
+
+    A queue subscription consumes a shared queue.  A topic subscription owns a
+    private queue that the topic fans messages into (``private``), so acks,
+    prefetch and redelivery work the same for both.
+
+    ``unacked`` holds messages delivered and not yet acked, in delivery order;
+    its size against ``prefetch`` is the credit window.  ``token`` is the
+    protocol session's own handle (a STOMP subscription id, say).
+    """
+
+    __slots__ = ("token", "address", "queue", "sink", "ack_mode", "prefetch", "unacked", "private", "owner")
+
+    def __init__(
+        self,
+        token: Any,
+        address: Address,
+        queue: Queue,
+        sink: Sink,
+        ack_mode: AckMode,
+        prefetch: int,
+        *,
+        private: bool,
+        owner: Any = None,
+    ) -> None:
+        self.token = token
+        self.address = address
+        self.queue = queue
+        self.sink = sink
+        self.ack_mode = ack_mode
+        self.prefetch = prefetch
+        self.unacked: dict[str, Message] = {}
+        self.private = private
+        self.owner = owner
+
+    @property
+    def has_room(self) -> bool:
+        return self.sink.accepting and (self.ack_mode is AckMode.AUTO or len(self.unacked) < self.prefetch)
+
+    def take(self, message_id: str) -> list[Message]:
+        """Remove and return what an ack or nack of ``message_id`` covers.
+
+        Cumulative in CLIENT mode: every message delivered up to this one
+        (STOMP 1.2 §SUBSCRIBE ack Header).
+        """
+        if message_id not in self.unacked:
+            raise UnknownMessage(f"message {message_id!r} is not awaiting acknowledgement on this subscription")
+        if self.ack_mode is not AckMode.CLIENT:
+            return [self.unacked.pop(message_id)]
+        taken = []
+        for mid in self.unacked:
+            taken.append(mid)
+            if mid == message_id:
+                break
+        return [self.unacked.pop(mid) for mid in taken]
+
+    def take_all(self) -> list[Message]:
+        taken = list(self.unacked.values())
+        self.unacked.clear()
+        return taken

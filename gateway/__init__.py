@@ -1,0 +1,3 @@
+"""gateway: a STOMP and MQTT message broker on Trio."""
+
+__version__ = "0.1.0"

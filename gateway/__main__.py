@@ -1,0 +1,67 @@
+"""The ``gateway`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import trio
+
+from gateway import __version__, app, config, logs
+
+DESCRIPTION = """\
+gateway: a STOMP and MQTT message broker.
+
+Settings come from the defaults, then the TOML file given with --config, then
+the flags below (a flag always wins).  Ports default to ActiveMQ's: STOMP
+61613, MQTT 1883, admin HTTP 8161.
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gateway", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"gateway {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve = commands.add_parser("serve", help="run the broker", description="Run the broker until SIGINT or SIGTERM.")
+    serve.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    serve.add_argument("--bind", metavar="ADDRESS", help="address every listener binds (default 127.0.0.1; 0.0.0.0 for all)")
+    serve.add_argument("--stomp-port", type=int, metavar="PORT", help="STOMP listener port (default 61613; 0 picks a free one)")
+    serve.add_argument("--mqtt-port", type=int, metavar="PORT", help="MQTT listener port (default 1883; used once MQTT lands)")
+    serve.add_argument("--admin-port", type=int, metavar="PORT", help="admin HTTP port (default 8161; used once the admin server lands)")
+    serve.add_argument("--data-dir", metavar="DIR", help="data folder for the store (default ./data)")
+    serve.add_argument("--log-format", choices=config.LOG_FORMATS, help="console (default) or json lines")
+    serve.add_argument("--log-level", choices=config.LOG_LEVELS, help="default info")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command != "serve":
+        parser.print_help()
+        return 2
+    overrides = {
+        "bind": args.bind,
+        "stomp_port": args.stomp_port,
+        "mqtt_port": args.mqtt_port,
+        "admin_port": args.admin_port,
+        "data_dir": args.data_dir,
+        "log_format": args.log_format,
+        "log_level": args.log_level,
+    }
+    try:
+        cfg = config.load(args.config, overrides)
+    except config.ConfigError as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 2
+    log = logs.configure(cfg.log_format, cfg.log_level)
+    try:
+        trio.run(app.serve, cfg, log)
+    except OSError as exc:
+        log.error("startup_failed", reason=str(exc))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""One frozen configuration, read from a TOML file and overridden by flags."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from core.broker import BrokerSettings
+from gateway.stomp.session import StompSettings
+
+LOG_FORMATS = ("console", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(Exception):
+    """The configuration is unusable; the message says where and why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    # Loopback by default: exposing a broker is a decision (the container
+    # image passes --bind 0.0.0.0).
+    bind: str = "127.0.0.1"
+    stomp_port: int = 61613  # ActiveMQ's default ports
+    mqtt_port: int = 1883
+    admin_port: int = 8161
+    data_dir: str = "./data"
+    log_format: str = "console"
+    log_level: str = "info"
+    # SIGINT/SIGTERM: how long connections get to close before they are cut.
+    shutdown_grace_s: float = 10.0
+    stomp: StompSettings = StompSettings()
+    broker: BrokerSettings = BrokerSettings()
+
+    def __post_init__(self) -> None:
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)}, not {self.log_format!r}")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
+        for name in ("stomp_port", "mqtt_port", "admin_port"):
+            port = getattr(self, name)
+            if not 0 <= port <= 65535:
+                raise ConfigError(f"{name} must be 0-65535, not {port}")
+
+
+_SECTIONS = {"stomp": StompSettings, "broker": BrokerSettings}
+
+
+def _coerce(where: str, field: dataclasses.Field[Any], value: Any, default: Any) -> Any:
+    expected = type(default)
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if type(value) is not expected:
+        raise ConfigError(f"{where}: expected {expected.__name__}, got {type(value).__name__} ({value!r})")
+    return value
+
+
+def _build(cls: type, table: dict[str, Any], where: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    defaults = cls()
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        field = fields.get(name)
+        if field is None:
+            raise ConfigError(f"unknown setting {where}{key!r}")
+        default = getattr(defaults, name)
+        if dataclasses.is_dataclass(default):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}{key!r} must be a table")
+            values[name] = _build(type(default), value, f"{where}{key}.")
+        else:
+            values[name] = _coerce(f"{where}{key}", field, value, default)
+    return cls(**values)
+
+
+def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read ``path`` (TOML) if given, then apply ``overrides`` (from flags)."""
+    table: dict[str, Any] = {}
+    if path is not None:
+        try:
+            table = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path}: {exc}") from None
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            table[key] = value
+    return _build(Config, table, "")

@@ -1,0 +1,262 @@
+"""Listeners and connections: the only place (with the admin server) that owns
+sockets and tasks.
+
+Each connection is one nursery holding three tasks over a protocol-agnostic
+session: a reader that feeds the session whatever bytes arrive, a writer that
+drains the session's outbox with one ``send_all`` per batch, and a timer that
+fires the session's deadlines (heart-beats, login timeout).  The same loop
+serves every protocol whose session has the shape of :class:`Session`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import trio
+
+from gateway.outbox import Outbox
+
+# One receive_some may return this much: enough to parse hundreds of small
+# frames per wake-up, so per-message cost is not dominated by task switches.
+RECEIVE_BYTES = 256 * 1024
+# After an ERROR or DISCONNECT the connection has this long to flush its
+# outbox and see the peer's EOF; a peer that neither reads nor closes cannot
+# keep the connection (and its memory) alive past it.
+CLOSING_TIMEOUT_S = 5.0
+# After sending our last bytes and EOF, how long we keep reading (and
+# discarding) so that unread input does not make the kernel answer with a
+# reset that destroys the ERROR frame before the client reads it.
+LINGER_S = 1.0
+
+
+class Session(Protocol):
+    """What the server needs from a protocol session (STOMP, MQTT)."""
+
+    outbox: Outbox
+    close_reason: str | None
+
+    @property
+    def closed(self) -> bool: ...
+
+    def receive_data(self, data: bytes) -> None: ...
+
+    def next_deadline(self) -> float | None: ...
+
+    def on_deadline(self, now: float) -> None: ...
+
+    def on_drained(self) -> None: ...
+
+    def shutdown(self, reason: str) -> None: ...
+
+    def close(self, reason: str) -> None: ...
+
+
+class TrioClock:
+    """The core's clock, on Trio's time so tests can use an autojump clock."""
+
+    def monotonic(self) -> float:
+        return trio.current_time()
+
+    def wall_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+
+# Builds a session for a new connection: (connection id, bound logger) -> session.
+SessionFactory = Callable[[str, Any], Session]
+
+
+@dataclasses.dataclass(frozen=True)
+class ListenerSpec:
+    name: str  # protocol name, for logs and the port map
+    host: str
+    port: int
+    factory: SessionFactory
+
+
+class Connection:
+    """One accepted socket and its session."""
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        session: Session,
+        log: Any,
+        durable_lsn: Callable[[], int],
+    ) -> None:
+        self.stream = stream
+        self.session = session
+        self.log = log
+        self._durable_lsn = durable_lsn
+        self._writer_lot = trio.lowlevel.ParkingLot()
+        self._reader_lot = trio.lowlevel.ParkingLot()
+        self._reader_done = trio.Event()
+        self._timer_scope: trio.CancelScope | None = None
+        self._nursery: trio.Nursery | None = None
+        session.outbox.wakeup = self._writer_lot.unpark_all
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._reader)
+            nursery.start_soon(self._writer)
+            nursery.start_soon(self._timer)
+
+    def shutdown(self, reason: str) -> None:
+        self.session.shutdown(reason)
+        self._after_session_call()
+
+    def _after_session_call(self) -> None:
+        """Re-arm the timer and, once the session is closed, bound the rest."""
+        if self._timer_scope is not None:
+            deadline = self.session.next_deadline()
+            self._timer_scope.deadline = math.inf if deadline is None else deadline
+        if self.session.closed:
+            self._writer_lot.unpark_all()
+            self._reader_lot.unpark_all()
+            if self._nursery is not None:
+                scope = self._nursery.cancel_scope
+                scope.deadline = min(scope.deadline, trio.current_time() + CLOSING_TIMEOUT_S)
+
+    async def _reader(self) -> None:
+        session = self.session
+        stream = self.stream
+        try:
+            while True:
+                # Back-pressure: while our own replies are not being read, stop
+                # reading requests that would make more of them.
+                while session.outbox.full and not session.closed:
+                    await self._reader_lot.park()
+                try:
+                    data = await stream.receive_some(RECEIVE_BYTES)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    session.close(f"connection lost: {exc.__cause__ or exc}")
+                    self._after_session_call()
+                    return
+                if session.closed:
+                    if not data:
+                        return
+                    continue  # lingering: discard input after we closed
+                session.receive_data(data)
+                self._after_session_call()
+                if not data:
+                    return
+        finally:
+            self._reader_done.set()
+
+    async def _writer(self) -> None:
+        session = self.session
+        outbox = session.outbox
+        stream = self.stream
+        while True:
+            data = outbox.drain(self._durable_lsn())
+            if not data:
+                if session.closed:
+                    break
+                await self._writer_lot.park()
+                continue
+            try:
+                await stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                session.close(f"connection lost: {exc.__cause__ or exc}")
+                self._after_session_call()
+                break
+            session.on_drained()
+            if not outbox.full:
+                self._reader_lot.unpark_all()
+        # Closed and flushed: send EOF, give the peer a moment to read it and
+        # close its side, then end the connection.
+        if not self._reader_done.is_set():
+            try:
+                if isinstance(stream, trio.SocketStream):
+                    await stream.send_eof()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # the peer is already gone; nothing left to tell it
+            with trio.move_on_after(LINGER_S):
+                await self._reader_done.wait()
+        assert self._nursery is not None
+        self._nursery.cancel_scope.cancel()
+
+    async def _timer(self) -> None:
+        session = self.session
+        while not session.closed:
+            deadline = session.next_deadline()
+            with trio.CancelScope(deadline=math.inf if deadline is None else deadline) as scope:
+                self._timer_scope = scope
+                await trio.sleep_forever()
+            self._timer_scope = None
+            session.on_deadline(trio.current_time())
+            self._after_session_call()
+
+
+class Server:
+    """Runs listeners and every connection they accept; drains on :meth:`stop`."""
+
+    def __init__(self, log: Any, *, durable_lsn: Callable[[], int], grace_s: float = 10.0) -> None:
+        self.log = log
+        self.grace_s = grace_s
+        self.connections: dict[str, Connection] = {}
+        self._durable_lsn = durable_lsn
+        self._conn_ids = itertools.count(1)
+        self._stop = trio.Event()
+        self._idle = trio.Event()
+        self._idle.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self, specs: list[ListenerSpec], *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Bind every listener, report ``{name: port}``, serve until :meth:`stop`, then drain."""
+        async with trio.open_nursery() as handlers:  # owns every connection task
+            async with trio.open_nursery() as listeners:  # owns the accept loops
+                ports = {}
+                for spec in specs:
+                    ports[spec.name] = await listeners.start(self._listen, spec, handlers)
+                task_status.started(ports)
+                await self._stop.wait()
+                listeners.cancel_scope.cancel()
+            self.log.info("listeners_closed", connections=len(self.connections))
+            for connection in list(self.connections.values()):
+                connection.shutdown("broker is shutting down")
+            with trio.move_on_after(self.grace_s):
+                await self._idle.wait()
+            handlers.cancel_scope.cancel()
+
+    async def _listen(self, spec: ListenerSpec, handlers: trio.Nursery, *, task_status: Any) -> None:
+        listeners = await trio.open_tcp_listeners(spec.port, host=spec.host)
+        port = listeners[0].socket.getsockname()[1]
+        self.log.info("listener_started", protocol=spec.name, host=spec.host, port=port)
+        task_status.started(port)
+        # Connection tasks go in the server-wide handler nursery, not this one,
+        # so closing the listeners stops accepting without cutting connections.
+        await trio.serve_listeners(
+            lambda stream: self._handle(spec, stream), listeners, handler_nursery=handlers
+        )
+
+    async def _handle(self, spec: ListenerSpec, stream: trio.SocketStream) -> None:
+        conn_id = f"{spec.name}-{next(self._conn_ids)}"
+        try:
+            host, port = stream.socket.getpeername()[:2]
+            peer = f"{host}:{port}"
+        except OSError:
+            peer = "unknown"
+        log = self.log.bind(conn_id=conn_id, peer=peer)
+        session = spec.factory(conn_id, log)
+        connection = Connection(stream, session, log, self._durable_lsn)
+        self.connections[conn_id] = connection
+        self._idle = trio.Event() if self._idle.is_set() else self._idle
+        log.info("connection_opened", protocol=spec.name)
+        try:
+            await connection.run()
+        finally:
+            session.close("broker is shutting down")
+            del self.connections[conn_id]
+            if not self.connections:
+                self._idle.set()
+            log.info("connection_closed", reason=session.close_reason)
+            with trio.CancelScope(shield=True):
+                await stream.aclose()

@@ -1,0 +1,316 @@
+"""A sans-IO STOMP 1.0/1.1/1.2 codec in the style of h11.
+
+Feed bytes with :meth:`StompConnection.receive_data`, take frames from
+:meth:`StompConnection.events`, turn frames into bytes with
+:meth:`StompConnection.send`.  It never touches a socket, a clock or a logger;
+when the peer breaks the protocol it raises :class:`RemoteProtocolError`, which
+carries the ERROR headers to send back.
+
+Spec references are to https://stomp.github.io/stomp-specification-1.2.html.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+
+from gateway.stomp import frames
+
+# Defaults from the issue; a server tightens them before CONNECT completes.
+MAX_FRAME_BYTES = 4 * 1024 * 1024
+MAX_HEADERS = 100
+MAX_HEADER_BYTES = 100 * 1024
+
+SUPPORTED_VERSIONS = ("1.0", "1.1", "1.2")
+
+
+class Role(enum.Enum):
+    SERVER = "server"  # parses client frames, serializes server frames
+    CLIENT = "client"  # the reverse; used by tests and benchmarks
+
+
+class State(enum.Enum):
+    OPEN = "open"
+    CLOSED = "closed"  # the peer sent EOF
+    ERROR = "error"  # a protocol error was raised; the connection is unusable
+
+
+class ProtocolError(Exception):
+    """A STOMP protocol violation.
+
+    ``headers`` are the headers of the ERROR frame that tells the peer why
+    (always including ``message``); ``body`` is its optional detail text.
+    """
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None, body: bytes = b"") -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers: dict[str, str] = {"message": message, **(headers or {})}
+        self.body = body
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent something we cannot accept."""
+
+
+class LocalProtocolError(ProtocolError):
+    """We were asked to send something the protocol does not allow."""
+
+
+# STOMP 1.2 §Value Encoding.  1.1 defines the same escapes but carriage return.
+_ESCAPES_12 = {"\\": "\\\\", "\r": "\\r", "\n": "\\n", ":": "\\c"}
+_ESCAPES_11 = {"\\": "\\\\", "\n": "\\n", ":": "\\c"}
+_UNESCAPES_12 = {"\\\\": "\\", "\\r": "\r", "\\n": "\n", "\\c": ":"}
+_UNESCAPES_11 = {"\\\\": "\\", "\\n": "\n", "\\c": ":"}
+_ESCAPE_TABLE = {
+    "1.0": str.maketrans({"\n": " ", "\r": " "}),  # 1.0 cannot carry EOLs at all
+    "1.1": str.maketrans(_ESCAPES_11),
+    "1.2": str.maketrans(_ESCAPES_12),
+}
+_SPECIALS = ("\\", "\n", "\r", ":")
+
+
+def _unescape(text: str, table: dict[str, str]) -> str:
+    out = []
+    i = 0
+    n = len(text)
+    while i < n:
+        j = text.find("\\", i)
+        if j < 0:
+            out.append(text[i:])
+            break
+        out.append(text[i:j])
+        seq = text[j : j + 2]
+        replacement = table.get(seq)
+        if replacement is None:
+            # "Undefined escape sequences such as \t MUST be treated as a fatal protocol error."
+            raise RemoteProtocolError(f"undefined escape sequence {seq!r} in header")
+        out.append(replacement)
+        i = j + 2
+    return "".join(out)
+
+
+def negotiate_version(accept_version: str | None) -> str | None:
+    """The highest version both sides speak; 1.0 when the client names none."""
+    if accept_version is None:
+        return "1.0"
+    offered = {v.strip() for v in accept_version.split(",")}
+    for version in reversed(SUPPORTED_VERSIONS):
+        if version in offered:
+            return version
+    return None
+
+
+class StompConnection:
+    """One side of a STOMP byte stream."""
+
+    def __init__(
+        self,
+        role: Role = Role.SERVER,
+        *,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+        max_headers: int = MAX_HEADERS,
+        max_header_bytes: int = MAX_HEADER_BYTES,
+    ) -> None:
+        self.role = role
+        self.max_frame_bytes = max_frame_bytes
+        self.max_headers = max_headers
+        self.max_header_bytes = max_header_bytes
+        self.state = State.OPEN
+        self.version = "1.0"
+        self._incoming = frames.CLIENT_FRAMES if role is Role.SERVER else frames.SERVER_FRAMES
+        self._outgoing = frames.SERVER_FRAMES if role is Role.SERVER else frames.CLIENT_FRAMES
+        self._unescapes: dict[str, str] | None = None
+        self._escape_table = _ESCAPE_TABLE["1.0"]
+        self._buf = b""
+        self._pos = 0
+        # How much of the current frame's body was already searched for NUL, so a
+        # large body arriving in small pieces is scanned once, not quadratically.
+        self._body_scanned = 0
+
+    # -- configuration -----------------------------------------------------
+
+    def set_version(self, version: str) -> None:
+        """Fix the negotiated version; it decides header escaping from now on."""
+        if version not in SUPPORTED_VERSIONS:
+            raise LocalProtocolError(f"unsupported STOMP version {version!r}")
+        self.version = version
+        self._unescapes = {"1.0": None, "1.1": _UNESCAPES_11, "1.2": _UNESCAPES_12}[version]
+        self._escape_table = _ESCAPE_TABLE[version]
+
+    # -- receiving ---------------------------------------------------------
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buf) - self._pos
+
+    def receive_data(self, data: bytes) -> None:
+        """Add bytes from the peer; ``b""`` means the peer closed its side."""
+        if self.state is not State.OPEN:
+            raise LocalProtocolError(f"cannot receive data in state {self.state.name}")
+        if not data:
+            self.state = State.CLOSED
+            return
+        if self._pos:
+            self._buf = self._buf[self._pos :] + data
+            self._pos = 0
+        elif self._buf:
+            self._buf += data
+        else:
+            self._buf = data
+
+    def events(self) -> Iterator[frames.Frame]:
+        """Yield every complete frame buffered so far, lazily."""
+        if self.state is State.ERROR:
+            raise LocalProtocolError("the connection already failed")
+        try:
+            while True:
+                frame = self._next_frame()
+                if frame is None:
+                    return
+                yield frame
+        except RemoteProtocolError:
+            self.state = State.ERROR
+            raise
+
+    @property
+    def mid_frame(self) -> bool:
+        """True when a partial frame is buffered (EOF now would cut it)."""
+        return self._pos < len(self._buf)
+
+    def _next_frame(self) -> frames.Frame | None:
+        buf = self._buf
+        pos = self._pos
+        n = len(buf)
+        # EOLs between frames are heart-beats (§Heart-beating); skip them.
+        while pos < n:
+            c = buf[pos]
+            if c == 10:
+                pos += 1
+            elif c == 13:
+                if pos + 1 == n:
+                    break
+                if buf[pos + 1] != 10:
+                    raise RemoteProtocolError("carriage return not followed by line feed")
+                pos += 2
+            else:
+                break
+        self._pos = pos
+        if pos >= n:
+            if pos:
+                self._buf = b""
+                self._pos = 0
+            return None
+        if buf[pos] == 13:
+            return None  # a lone CR at the end; wait for its LF
+
+        line_limit = self.max_header_bytes
+        frame_end_limit = pos + self.max_frame_bytes
+        eol = buf.find(b"\n", pos, pos + line_limit + 2)
+        if eol < 0:
+            if n - pos > line_limit + 1:
+                raise RemoteProtocolError("command line too long")
+            return None
+        end = eol - 1 if eol > pos and buf[eol - 1] == 13 else eol
+        command = buf[pos:end]
+        cls = self._incoming.get(command)
+        if cls is None:
+            shown = command[:40].decode("ascii", "replace")
+            raise RemoteProtocolError(f"unknown command {shown!r}")
+        unescapes = None if command in frames.UNESCAPED_COMMANDS else self._unescapes
+
+        headers: dict[str, str] = {}
+        count = 0
+        p = eol + 1
+        while True:
+            eol = buf.find(b"\n", p, p + line_limit + 2)
+            if eol < 0:
+                if n - p > line_limit + 1:
+                    raise RemoteProtocolError("header line too long", headers={"max-header-bytes": str(line_limit)})
+                if n > frame_end_limit:
+                    raise RemoteProtocolError("frame too large", headers={"max-frame-bytes": str(self.max_frame_bytes)})
+                return None
+            end = eol - 1 if eol > p and buf[eol - 1] == 13 else eol
+            if end == p:
+                break  # the blank line that ends the headers
+            if end - p > line_limit:
+                raise RemoteProtocolError("header line too long", headers={"max-header-bytes": str(line_limit)})
+            count += 1
+            if count > self.max_headers:
+                raise RemoteProtocolError("too many headers", headers={"max-headers": str(self.max_headers)})
+            colon = buf.find(b":", p, end)
+            if colon < 0:
+                raise RemoteProtocolError("header line without a colon")
+            try:
+                key = buf[p:colon].decode()
+                value = buf[colon + 1 : end].decode()
+            except UnicodeDecodeError:
+                raise RemoteProtocolError("header is not valid UTF-8") from None
+            if unescapes is not None:
+                if "\\" in key:
+                    key = _unescape(key, unescapes)
+                if "\\" in value:
+                    value = _unescape(value, unescapes)
+            # §Repeated Header Entries: only the first value is used.
+            if key not in headers:
+                headers[key] = value
+            p = eol + 1
+
+        body_start = eol + 1
+        if body_start > frame_end_limit:
+            raise RemoteProtocolError("frame too large", headers={"max-frame-bytes": str(self.max_frame_bytes)})
+        length_text = headers.get("content-length")
+        if length_text is not None:
+            if not length_text.isdigit() or not length_text.isascii():
+                raise RemoteProtocolError(f"invalid content-length {length_text[:20]!r}")
+            body_end = body_start + int(length_text)
+            if body_end >= frame_end_limit:
+                raise RemoteProtocolError("frame too large", headers={"max-frame-bytes": str(self.max_frame_bytes)})
+            if n <= body_end:
+                return None
+            if buf[body_end] != 0:
+                raise RemoteProtocolError("frame body not terminated by NUL after content-length octets")
+        else:
+            body_end = buf.find(b"\x00", body_start + self._body_scanned)
+            if body_end < 0:
+                if n > frame_end_limit:
+                    raise RemoteProtocolError("frame too large", headers={"max-frame-bytes": str(self.max_frame_bytes)})
+                self._body_scanned = n - body_start
+                return None
+            if body_end >= frame_end_limit:
+                raise RemoteProtocolError("frame too large", headers={"max-frame-bytes": str(self.max_frame_bytes)})
+        self._body_scanned = 0
+        self._pos = body_end + 1
+        if body_end == body_start:
+            return cls(headers, b"")
+        if command not in frames.COMMANDS_WITH_BODY:
+            raise RemoteProtocolError(f"{cls.command} frame must not have a body")
+        return cls(headers, buf[body_start:body_end])
+
+    # -- sending -----------------------------------------------------------
+
+    def send(self, frame: frames.Frame) -> bytes:
+        """Serialize a frame, escaping headers for the negotiated version."""
+        command = frame.command
+        if command.encode() not in self._outgoing:
+            raise LocalProtocolError(f"a {self.role.value} cannot send {command}")
+        escape = command not in ("CONNECT", "STOMP", "CONNECTED")
+        lines = [command]
+        for key, value in frame.headers.items():
+            lines.append(f"{self.escape(key)}:{self.escape(value)}" if escape else f"{key}:{value}")
+        body = frame.body
+        if body and "content-length" not in frame.headers:
+            lines.append(f"content-length:{len(body)}")
+        lines.append("\n")
+        return "\n".join(lines).encode() + body + b"\x00"
+
+    def escape(self, text: str) -> str:
+        """Escape one header key or value for the negotiated version."""
+        for special in _SPECIALS:
+            if special in text:
+                return text.translate(self._escape_table)
+        return text
+
+    @staticmethod
+    def heartbeat() -> bytes:
+        return b"\n"

@@ -1,0 +1,511 @@
+"""STOMP semantics: frames in, core calls out; core deliveries in, frames out.
+
+Synchronous and socket-free.  The server feeds bytes to :meth:`receive_data`,
+drains :attr:`outbox`, and drives timers through :meth:`next_deadline` and
+:meth:`on_deadline`.  Every error a client causes goes through :meth:`_fail`,
+the one place that puts an ERROR frame on the wire and logs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable
+from typing import Any
+
+from core import names
+from core.broker import Broker, Client
+from core.errors import CoreError, InvalidDestination, UnknownMessage, UnknownSubscription
+from core.messages import MAX_PRIORITY, Message
+from core.ports import Clock
+from core.subscriptions import AckMode, Subscription
+from gateway.outbox import Outbox
+from gateway.stomp import codec, frames
+
+SERVER_NAME = "gateway/0.1.0"
+ACK_MODES = {mode.value: mode for mode in AckMode}
+# Headers the broker sets on MESSAGE; a producer's values for them are dropped.
+BROKER_HEADERS = ("message-id", "subscription", "ack", "redelivered", "timestamp", "x-delivery-count")
+
+
+@dataclasses.dataclass(frozen=True)
+class StompSettings:
+    max_frame_bytes: int = codec.MAX_FRAME_BYTES
+    max_headers: int = codec.MAX_HEADERS
+    max_header_bytes: int = codec.MAX_HEADER_BYTES
+    # Until CONNECT succeeds a peer is unknown: it gets much tighter limits.
+    preconnect_max_frame_bytes: int = 64 * 1024
+    preconnect_max_headers: int = 32
+    preconnect_max_header_bytes: int = 8 * 1024
+    connect_timeout_s: float = 10.0
+    # What this server offers in CONNECTED heart-beat: the fastest it will send,
+    # the fastest it wants to hear from the client (ms; 0 = never).
+    heartbeat_send_ms: int = 1000
+    heartbeat_receive_ms: int = 1000
+    # A client silent for longer than the agreed interval times this is dropped.
+    heartbeat_grace: float = 2.0
+    outbox_high_water_bytes: int = 1024 * 1024
+
+
+class State(enum.Enum):
+    AWAITING_CONNECT = "awaiting-connect"
+    CONNECTED = "connected"
+    CLOSED = "closed"
+
+
+# Frames accepted in each state: anything else is a protocol error.
+_ALLOWED: dict[State, frozenset[type[frames.Frame]]] = {
+    State.AWAITING_CONNECT: frozenset({frames.Connect, frames.Stomp}),
+    State.CONNECTED: frozenset(
+        {
+            frames.Send,
+            frames.Subscribe,
+            frames.Unsubscribe,
+            frames.Ack,
+            frames.Nack,
+            frames.Begin,
+            frames.Commit,
+            frames.Abort,
+            frames.Disconnect,
+        }
+    ),
+    State.CLOSED: frozenset(),
+}
+
+
+class FrameRejected(Exception):
+    """A well-formed frame the session refuses; ``reason`` goes in the ERROR."""
+
+    def __init__(self, reason: str, **headers: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.headers = headers
+
+
+class _SubscriptionState:
+    """What the session keeps per STOMP subscription: the id and the
+    pre-encoded start of each MESSAGE frame for it."""
+
+    __slots__ = ("id", "number", "prefix", "ack_prefix", "core")
+
+    def __init__(self, sub_id: str, number: int, prefix: bytes, ack_prefix: str | None) -> None:
+        self.id = sub_id
+        self.number = number
+        self.prefix = prefix
+        self.ack_prefix = ack_prefix
+        self.core: Subscription | None = None
+
+
+def _require(frame: frames.Frame, name: str) -> str:
+    value = frame.headers.get(name)
+    if value is None:
+        raise FrameRejected(f"{frame.command} frame requires a '{name}' header")
+    return value
+
+
+def _int_header(frame: frames.Frame, name: str, default: int) -> int:
+    value = frame.headers.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise FrameRejected(f"header '{name}' must be an integer, not {value[:40]!r}") from None
+
+
+class StompSession:
+    """One STOMP connection's protocol state; also the core's :class:`Sink` for it."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        clock: Clock,
+        settings: StompSettings,
+        *,
+        conn_id: str,
+        log: Any,
+        authenticate: Callable[[str | None, str | None], bool] = lambda login, passcode: True,
+    ) -> None:
+        self.broker = broker
+        self.clock = clock
+        self.settings = settings
+        self.conn_id = conn_id
+        self.log = log
+        self.authenticate = authenticate
+        self.codec = codec.StompConnection(
+            codec.Role.SERVER,
+            max_frame_bytes=settings.preconnect_max_frame_bytes,
+            max_headers=settings.preconnect_max_headers,
+            max_header_bytes=settings.preconnect_max_header_bytes,
+        )
+        self.outbox = Outbox(settings.outbox_high_water_bytes)
+        self.state = State.AWAITING_CONNECT
+        self.client: Client | None = None
+        self.version = "1.0"
+        self.close_reason: str | None = None
+        self._subs: dict[str, _SubscriptionState] = {}
+        self._subs_by_number: dict[str, _SubscriptionState] = {}
+        self._sub_numbers = 0
+        now = clock.monotonic()
+        self._opened_at = now
+        self._last_read = now
+        self._last_write = now
+        self._send_interval_s = 0.0
+        self._receive_timeout_s = 0.0
+        self._paused = False
+        self._handlers: dict[type[frames.Frame], Callable[[frames.Frame], None]] = {
+            frames.Connect: self._on_connect,
+            frames.Stomp: self._on_connect,
+            frames.Send: self._on_send,
+            frames.Subscribe: self._on_subscribe,
+            frames.Unsubscribe: self._on_unsubscribe,
+            frames.Ack: self._on_ack,
+            frames.Nack: self._on_nack,
+            frames.Begin: self._on_begin,
+            frames.Commit: self._on_commit,
+            frames.Abort: self._on_abort,
+            frames.Disconnect: self._on_disconnect,
+        }
+
+    # -- the server's side -------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """No more input will be processed; flush the outbox and close."""
+        return self.state is State.CLOSED
+
+    def receive_data(self, data: bytes) -> None:
+        if self.state is State.CLOSED:
+            return
+        self._last_read = self.clock.monotonic()
+        if not data:
+            self.codec.receive_data(b"")
+            self.close("peer closed the connection" + (" mid-frame" if self.codec.mid_frame else ""))
+            return
+        self.codec.receive_data(data)
+        handlers = self._handlers
+        frame: frames.Frame | None = None
+        receipt: str | None = None
+        try:
+            for frame in self.codec.events():
+                # Captured first: a handler may pop it, and an ERROR must still echo it.
+                receipt = frame.headers.get("receipt")
+                kind = type(frame)
+                if kind not in _ALLOWED[self.state]:
+                    self._reject_out_of_state(frame)
+                    return
+                handlers[kind](frame)
+                if self.state is State.CLOSED:
+                    return
+        except codec.RemoteProtocolError as exc:
+            self._fail(exc.message, None, exc.headers)
+        except FrameRejected as exc:
+            self._fail(exc.reason, frame, exc.headers, receipt)
+        except CoreError as exc:
+            self._fail(exc.reason, frame, None, receipt)
+
+    def next_deadline(self) -> float | None:
+        if self.state is State.AWAITING_CONNECT:
+            return self._opened_at + self.settings.connect_timeout_s
+        if self.state is State.CLOSED:
+            return None
+        deadlines = []
+        if self._send_interval_s:
+            deadlines.append(self._last_write + self._send_interval_s)
+        if self._receive_timeout_s:
+            deadlines.append(self._last_read + self._receive_timeout_s)
+        return min(deadlines) if deadlines else None
+
+    def on_deadline(self, now: float) -> None:
+        if self.state is State.AWAITING_CONNECT:
+            if now >= self._opened_at + self.settings.connect_timeout_s:
+                self._fail("no CONNECT frame within the login timeout", None)
+            return
+        if self.state is State.CLOSED:
+            return
+        if self._receive_timeout_s and now >= self._last_read + self._receive_timeout_s:
+            self._fail("heart-beat timeout: nothing received from the client in time", None)
+            return
+        if self._send_interval_s and now >= self._last_write + self._send_interval_s:
+            # Output already waiting will do as a heart-beat once written.
+            if not self.outbox:
+                self.outbox.append(codec.StompConnection.heartbeat())
+            self._last_write = now
+
+    def on_drained(self) -> None:
+        """The writer put outbox bytes on the wire."""
+        self._last_write = self.clock.monotonic()
+        if self._paused and self.outbox.nbytes < self.settings.outbox_high_water_bytes // 2:
+            self._paused = False
+            if self.client is not None:
+                self.client.resume()
+
+    def shutdown(self, reason: str) -> None:
+        """The broker is stopping: tell the client, then close."""
+        if self.state is not State.CLOSED:
+            self._fail(reason, None)
+
+    def close(self, reason: str) -> None:
+        """The connection is gone (or going): release everything it held."""
+        if self.close_reason is None:
+            self.close_reason = reason
+        self.state = State.CLOSED
+        if self.client is not None:
+            self.client.close()
+
+    # -- Sink --------------------------------------------------------------
+
+    @property
+    def accepting(self) -> bool:
+        if self.outbox.nbytes < self.settings.outbox_high_water_bytes:
+            return True
+        self._paused = True
+        return False
+
+    def deliver(self, subscription: Subscription, message: Message) -> None:
+        state: _SubscriptionState = subscription.token
+        wire = message.wire
+        if wire is None or wire[0] != self.version:
+            wire = message.wire = (self.version, self._encode_common(message))
+        common = wire[1]
+        body = message.body
+        if state.ack_prefix is None:
+            self.outbox.extend((state.prefix, common, body, b"\x00"), len(state.prefix) + len(common) + len(body) + 1)
+        else:
+            ack = f"ack:{state.ack_prefix}{self.codec.escape(message.id)}\n".encode()
+            self.outbox.extend(
+                (state.prefix, ack, common, body, b"\x00"),
+                len(state.prefix) + len(ack) + len(common) + len(body) + 1,
+            )
+
+    def _encode_common(self, message: Message) -> bytes:
+        """Every MESSAGE header that does not depend on the subscription, once per message."""
+        esc = self.codec.escape
+        lines = [
+            f"message-id:{esc(message.id)}",
+            f"destination:{esc(message.address.text)}",
+            f"timestamp:{message.timestamp}",
+            f"expires:{message.expires}",
+            f"priority:{message.priority}",
+        ]
+        if message.persistent:
+            lines.append("persistent:true")
+        if message.redeliveries:
+            lines.append("redelivered:true")
+            lines.append(f"x-delivery-count:{message.redeliveries}")
+        else:
+            lines.append("redelivered:false")
+        for key, value in message.headers.items():
+            lines.append(f"{esc(key)}:{esc(value)}")
+        lines.append(f"content-length:{len(message.body)}\n\n")
+        return "\n".join(lines).encode()
+
+    # -- frame handlers ----------------------------------------------------
+
+    def _on_connect(self, frame: frames.Frame) -> None:
+        headers = frame.headers
+        version = codec.negotiate_version(headers.get("accept-version"))
+        if version is None:
+            raise FrameRejected(
+                "supported protocol versions are " + ",".join(codec.SUPPORTED_VERSIONS),
+                version=",".join(codec.SUPPORTED_VERSIONS),
+            )
+        if not self.authenticate(headers.get("login"), headers.get("passcode")):
+            raise FrameRejected("authentication failed")
+        client_beat = headers.get("heart-beat", "0,0")
+        try:
+            cx, cy = (int(part) for part in client_beat.split(","))
+            if cx < 0 or cy < 0:
+                raise ValueError
+        except ValueError:
+            raise FrameRejected(f"invalid heart-beat header {client_beat[:40]!r}") from None
+        sx, sy = self.settings.heartbeat_send_ms, self.settings.heartbeat_receive_ms
+        # STOMP 1.2 §Heart-beating: each direction runs at the slower of what
+        # one side can do and the other wants, or not at all if either says 0.
+        send_ms = max(sx, cy) if sx and cy else 0
+        receive_ms = max(cx, sy) if cx and sy else 0
+        self._send_interval_s = send_ms / 1000
+        self._receive_timeout_s = receive_ms * self.settings.heartbeat_grace / 1000
+
+        self.version = version
+        self.codec.set_version(version)
+        self.codec.max_frame_bytes = self.settings.max_frame_bytes
+        self.codec.max_headers = self.settings.max_headers
+        self.codec.max_header_bytes = self.settings.max_header_bytes
+        self.client = self.broker.open_client(self, client_id=headers.get("client-id"))
+        self.state = State.CONNECTED
+        reply = {"version": version, "session": self.conn_id, "server": SERVER_NAME, "heart-beat": f"{sx},{sy}"}
+        self.outbox.append(self.codec.send(frames.Connected(reply)))
+        self.log.info(
+            "stomp_connected",
+            version=version,
+            client_id=headers.get("client-id"),
+            login=headers.get("login"),
+            heartbeat=f"{send_ms},{receive_ms}",
+        )
+
+    def _on_send(self, frame: frames.Frame) -> None:
+        headers = frame.headers
+        destination = headers.pop("destination", None)
+        if destination is None:
+            raise FrameRejected("SEND frame requires a 'destination' header")
+        address = names.parse(destination)
+        if isinstance(address, str):
+            raise InvalidDestination(f"invalid destination {destination[:80]!r}: {address}")
+        receipt = headers.pop("receipt", None)
+        transaction = headers.pop("transaction", None)
+        headers.pop("content-length", None)
+        for name in BROKER_HEADERS:
+            headers.pop(name, None)
+        persistent = headers.pop("persistent", "false") == "true"
+        priority = _int_header(frame, "priority", 4)
+        if not 0 <= priority <= MAX_PRIORITY:
+            raise FrameRejected(f"priority must be 0 to {MAX_PRIORITY}")
+        headers.pop("priority", None)
+        expires = _int_header(frame, "expires", 0)
+        headers.pop("expires", None)
+        reply_to = headers.get("reply-to")
+        if reply_to is not None and reply_to.startswith("/temp-"):
+            reply_address = names.parse(reply_to)
+            if not isinstance(reply_address, str):
+                self.client.declare_temporary(reply_address)  # type: ignore[union-attr]
+        message = self.broker.message(
+            address, headers, frame.body, persistent=persistent, priority=priority, expires=expires
+        )
+        lsn = self.client.send(message, transaction)  # type: ignore[union-attr]
+        if receipt is not None:
+            self._receipt(receipt, lsn)
+
+    def _on_subscribe(self, frame: frames.Frame) -> None:
+        destination = _require(frame, "destination")
+        address = names.parse(destination)
+        if isinstance(address, str):
+            raise InvalidDestination(f"invalid destination {destination[:80]!r}: {address}")
+        # STOMP 1.0 made the id optional; the destination then names the subscription.
+        sub_id = frame.headers.get("id") or (destination if self.version == "1.0" else _require(frame, "id"))
+        if sub_id in self._subs:
+            raise FrameRejected(f"subscription id {sub_id!r} is already in use on this connection")
+        mode_name = frame.headers.get("ack", "auto")
+        mode = ACK_MODES.get(mode_name)
+        if mode is None:
+            raise FrameRejected(f"unknown ack mode {mode_name[:40]!r}; use auto, client or client-individual")
+        prefetch = _int_header(frame, "activemq.prefetchSize", 0)
+        if prefetch < 0:
+            raise FrameRejected("activemq.prefetchSize must not be negative")
+        self._sub_numbers += 1
+        number = str(self._sub_numbers)
+        prefix = f"MESSAGE\nsubscription:{self.codec.escape(sub_id)}\n".encode()
+        ack_prefix = number + "/" if (mode is not AckMode.AUTO and self.version == "1.2") else None
+        state = _SubscriptionState(sub_id, self._sub_numbers, prefix, ack_prefix)
+        self._subs[sub_id] = state
+        self._subs_by_number[number] = state
+        try:
+            state.core = self.client.subscribe(state, address, mode, prefetch)  # type: ignore[union-attr]
+        except CoreError:
+            del self._subs[sub_id]
+            del self._subs_by_number[number]
+            raise
+        self._receipt_if_asked(frame)
+
+    def _on_unsubscribe(self, frame: frames.Frame) -> None:
+        sub_id = frame.headers.get("id")
+        if sub_id is None and self.version == "1.0":
+            sub_id = frame.headers.get("destination")
+        if sub_id is None:
+            raise FrameRejected("UNSUBSCRIBE frame requires an 'id' header")
+        state = self._subs.pop(sub_id, None)
+        if state is None:
+            raise UnknownSubscription(f"no subscription {sub_id!r} on this connection")
+        del self._subs_by_number[str(state.number)]
+        lsn = self.client.unsubscribe(state)  # type: ignore[union-attr]
+        self._receipt_if_asked(frame, lsn)
+
+    def _on_ack(self, frame: frames.Frame) -> None:
+        state, message_id = self._acked_message(frame)
+        lsn = self.client.ack(state, message_id, frame.headers.get("transaction"))  # type: ignore[union-attr]
+        self._receipt_if_asked(frame, lsn)
+
+    def _on_nack(self, frame: frames.Frame) -> None:
+        state, message_id = self._acked_message(frame)
+        lsn = self.client.nack(state, message_id, frame.headers.get("transaction"))  # type: ignore[union-attr]
+        self._receipt_if_asked(frame, lsn)
+
+    def _acked_message(self, frame: frames.Frame) -> tuple[_SubscriptionState, str]:
+        """Which subscription and message an ACK or NACK names, in any version's form."""
+        headers = frame.headers
+        if self.version == "1.2":
+            ack_id = _require(frame, "id")
+            number, _, message_id = ack_id.partition("/")
+            state = self._subs_by_number.get(number)
+            if state is None or not message_id:
+                raise UnknownMessage(f"no message awaiting acknowledgement with ack id {ack_id[:80]!r}")
+            return state, message_id
+        message_id = _require(frame, "message-id")
+        sub_id = headers.get("subscription")
+        if sub_id is None:
+            if self.version != "1.0":
+                raise FrameRejected(f"{frame.command} frame requires a 'subscription' header")
+            # 1.0 has no subscription header on ACK: find who holds the message.
+            for state in self._subs.values():
+                if state.core is not None and message_id in state.core.unacked:
+                    return state, message_id
+            raise UnknownMessage(f"message {message_id[:80]!r} is not awaiting acknowledgement")
+        found = self._subs.get(sub_id)
+        if found is None:
+            raise UnknownSubscription(f"no subscription {sub_id!r} on this connection")
+        return found, message_id
+
+    def _on_begin(self, frame: frames.Frame) -> None:
+        self.client.begin(_require(frame, "transaction"))  # type: ignore[union-attr]
+        self._receipt_if_asked(frame)
+
+    def _on_commit(self, frame: frames.Frame) -> None:
+        lsn = self.client.commit(_require(frame, "transaction"))  # type: ignore[union-attr]
+        self._receipt_if_asked(frame, lsn)
+
+    def _on_abort(self, frame: frames.Frame) -> None:
+        self.client.abort(_require(frame, "transaction"))  # type: ignore[union-attr]
+        self._receipt_if_asked(frame)
+
+    def _on_disconnect(self, frame: frames.Frame) -> None:
+        self._receipt_if_asked(frame)
+        self.close("client sent DISCONNECT")
+
+    # -- replies -----------------------------------------------------------
+
+    def _receipt_if_asked(self, frame: frames.Frame, lsn: int = 0) -> None:
+        receipt = frame.headers.get("receipt")
+        if receipt is not None:
+            self._receipt(receipt, lsn)
+
+    def _receipt(self, receipt_id: str, lsn: int) -> None:
+        self.outbox.append(self.codec.send(frames.Receipt({"receipt-id": receipt_id})), lsn)
+
+    def _reject_out_of_state(self, frame: frames.Frame) -> None:
+        if self.state is State.AWAITING_CONNECT:
+            self._fail(f"expected CONNECT or STOMP, not {frame.command}", frame)
+        else:
+            self._fail(f"unexpected {frame.command} frame: the connection is already established", frame)
+
+    def _fail(
+        self,
+        reason: str,
+        frame: frames.Frame | None,
+        headers: dict[str, str] | None = None,
+        receipt: str | None = None,
+    ) -> None:
+        """Send one ERROR frame, log it once, and close this connection."""
+        reply = {"message": reason}
+        if headers:
+            reply.update(headers)
+            reply["message"] = reason
+        if receipt is None and frame is not None:
+            receipt = frame.headers.get("receipt")
+        if receipt is not None:
+            reply["receipt-id"] = receipt
+        body = b""
+        if frame is not None:
+            body = f"The rejected frame was {frame.command}.\n".encode()
+        self.outbox.append(self.codec.send(frames.Error(reply, body)))
+        self.log.warning("frame_rejected", frame=frame.command if frame is not None else None, reason=reason)
+        self.close(reason)
