@@ -1,0 +1,108 @@
+"""Shared fixtures: a real broker on a loopback port, run in a background thread
+so blocking clients (stomp.py) can talk to it from ordinary test functions."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from core.broker import BrokerSettings
+from gateway import app, logs
+from gateway.config import Config
+from gateway.stomp.session import StompSettings
+
+
+@dataclasses.dataclass
+class BrokerHandle:
+    running: app.Running
+    token: trio.lowlevel.TrioToken
+    thread: threading.Thread
+    config: Config
+
+    @property
+    def stomp_port(self) -> int:
+        return self.running.ports["stomp"]
+
+    @property
+    def stomp_address(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.stomp_port)
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn`` on the broker's Trio thread (to inspect core state safely)."""
+        return trio.from_thread.run_sync(fn, *args, trio_token=self.token)
+
+    def stop(self) -> None:
+        if self.thread.is_alive():
+            try:
+                self.call(self.running.stop)
+            except trio.RunFinishedError:
+                pass
+            self.thread.join(timeout=30)
+            assert not self.thread.is_alive(), "broker did not stop"
+
+
+def start_broker(config: Config) -> BrokerHandle:
+    log = logs.configure("console", config.log_level)
+    started = threading.Event()
+    result: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            result["running"] = await nursery.start(lambda task_status: app.serve(config, log, handle_signals=False, task_status=task_status))
+            result["token"] = trio.lowlevel.current_trio_token()
+            started.set()
+
+    def target() -> None:
+        try:
+            trio.run(main)
+        finally:
+            started.set()
+
+    thread = threading.Thread(target=target, name="broker", daemon=True)
+    thread.start()
+    assert started.wait(10), "broker did not start"
+    assert "running" in result, "broker failed to start"
+    return BrokerHandle(result["running"], result["token"], thread, config)
+
+
+FAST_STOMP = StompSettings(connect_timeout_s=2.0, heartbeat_send_ms=50, heartbeat_receive_ms=50)
+
+
+def make_config(tmp_path: Path, *, stomp: dict[str, Any] | None = None, broker: dict[str, Any] | None = None, **top: Any) -> Config:
+    return Config(
+        bind="127.0.0.1",
+        stomp_port=0,
+        data_dir=str(tmp_path / "data"),
+        log_level="warning",
+        shutdown_grace_s=5.0,
+        stomp=dataclasses.replace(FAST_STOMP, **(stomp or {})),
+        broker=BrokerSettings(**(broker or {})),
+        **top,
+    )
+
+
+@pytest.fixture
+def broker_factory(tmp_path: Path) -> Iterator[Callable[..., BrokerHandle]]:
+    """Start brokers with custom settings: ``broker_factory(stomp={...}, broker={...})``."""
+    handles: list[BrokerHandle] = []
+
+    def factory(**kwargs: Any) -> BrokerHandle:
+        handle = start_broker(make_config(tmp_path, **kwargs))
+        handles.append(handle)
+        return handle
+
+    yield factory
+    for handle in handles:
+        handle.stop()
+
+
+@pytest.fixture
+def broker(broker_factory: Callable[..., BrokerHandle]) -> BrokerHandle:
+    """A broker with default settings but fast timeouts, on a free loopback port."""
+    return broker_factory()
