@@ -60,7 +60,8 @@ class Broker:
         }
         self._temporary_owners: dict[Address, Client] = {}
         # Message ids stay unique across restarts without coordination.
-        self._id_prefix = f"ID:{node or os.urandom(4).hex()}-"
+        # No colon in ids: STOMP 1.1+ would have to escape it in every MESSAGE.
+        self._id_prefix = f"ID-{node or os.urandom(4).hex()}-"
         self._seq = itertools.count(1)
         self._client_seq = itertools.count(1)
         self.stats = BrokerStatistics()

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-import trio
-
 from gateway import __version__, app, config, logs
 
 DESCRIPTION = """\
@@ -56,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log = logs.configure(cfg.log_format, cfg.log_level)
     try:
-        trio.run(app.serve, cfg, log)
+        app.run(cfg, log)
     except OSError as exc:
         log.error("startup_failed", reason=str(exc))
         return 1

@@ -64,6 +64,11 @@ async def serve(
     log.info("broker_stopped")
 
 
+def run(config: Config, log: Any) -> None:
+    """Run the broker in this (main) thread until a signal stops it."""
+    trio.run(serve, config, log)
+
+
 async def _stop_on_signal(server: Server, log: Any) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:

@@ -67,7 +67,6 @@ _ESCAPE_TABLE = {
     "1.1": str.maketrans(_ESCAPES_11),
     "1.2": str.maketrans(_ESCAPES_12),
 }
-_SPECIALS = ("\\", "\n", "\r", ":")
 
 
 def _unescape(text: str, table: dict[str, str]) -> str:
@@ -204,59 +203,56 @@ class StompConnection:
         if buf[pos] == 13:
             return None  # a lone CR at the end; wait for its LF
 
+        # Find the blank line that ends the headers.  LF-only frames end in
+        # "\n\n"; with 1.2 CRLF endings it is "\r\n\r\n", which contains
+        # "\n\r\n" but not "\n\n" (a "\n\n" found later may be in the body).
         line_limit = self.max_header_bytes
         frame_end_limit = pos + self.max_frame_bytes
-        eol = buf.find(b"\n", pos, pos + line_limit + 2)
-        if eol < 0:
-            if n - pos > line_limit + 1:
-                raise RemoteProtocolError("command line too long")
+        head_limit = min(frame_end_limit, pos + (self.max_headers + 1) * (line_limit + 2) + 2)
+        term = buf.find(b"\n\n", pos, head_limit)
+        crlf = buf.find(b"\n\r\n", pos, head_limit if term < 0 else term)
+        if crlf >= 0:
+            term = crlf
+            body_start = crlf + 3
+        elif term >= 0:
+            body_start = term + 2
+        else:
+            if n >= head_limit:
+                if head_limit == frame_end_limit:
+                    raise RemoteProtocolError("frame too large", headers={"max-frame-bytes": str(self.max_frame_bytes)})
+                raise RemoteProtocolError("too many headers", headers={"max-headers": str(self.max_headers)})
+            self._check_partial_head(buf, pos, n)
             return None
-        end = eol - 1 if eol > pos and buf[eol - 1] == 13 else eol
-        command = buf[pos:end]
+        try:
+            head = buf[pos:term].decode()
+        except UnicodeDecodeError:
+            raise RemoteProtocolError("frame command or header is not valid UTF-8") from None
+        lines = head.split("\n")
+        if "\r" in head:
+            lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+        command = lines[0]
         cls = self._incoming.get(command)
         if cls is None:
-            shown = command[:40].decode("ascii", "replace")
-            raise RemoteProtocolError(f"unknown command {shown!r}")
+            raise RemoteProtocolError(f"unknown command {command[:40]!r}")
+        if len(lines) > self.max_headers + 1:
+            raise RemoteProtocolError("too many headers", headers={"max-headers": str(self.max_headers)})
         unescapes = None if command in frames.UNESCAPED_COMMANDS else self._unescapes
-
+        if unescapes is not None and "\\" not in head:
+            unescapes = None
         headers: dict[str, str] = {}
-        count = 0
-        p = eol + 1
-        while True:
-            eol = buf.find(b"\n", p, p + line_limit + 2)
-            if eol < 0:
-                if n - p > line_limit + 1:
-                    raise RemoteProtocolError("header line too long", headers={"max-header-bytes": str(line_limit)})
-                if n > frame_end_limit:
-                    raise RemoteProtocolError("frame too large", headers={"max-frame-bytes": str(self.max_frame_bytes)})
-                return None
-            end = eol - 1 if eol > p and buf[eol - 1] == 13 else eol
-            if end == p:
-                break  # the blank line that ends the headers
-            if end - p > line_limit:
+        for line in lines[1:]:
+            if len(line) > line_limit:
                 raise RemoteProtocolError("header line too long", headers={"max-header-bytes": str(line_limit)})
-            count += 1
-            if count > self.max_headers:
-                raise RemoteProtocolError("too many headers", headers={"max-headers": str(self.max_headers)})
-            colon = buf.find(b":", p, end)
-            if colon < 0:
+            key, colon, value = line.partition(":")
+            if not colon:
                 raise RemoteProtocolError("header line without a colon")
-            try:
-                key = buf[p:colon].decode()
-                value = buf[colon + 1 : end].decode()
-            except UnicodeDecodeError:
-                raise RemoteProtocolError("header is not valid UTF-8") from None
             if unescapes is not None:
-                if "\\" in key:
-                    key = _unescape(key, unescapes)
-                if "\\" in value:
-                    value = _unescape(value, unescapes)
+                key = _unescape(key, unescapes)
+                value = _unescape(value, unescapes)
             # §Repeated Header Entries: only the first value is used.
             if key not in headers:
                 headers[key] = value
-            p = eol + 1
 
-        body_start = eol + 1
         if body_start > frame_end_limit:
             raise RemoteProtocolError("frame too large", headers={"max-frame-bytes": str(self.max_frame_bytes)})
         length_text = headers.get("content-length")
@@ -283,16 +279,31 @@ class StompConnection:
         self._pos = body_end + 1
         if body_end == body_start:
             return cls(headers, b"")
-        if command not in frames.COMMANDS_WITH_BODY:
+        if cls.command not in frames.COMMANDS_WITH_BODY:
             raise RemoteProtocolError(f"{cls.command} frame must not have a body")
         return cls(headers, buf[body_start:body_end])
+
+    def _check_partial_head(self, buf: bytes, pos: int, n: int) -> None:
+        """Fail early on an incomplete head that already breaks a limit or names
+        an unknown command, rather than buffering up to the frame limit."""
+        eol = buf.find(b"\n", pos, n)
+        if eol < 0:
+            if n - pos > self.max_header_bytes + 1:
+                raise RemoteProtocolError("command line too long")
+            return
+        command = buf[pos:eol].rstrip(b"\r").decode("utf-8", "replace")
+        if command not in self._incoming:
+            raise RemoteProtocolError(f"unknown command {command[:40]!r}")
+        last = buf.rfind(b"\n", pos, n)
+        if n - last - 1 > self.max_header_bytes + 1:
+            raise RemoteProtocolError("header line too long", headers={"max-header-bytes": str(self.max_header_bytes)})
 
     # -- sending -----------------------------------------------------------
 
     def send(self, frame: frames.Frame) -> bytes:
         """Serialize a frame, escaping headers for the negotiated version."""
         command = frame.command
-        if command.encode() not in self._outgoing:
+        if command not in self._outgoing:
             raise LocalProtocolError(f"a {self.role.value} cannot send {command}")
         escape = command not in ("CONNECT", "STOMP", "CONNECTED")
         lines = [command]
@@ -306,9 +317,8 @@ class StompConnection:
 
     def escape(self, text: str) -> str:
         """Escape one header key or value for the negotiated version."""
-        for special in _SPECIALS:
-            if special in text:
-                return text.translate(self._escape_table)
+        if "\\" in text or ":" in text or "\n" in text or "\r" in text:
+            return text.translate(self._escape_table)
         return text
 
     @staticmethod

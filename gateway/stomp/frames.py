@@ -13,12 +13,15 @@ from __future__ import annotations
 class Frame:
     """A STOMP frame: a command, headers (first occurrence wins) and a body."""
 
-    __slots__ = ("headers", "body")
+    __slots__ = ("headers", "body", "receipt")
     command: str = ""
 
     def __init__(self, headers: dict[str, str] | None = None, body: bytes = b"") -> None:
         self.headers: dict[str, str] = {} if headers is None else headers
         self.body: bytes = body
+        # The receipt this frame asked for, kept by a session before handlers
+        # pop headers, so an ERROR about the frame can still name it.
+        self.receipt: str | None = None
 
     def __eq__(self, other: object) -> bool:
         return (
@@ -111,16 +114,16 @@ class Error(Frame):
     command = "ERROR"
 
 
-CLIENT_FRAMES: dict[bytes, type[Frame]] = {
-    cls.command.encode(): cls
+CLIENT_FRAMES: dict[str, type[Frame]] = {
+    cls.command: cls
     for cls in (Connect, Stomp, Send, Subscribe, Unsubscribe, Ack, Nack, Begin, Commit, Abort, Disconnect)
 }
-SERVER_FRAMES: dict[bytes, type[Frame]] = {
-    cls.command.encode(): cls for cls in (Connected, Message, Receipt, Error)
+SERVER_FRAMES: dict[str, type[Frame]] = {
+    cls.command: cls for cls in (Connected, Message, Receipt, Error)
 }
 
 # Frames whose headers are never escaped (STOMP 1.2 §Value Encoding).
-UNESCAPED_COMMANDS = frozenset({b"CONNECT", b"STOMP", b"CONNECTED"})
+UNESCAPED_COMMANDS = frozenset({"CONNECT", "STOMP", "CONNECTED"})
 
 # Which body a command may carry (STOMP 1.2 §Body: only SEND, MESSAGE and ERROR).
-COMMANDS_WITH_BODY = frozenset({b"SEND", b"MESSAGE", b"ERROR"})
+COMMANDS_WITH_BODY = frozenset({"SEND", "MESSAGE", "ERROR"})

@@ -16,7 +16,7 @@ from typing import Any
 from core import names
 from core.broker import Broker, Client
 from core.errors import CoreError, InvalidDestination, UnknownMessage, UnknownSubscription
-from core.messages import MAX_PRIORITY, Message
+from core.messages import DEFAULT_PRIORITY, MAX_PRIORITY, Message
 from core.ports import Clock
 from core.subscriptions import AckMode, Subscription
 from gateway.outbox import Outbox
@@ -24,8 +24,16 @@ from gateway.stomp import codec, frames
 
 SERVER_NAME = "gateway/0.1.0"
 ACK_MODES = {mode.value: mode for mode in AckMode}
-# Headers the broker sets on MESSAGE; a producer's values for them are dropped.
-BROKER_HEADERS = ("message-id", "subscription", "ack", "redelivered", "timestamp", "x-delivery-count")
+# Headers a SEND carries that are not the application's: the transport's own,
+# the ones mapped onto message fields, and the ones the broker sets on MESSAGE
+# (a producer's values for those are dropped).
+_SEND_OWN_HEADERS = frozenset(
+    {
+        "destination", "receipt", "transaction", "content-length",
+        "persistent", "priority", "expires",
+        "message-id", "subscription", "ack", "redelivered", "timestamp", "x-delivery-count",
+    }
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +112,10 @@ def _require(frame: frames.Frame, name: str) -> str:
 
 
 def _int_header(frame: frames.Frame, name: str, default: int) -> int:
-    value = frame.headers.get(name)
+    return _int_value(name, frame.headers.get(name), default)
+
+
+def _int_value(name: str, value: str | None, default: int) -> int:
     if value is None or value == "":
         return default
     try:
@@ -190,6 +201,7 @@ class StompSession:
             for frame in self.codec.events():
                 # Captured first: a handler may pop it, and an ERROR must still echo it.
                 receipt = frame.headers.get("receipt")
+                frame.receipt = receipt
                 kind = type(frame)
                 if kind not in _ALLOWED[self.state]:
                     self._reject_out_of_state(frame)
@@ -346,24 +358,30 @@ class StompSession:
 
     def _on_send(self, frame: frames.Frame) -> None:
         headers = frame.headers
-        destination = headers.pop("destination", None)
+        destination = headers.get("destination")
         if destination is None:
             raise FrameRejected("SEND frame requires a 'destination' header")
         address = names.parse(destination)
         if isinstance(address, str):
             raise InvalidDestination(f"invalid destination {destination[:80]!r}: {address}")
-        receipt = headers.pop("receipt", None)
-        transaction = headers.pop("transaction", None)
-        headers.pop("content-length", None)
-        for name in BROKER_HEADERS:
-            headers.pop(name, None)
-        persistent = headers.pop("persistent", "false") == "true"
-        priority = _int_header(frame, "priority", 4)
-        if not 0 <= priority <= MAX_PRIORITY:
-            raise FrameRejected(f"priority must be 0 to {MAX_PRIORITY}")
-        headers.pop("priority", None)
-        expires = _int_header(frame, "expires", 0)
-        headers.pop("expires", None)
+        persistent = False
+        priority = DEFAULT_PRIORITY
+        expires = 0
+        transaction = None
+        # Take out what the transport and the broker own; what remains is the
+        # application's headers.  One set intersection finds them (hot path).
+        for name in headers.keys() & _SEND_OWN_HEADERS:
+            value = headers.pop(name)
+            if name == "persistent":
+                persistent = value == "true"
+            elif name == "priority":
+                priority = _int_value(name, value, DEFAULT_PRIORITY)
+                if not 0 <= priority <= MAX_PRIORITY:
+                    raise FrameRejected(f"priority must be 0 to {MAX_PRIORITY}")
+            elif name == "expires":
+                expires = _int_value(name, value, 0)
+            elif name == "transaction":
+                transaction = value
         reply_to = headers.get("reply-to")
         if reply_to is not None and reply_to.startswith("/temp-"):
             reply_address = names.parse(reply_to)
@@ -373,6 +391,7 @@ class StompSession:
             address, headers, frame.body, persistent=persistent, priority=priority, expires=expires
         )
         lsn = self.client.send(message, transaction)  # type: ignore[union-attr]
+        receipt = frame.receipt
         if receipt is not None:
             self._receipt(receipt, lsn)
 

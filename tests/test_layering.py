@@ -1,0 +1,81 @@
+"""The import contract of STYLE.md §1, enforced so the layering cannot rot.
+
+Codecs import neither Trio nor the core; the core imports neither Trio, the
+gateway nor persistence; persistence imports neither Trio, the gateway nor the
+core; sockets and threads stay in the server, admin and app modules.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def files(*patterns: str) -> list[Path]:
+    out: list[Path] = []
+    for pattern in patterns:
+        out.extend(sorted(ROOT.glob(pattern)))
+    return out
+
+
+def offending(path: Path, forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(
+        name for name in imported_modules(path) if any(name == f or name.startswith(f + ".") for f in forbidden)
+    )
+
+
+CODECS = files("gateway/stomp/codec.py", "gateway/stomp/frames.py", "gateway/mqtt/codec.py", "gateway/mqtt/packets.py")
+CORE = files("core/**/*.py")
+PERSISTENCE = files("persistence/**/*.py")
+SESSIONS = files("gateway/stomp/session.py", "gateway/mqtt/session.py", "gateway/outbox.py")
+IO_MODULES = {"server.py", "admin.py", "app.py"}
+NON_IO_GATEWAY = [p for p in files("gateway/**/*.py") if p.name not in IO_MODULES and p.parent.name != "spark"]
+
+
+def test_there_is_something_to_check() -> None:
+    assert CODECS and CORE and SESSIONS
+
+
+@pytest.mark.parametrize("path", CODECS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_codecs_import_neither_trio_nor_core(path: Path) -> None:
+    assert offending(path, ("trio", "core", "persistence", "logging", "structlog", "socket", "time")) == []
+    # A codec may use its own package's frame/packet definitions and nothing else of ours.
+    ours = [n for n in imported_modules(path) if n.startswith("gateway") and not n.startswith(f"gateway.{path.parent.name}")]
+    assert ours == []
+
+
+@pytest.mark.parametrize("path", CORE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_core_imports_no_trio_gateway_or_persistence(path: Path) -> None:
+    assert offending(path, ("trio", "gateway", "persistence", "socket", "threading", "asyncio", "time")) == []
+
+
+@pytest.mark.parametrize("path", PERSISTENCE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_persistence_imports_no_trio_gateway_or_core(path: Path) -> None:
+    assert offending(path, ("trio", "gateway", "core", "asyncio")) == []
+
+
+@pytest.mark.parametrize("path", NON_IO_GATEWAY, ids=lambda p: str(p.relative_to(ROOT)))
+def test_only_server_admin_and_app_own_sockets_and_tasks(path: Path) -> None:
+    assert offending(path, ("trio", "socket", "threading", "asyncio")) == []
+
+
+def test_the_contract_catches_a_violation(tmp_path: Path) -> None:
+    bad = tmp_path / "codec.py"
+    bad.write_text("import trio\nfrom core.broker import Broker\n")
+    assert offending(bad, ("trio", "core")) == ["core.broker", "core.broker.Broker", "trio"]
