@@ -189,7 +189,10 @@ class Client:
             raise LimitExceeded(f"too many subscriptions (limit {self.broker.settings.max_subscriptions_per_client})")
         if address.is_pattern and address.is_queue:
             raise InvalidDestination("wildcards are supported on topic subscriptions only")
-        if address.is_temporary and not address.is_pattern:
+        if address.is_temporary:
+            if address.is_pattern:
+                # A wildcard would reach into other connections' private replies.
+                raise InvalidDestination("wildcards are not allowed on temporary destinations")
             self.broker._claim(address, self)
         window = prefetch if prefetch and prefetch > 0 else self.broker.settings.default_prefetch
         if address.is_queue:
@@ -228,11 +231,12 @@ class Client:
     def ack(self, token: Any, message_id: str, transaction: str | None = None) -> int:
         subscription = self.subscription(token)
         tx = None if transaction is None else self._transaction(transaction)
+        if tx is not None:
+            self._grow(tx)  # before take: a refused ACK must leave the message unacked
         messages = subscription.take(message_id)
         if tx is None:
             subscription.queue.acked(len(messages))
         else:
-            self._grow(tx)
             tx.acks.append((subscription, messages))
         subscription.queue.dispatch()
         return 0
@@ -241,11 +245,12 @@ class Client:
         """Put messages back for redelivery with their delivery count raised."""
         subscription = self.subscription(token)
         tx = None if transaction is None else self._transaction(transaction)
+        if tx is not None:
+            self._grow(tx)
         messages = subscription.take(message_id)
         if tx is None:
             subscription.queue.requeue(messages)
         else:
-            self._grow(tx)
             tx.nacks.append((subscription, messages))
             subscription.queue.dispatch()
         return 0
@@ -265,9 +270,13 @@ class Client:
         self.transactions[transaction] = Transaction(transaction)
 
     def commit(self, transaction: str) -> int:
-        tx = self.transactions.pop(transaction, None)
-        if tx is None:
-            raise UnknownTransaction(f"no open transaction {transaction!r}")
+        tx = self._transaction(transaction)
+        # All or nothing: create every queue the sends need before routing any.
+        broker = self.broker
+        missing = {a for a, _ in tx.sends if a.is_queue and not a.is_temporary and a not in broker.queues}
+        if len(broker.queues) + len(missing) > broker.settings.max_destinations:
+            raise LimitExceeded(f"too many destinations (limit {broker.settings.max_destinations})")
+        del self.transactions[transaction]
         for _address, message in tx.sends:
             self.broker.route(message)
         for subscription, messages in tx.acks:
@@ -293,11 +302,11 @@ class Client:
         return tx
 
     def _grow(self, tx: Transaction) -> None:
-        tx.size += 1
-        if tx.size > self.broker.settings.max_transaction_messages:
+        if tx.size >= self.broker.settings.max_transaction_messages:
             raise LimitExceeded(
                 f"transaction {tx.id!r} holds too many frames (limit {self.broker.settings.max_transaction_messages})"
             )
+        tx.size += 1
 
     # -- leaving -----------------------------------------------------------
 
@@ -308,12 +317,13 @@ class Client:
             return
         self.closed = True
         self.broker.stats.clients -= 1
-        transactions, self.transactions = self.transactions, {}
-        for tx in transactions.values():
-            self._roll_back(tx)
+        # Detach first, so rolled-back acks go to the other consumers, not to us.
         subscriptions, self.subscriptions = self.subscriptions, {}
         for subscription in subscriptions.values():
             self._detach(subscription)
+        transactions, self.transactions = self.transactions, {}
+        for tx in transactions.values():
+            self._roll_back(tx)
         for address in self.temporaries:
             self.broker._release(address)
         self.temporaries.clear()

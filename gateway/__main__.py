@@ -53,12 +53,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
     log = logs.configure(cfg.log_format, cfg.log_level)
+    failures: list[BaseException] = []
     try:
         app.run(cfg, log)
-    except OSError as exc:
+    except* OSError as group:
+        # Trio's nurseries wrap it; a port in use or an unreadable data folder
+        # is an operator's mistake, worth one clear line rather than a traceback.
+        failures = _leaves(group)
+    for exc in failures:
         log.error("startup_failed", reason=str(exc))
-        return 1
-    return 0
+    return 1 if failures else 0
+
+
+def _leaves(group: BaseException) -> list[BaseException]:
+    if isinstance(group, BaseExceptionGroup):
+        return [leaf for exc in group.exceptions for leaf in _leaves(exc)]
+    return [group]
 
 
 if __name__ == "__main__":

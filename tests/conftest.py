@@ -106,3 +106,46 @@ def broker_factory(tmp_path: Path) -> Iterator[Callable[..., BrokerHandle]]:
 def broker(broker_factory: Callable[..., BrokerHandle]) -> BrokerHandle:
     """A broker with default settings but fast timeouts, on a free loopback port."""
     return broker_factory()
+
+
+# -- clients for the end-to-end tests (tests/test_0*.py) ---------------------
+# Both factories depend on broker_factory so that their teardown (closing every
+# client and joining stomp.py's threads) runs before the brokers stop.
+
+
+@pytest.fixture
+def stomp_client(broker_factory: Callable[..., BrokerHandle]) -> Iterator[Callable[..., Any]]:
+    """Connected stomp.py clients: ``stomp_client(broker, version="1.1", heartbeats=...)``;
+    each is disconnected in teardown."""
+    from tests.helpers import Client
+
+    made: list[Client] = []
+
+    def factory(target: BrokerHandle | tuple[str, int], version: str = "1.2", *, connect: bool = True, headers: dict[str, str] | None = None, **kwargs: Any) -> Client:
+        address = target.stomp_address if isinstance(target, BrokerHandle) else target
+        client = Client(address, version, **kwargs)
+        made.append(client)
+        if connect:
+            client.connect(**(headers or {}))
+        return client
+
+    yield factory
+    for client in made:
+        client.close()
+
+
+@pytest.fixture
+def raw_client(broker_factory: Callable[..., BrokerHandle]) -> Iterator[Callable[..., Any]]:
+    """Raw STOMP sockets for misbehaving clients: ``raw_client(broker)``; closed in teardown."""
+    from tests.helpers import RawClient
+
+    made: list[RawClient] = []
+
+    def factory(target: BrokerHandle | tuple[str, int], **kwargs: Any) -> RawClient:
+        client = RawClient(target.stomp_address if isinstance(target, BrokerHandle) else target, **kwargs)
+        made.append(client)
+        return client
+
+    yield factory
+    for client in made:
+        client.close()

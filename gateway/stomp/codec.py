@@ -69,6 +69,28 @@ _ESCAPE_TABLE = {
 }
 
 
+# Frames parsed before a version is agreed: they may use CRLF whatever it is.
+_PRE_NEGOTIATION = frozenset({"CONNECT", "STOMP", "CONNECTED"})
+
+
+def _receipt_of(lines: list[str]) -> dict[str, str]:
+    """The receipt header of a rejected frame, so its ERROR can name it."""
+    for line in lines[1:]:
+        if line.startswith("receipt:"):
+            return {"receipt-id": line[8:].rstrip("\r")}
+    return {}
+
+
+def _command_prefixes(commands: dict[str, type[frames.Frame]]) -> frozenset[bytes]:
+    return frozenset(c.encode()[:i] for c in commands for i in range(len(c) + 1))
+
+
+_PREFIXES = {
+    id(frames.CLIENT_FRAMES): _command_prefixes(frames.CLIENT_FRAMES),
+    id(frames.SERVER_FRAMES): _command_prefixes(frames.SERVER_FRAMES),
+}
+
+
 def _unescape(text: str, table: dict[str, str]) -> str:
     out = []
     i = 0
@@ -119,6 +141,7 @@ class StompConnection:
         self.version = "1.0"
         self._incoming = frames.CLIENT_FRAMES if role is Role.SERVER else frames.SERVER_FRAMES
         self._outgoing = frames.SERVER_FRAMES if role is Role.SERVER else frames.CLIENT_FRAMES
+        self._prefixes = _PREFIXES[id(self._incoming)]
         self._unescapes: dict[str, str] | None = None
         self._escape_table = _ESCAPE_TABLE["1.0"]
         self._buf = b""
@@ -210,7 +233,8 @@ class StompConnection:
         frame_end_limit = pos + self.max_frame_bytes
         head_limit = min(frame_end_limit, pos + (self.max_headers + 1) * (line_limit + 2) + 2)
         term = buf.find(b"\n\n", pos, head_limit)
-        crlf = buf.find(b"\n\r\n", pos, head_limit if term < 0 else term)
+        # "+ 1": in "X\r\n\r\n\nbody" the "\n\n" found overlaps the real end.
+        crlf = buf.find(b"\n\r\n", pos, head_limit if term < 0 else term + 1)
         if crlf >= 0:
             term = crlf
             body_start = crlf + 3
@@ -228,12 +252,17 @@ class StompConnection:
         except UnicodeDecodeError:
             raise RemoteProtocolError("frame command or header is not valid UTF-8") from None
         lines = head.split("\n")
-        if "\r" in head:
-            lines = [line[:-1] if line.endswith("\r") else line for line in lines]
         command = lines[0]
+        if command.endswith("\r"):
+            command = lines[0] = command[:-1]
         cls = self._incoming.get(command)
         if cls is None:
-            raise RemoteProtocolError(f"unknown command {command[:40]!r}")
+            raise RemoteProtocolError(f"unknown command {command[:40]!r}", headers=_receipt_of(lines))
+        # Only 1.2 ends lines with CRLF; in 1.0/1.1 a trailing CR belongs to
+        # the value.  CONNECT precedes negotiation, so accept both there.
+        if "\r" in head and (self.version == "1.2" or command in _PRE_NEGOTIATION):
+            lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+        bytes_differ = not head.isascii()
         if len(lines) > self.max_headers + 1:
             raise RemoteProtocolError("too many headers", headers={"max-headers": str(self.max_headers)})
         unescapes = None if command in frames.UNESCAPED_COMMANDS else self._unescapes
@@ -241,7 +270,7 @@ class StompConnection:
             unescapes = None
         headers: dict[str, str] = {}
         for line in lines[1:]:
-            if len(line) > line_limit:
+            if len(line) > line_limit or (bytes_differ and len(line.encode()) > line_limit):
                 raise RemoteProtocolError("header line too long", headers={"max-header-bytes": str(line_limit)})
             key, colon, value = line.partition(":")
             if not colon:
@@ -253,12 +282,12 @@ class StompConnection:
             if key not in headers:
                 headers[key] = value
 
-        if body_start > frame_end_limit:
-            raise RemoteProtocolError("frame too large", headers={"max-frame-bytes": str(self.max_frame_bytes)})
         length_text = headers.get("content-length")
         if length_text is not None:
             if not length_text.isdigit() or not length_text.isascii():
                 raise RemoteProtocolError(f"invalid content-length {length_text[:20]!r}")
+            if len(length_text) > len(str(self.max_frame_bytes)):
+                raise RemoteProtocolError("frame too large", headers={"max-frame-bytes": str(self.max_frame_bytes)})
             body_end = body_start + int(length_text)
             if body_end >= frame_end_limit:
                 raise RemoteProtocolError("frame too large", headers={"max-frame-bytes": str(self.max_frame_bytes)})
@@ -288,8 +317,12 @@ class StompConnection:
         an unknown command, rather than buffering up to the frame limit."""
         eol = buf.find(b"\n", pos, n)
         if eol < 0:
-            if n - pos > self.max_header_bytes + 1:
-                raise RemoteProtocolError("command line too long")
+            # A command line that cannot become a known command (a TLS hello,
+            # an HTTP request, noise without a line end) fails now, not at the
+            # frame limit.
+            partial = buf[pos:n].rstrip(b"\r")
+            if partial not in self._prefixes:
+                raise RemoteProtocolError(f"unknown command {partial[:40]!r}")
             return
         command = buf[pos:eol].rstrip(b"\r").decode("utf-8", "replace")
         if command not in self._incoming:
