@@ -32,6 +32,13 @@ class BrokerSettings:
     # Messages a non-durable topic subscriber may fall behind before the oldest
     # are discarded (ActiveMQ's pending-message limit strategy).
     topic_buffer_limit: int = 10_000
+    # A topic subscriber this far behind holds back the topic's producers
+    # (ActiveMQ's producer flow control) until it has caught up half of it.
+    topic_high_water: int = 1_000
+    # ...unless it takes nothing for this long while producers wait: then it
+    # is a slow consumer, and it alone pays (its buffer overflows at
+    # topic_buffer_limit) rather than every subscriber of the topic.
+    slow_consumer_s: float = 2.0
     max_destinations: int = 10_000
     max_subscriptions_per_client: int = 1_000
     max_transactions_per_client: int = 64
@@ -39,10 +46,11 @@ class BrokerSettings:
 
 
 class BrokerStatistics:
-    __slots__ = ("messages_in", "messages_discarded", "clients")
+    __slots__ = ("messages_in", "messages_discarded", "clients", "producer_holds")
 
     def __init__(self) -> None:
         self.messages_in = 0
+        self.producer_holds = 0  # times a producer was held back by flow control
         self.messages_discarded = 0
         self.clients = 0
 
@@ -98,8 +106,10 @@ class Broker:
             timestamp=self.clock.wall_ms(),
         )
 
-    def route(self, message: Message) -> None:
-        """Deliver a committed message to its queue or to every matching topic subscriber."""
+    def route(self, message: Message) -> list[Queue] | None:
+        """Deliver a committed message to its queue or to every matching topic
+        subscriber.  Returns the congested queues it landed in, if any: the
+        producer should hold back until they drain."""
         self.stats.messages_in += 1
         address = message.address
         if address.is_queue:
@@ -108,12 +118,20 @@ class Broker:
                 if address.is_temporary:
                     # The owner is gone: a reply to a requester that left.
                     self.stats.messages_discarded += 1
-                    return
+                    return None
                 queue = self._create_queue(address)
             queue.put(message)
-        else:
-            for subscription in self._trees[address.kind].match(address.segments):
-                subscription.queue.put(message)
+            return [queue] if queue.waiters is not None else None
+        congested = None
+        for subscription in self._trees[address.kind].match(address.segments):
+            queue = subscription.queue
+            queue.put(message)
+            if queue.waiters is not None:
+                if congested is None:
+                    congested = [queue]
+                else:
+                    congested.append(queue)
+        return congested
 
     def queue(self, address: Address) -> Queue | None:
         return self.queues.get(address)
@@ -139,12 +157,15 @@ class Broker:
         queue = self.queues.pop(address, None)
         if queue is not None:
             queue.stats.discarded += len(queue.pending.clear())
+            self.stats.messages_discarded += queue.stats.discarded
+            queue.relieve()
 
     def statistics(self) -> dict[str, Any]:
         return {
             "clients": self.stats.clients,
             "messages_in": self.stats.messages_in,
             "messages_discarded": self.stats.messages_discarded,
+            "producer_holds": self.stats.producer_holds,
             "queues": {q.address.text: (q.depth, len(q.consumers)) for q in self.queues.values()},
         }
 
@@ -161,6 +182,11 @@ class Client:
         self.subscriptions: dict[Any, Subscription] = {}
         self.transactions: dict[str, Transaction] = {}
         self.temporaries: set[Address] = set()
+        # Congested queues this client's messages went to; while non-empty
+        # the client should not produce (its connection stops reading).
+        # Each maps to its delivered count when last checked (check_held).
+        self.blocked_on: dict[Queue, int] = {}
+        self.held_until = 0.0  # when to check_held next, on the broker clock
         self.closed = False
 
     # -- producing ---------------------------------------------------------
@@ -169,7 +195,9 @@ class Client:
         """Publish, or hold until COMMIT when in a transaction.  Returns the LSN
         a durability promise (a receipt) must wait for."""
         if transaction is None:
-            self.broker.route(message)
+            congested = self.broker.route(message)
+            if congested:
+                self._hold(congested)
             return 0
         tx = self._transaction(transaction)
         self._grow(tx)
@@ -179,6 +207,38 @@ class Client:
     def declare_temporary(self, address: Address) -> None:
         """Claim a temporary destination named in a reply-to before it is subscribed."""
         self.broker._claim(address, self)
+
+    def _hold(self, queues: list[Queue]) -> None:
+        if not self.blocked_on:
+            self.held_until = self.broker.clock.monotonic() + self.broker.settings.slow_consumer_s
+        for queue in queues:
+            if queue not in self.blocked_on and queue.wait(self):
+                self.blocked_on[queue] = queue.stats.delivered
+        if self.blocked_on:
+            self.broker.stats.producer_holds += 1
+
+    def unblocked(self, queue: Queue) -> None:
+        """A queue we were held back by has drained (core.destinations.Waiter)."""
+        self.blocked_on.pop(queue, None)
+        if not self.blocked_on and not self.closed:
+            self.sink.unblocked()
+
+    def check_held(self, now: float) -> list[Queue]:
+        """Called by the session at ``held_until`` while blocked: a queue that
+        delivered nothing since the last check has a slow consumer; stop
+        waiting for it.  Returns the queues so declared, for the log."""
+        if now < self.held_until:
+            return []
+        slow = []
+        for queue, delivered in list(self.blocked_on.items()):
+            if queue.stats.delivered == delivered:
+                queue.slow = True
+                slow.append(queue)
+                queue.relieve()  # may unblock us (and others) right here
+            else:
+                self.blocked_on[queue] = queue.stats.delivered
+        self.held_until = now + self.broker.settings.slow_consumer_s
+        return slow
 
     # -- consuming ---------------------------------------------------------
 
@@ -199,7 +259,8 @@ class Client:
             queue = self.broker.queues.get(address) or self.broker._create_queue(address)
             subscription = Subscription(token, address, queue, self.sink, ack_mode, window, private=False, owner=self)
         else:
-            queue = Queue(address, owner=self, limit=self.broker.settings.topic_buffer_limit)
+            settings = self.broker.settings
+            queue = Queue(address, owner=self, limit=settings.topic_buffer_limit, high_water=settings.topic_high_water)
             subscription = Subscription(token, address, queue, self.sink, ack_mode, window, private=True, owner=self)
             self.broker._trees[address.kind].add(address.segments, subscription)
         self.subscriptions[token] = subscription
@@ -219,6 +280,7 @@ class Client:
         unacked = subscription.take_all()
         if subscription.private:
             self.broker._trees[subscription.address.kind].remove(subscription.address.segments, subscription)
+            queue.relieve()  # nobody will drain it now; free its producers
         elif unacked:
             queue.requeue(unacked)
 
@@ -278,7 +340,9 @@ class Client:
             raise LimitExceeded(f"too many destinations (limit {broker.settings.max_destinations})")
         del self.transactions[transaction]
         for _address, message in tx.sends:
-            self.broker.route(message)
+            congested = broker.route(message)
+            if congested:
+                self._hold(congested)
         for subscription, messages in tx.acks:
             subscription.queue.acked(len(messages))
         for subscription, messages in tx.nacks:
@@ -327,3 +391,7 @@ class Client:
         for address in self.temporaries:
             self.broker._release(address)
         self.temporaries.clear()
+        for queue in self.blocked_on:
+            if queue.waiters is not None and self in queue.waiters:
+                queue.waiters.remove(self)
+        self.blocked_on.clear()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from core.messages import MAX_PRIORITY, Message
 from core.names import Address
@@ -57,6 +57,12 @@ class PriorityBuffer:
             self._settle()
         return message
 
+    def lowest_priority(self) -> int:
+        for p, level in enumerate(self._levels):
+            if level:
+                return p
+        return MAX_PRIORITY + 1
+
     def pop_lowest(self) -> Message:
         """The oldest message of the lowest priority: the one to evict first."""
         for level in self._levels:
@@ -83,11 +89,18 @@ class PriorityBuffer:
         self._top = top
 
 
+class Waiter(Protocol):
+    """A producer held back by congested queues (a :class:`core.broker.Client`)."""
+
+    def unblocked(self, queue: Queue) -> None: ...
+
+
 class QueueStatistics:
-    __slots__ = ("enqueued", "dequeued", "redelivered", "discarded")
+    __slots__ = ("enqueued", "delivered", "dequeued", "redelivered", "discarded")
 
     def __init__(self) -> None:
         self.enqueued = 0
+        self.delivered = 0  # handed to a consumer (acked or not)
         self.dequeued = 0
         self.redelivered = 0
         self.discarded = 0
@@ -100,14 +113,21 @@ class Queue:
     and a connection that is accepting).  A message that finds a consumer with
     room and nothing queued ahead of it skips the buffer entirely.
 
-    ``limit`` bounds ``pending`` for private (topic-subscription) queues: past
-    it the oldest lowest-priority message is discarded and counted, so a slow
-    topic subscriber cannot make the broker grow without bound.
+    Producer flow control: once ``pending`` reaches ``high_water`` the queue
+    is *congested*; producers whose messages landed here register as
+    ``waiters`` and stop sending (their connections stop reading) until
+    dispatch brings it down to half of ``high_water``, when each is told
+    through :meth:`Waiter.unblocked`.  Zero turns it off.
+
+    ``limit`` is the hard bound on ``pending`` for private (topic-subscription)
+    queues: past it the oldest message of the lowest priority (or the new one,
+    when its priority is lower still) is discarded and counted.  Flow control keeps a topic below it;
+    it is the safety net when many producers overshoot at once.
     """
 
-    __slots__ = ("address", "pending", "consumers", "_rr", "stats", "owner", "limit")
+    __slots__ = ("address", "pending", "consumers", "_rr", "stats", "owner", "limit", "high_water", "waiters", "slow")
 
-    def __init__(self, address: Address, *, owner: Any = None, limit: int = 0) -> None:
+    def __init__(self, address: Address, *, owner: Any = None, limit: int = 0, high_water: int = 0) -> None:
         self.address = address
         self.pending = PriorityBuffer()
         self.consumers: list[Subscription] = []
@@ -115,6 +135,16 @@ class Queue:
         self.stats = QueueStatistics()
         self.owner = owner
         self.limit = limit
+        self.high_water = high_water
+        self.waiters: list[Waiter] | None = None  # None: not congested
+        # A consumer that made no progress while producers waited on it: it
+        # no longer holds them back (see Client.check_held); cleared once it
+        # catches up.
+        self.slow = False
+
+    @property
+    def congested(self) -> bool:
+        return self.waiters is not None
 
     def __repr__(self) -> str:
         return f"Queue({self.address.text!r}, depth={len(self.pending)}, consumers={len(self.consumers)})"
@@ -130,10 +160,15 @@ class Queue:
             if consumer is not None:
                 self._deliver(consumer, message)
                 return
-        if self.limit and len(self.pending) >= self.limit:
-            self.pending.pop_lowest()
+        pending = self.pending
+        if self.limit and len(pending) >= self.limit:
             self.stats.discarded += 1
-        self.pending.push(message)
+            if message.priority < pending.lowest_priority():
+                return  # the newcomer is worth less than all that waits: drop it
+            pending.pop_lowest()
+        pending.push(message)
+        if self.high_water and self.waiters is None and not self.slow and len(pending) >= self.high_water:
+            self.waiters = []
 
     def requeue(self, messages: Iterable[Message]) -> None:
         """Put messages back at the head, marked redelivered, in their original order."""
@@ -147,8 +182,28 @@ class Queue:
         while pending:
             consumer = self._pick()
             if consumer is None:
-                return
+                break
             self._deliver(consumer, pending.pop())
+        if len(pending) <= self.high_water // 2:
+            self.slow = False
+            if self.waiters is not None:
+                self.relieve()
+
+    def wait(self, producer: Waiter) -> bool:
+        """Register a producer to be told when this queue is no longer
+        congested; False (and nothing registered) if it is not."""
+        waiters = self.waiters
+        if waiters is None:
+            return False
+        if producer not in waiters:
+            waiters.append(producer)
+        return True
+
+    def relieve(self) -> None:
+        """End congestion (drained, or the queue is going away): wake producers."""
+        waiters, self.waiters = self.waiters, None
+        for producer in waiters or ():
+            producer.unblocked(self)
 
     def add_consumer(self, subscription: Subscription) -> None:
         self.consumers.append(subscription)
@@ -177,6 +232,7 @@ class Queue:
         return None
 
     def _deliver(self, consumer: Subscription, message: Message) -> None:
+        self.stats.delivered += 1
         if consumer.ack_mode is AckMode.AUTO:
             self.stats.dequeued += 1
         else:

@@ -35,3 +35,8 @@ class Sink(Protocol):
     accepting: bool
 
     def deliver(self, subscription: Subscription, message: Message) -> None: ...
+
+    def unblocked(self) -> None:
+        """The queues this client's producing was held back by have drained
+        (see ``Client.blocked_on``): it may read and send again."""
+        ...

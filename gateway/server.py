@@ -39,6 +39,13 @@ class Session(Protocol):
 
     outbox: Outbox
     close_reason: str | None
+    # Set by the server: call when ``wants_input`` may have become true.
+    wake_reader: Callable[[], None] | None
+
+    @property
+    def wants_input(self) -> bool: ...
+
+    def resume_input(self) -> None: ...
 
     @property
     def closed(self) -> bool: ...
@@ -98,6 +105,7 @@ class Connection:
         self._timer_scope: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
         session.outbox.wakeup = self._writer_lot.unpark_all
+        session.wake_reader = self._reader_lot.unpark_all
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -127,10 +135,12 @@ class Connection:
         stream = self.stream
         try:
             while True:
-                # Back-pressure: while our own replies are not being read, stop
-                # reading requests that would make more of them.
-                while session.outbox.full and not session.closed:
+                # Back-pressure: while our own replies are not being read, or
+                # the core holds this producer back, stop reading.
+                while not session.wants_input and not session.closed:
                     await self._reader_lot.park()
+                    session.resume_input()
+                    self._after_session_call()
                 try:
                     data = await stream.receive_some(RECEIVE_BYTES)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:

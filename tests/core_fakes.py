@@ -18,6 +18,10 @@ class RecordingSink:
         self.accepting = accepting
         self.deliveries: list[tuple[Any, Message]] = []
         self.log = log  # optionally shared between sinks, to keep the global order
+        self.unblocks = 0
+
+    def unblocked(self) -> None:
+        self.unblocks += 1
 
     def deliver(self, subscription: Subscription, message: Message) -> None:
         self.deliveries.append((subscription.token, message))

@@ -164,6 +164,10 @@ class StompSession:
         self._send_interval_s = 0.0
         self._receive_timeout_s = 0.0
         self._paused = False
+        # Producer flow control: set while the core holds this client back;
+        # frames already received stay in the codec until it lets go.
+        self._blocked = False
+        self.wake_reader: Callable[[], None] | None = None
         self._handlers: dict[type[frames.Frame], Callable[[frames.Frame], None]] = {
             frames.Connect: self._on_connect,
             frames.Stomp: self._on_connect,
@@ -194,6 +198,20 @@ class StompSession:
             self.close("peer closed the connection" + (" mid-frame" if self.codec.mid_frame else ""))
             return
         self.codec.receive_data(data)
+        self._process()
+
+    @property
+    def wants_input(self) -> bool:
+        """False while reading more would only buffer: the outbox is not being
+        read, or the core is holding this producer back."""
+        return not self._blocked and not self.outbox.full
+
+    def resume_input(self) -> None:
+        """Handle the frames that arrived before producing was held back."""
+        if self.state is not State.CLOSED and not self._blocked and self.codec.buffered_bytes:
+            self._process()
+
+    def _process(self) -> None:
         handlers = self._handlers
         frame: frames.Frame | None = None
         receipt: str | None = None
@@ -208,6 +226,9 @@ class StompSession:
                     return
                 handlers[kind](frame)
                 if self.state is State.CLOSED:
+                    return
+                if self.client is not None and self.client.blocked_on:
+                    self._blocked = True
                     return
         except codec.RemoteProtocolError as exc:
             self._fail(exc.message, None, exc.headers)
@@ -226,6 +247,8 @@ class StompSession:
             deadlines.append(self._last_write + self._send_interval_s)
         if self._receive_timeout_s:
             deadlines.append(self._last_read + self._receive_timeout_s)
+        if self._blocked and self.client is not None:
+            deadlines.append(self.client.held_until)
         return min(deadlines) if deadlines else None
 
     def on_deadline(self, now: float) -> None:
@@ -235,6 +258,12 @@ class StompSession:
             return
         if self.state is State.CLOSED:
             return
+        if self._blocked and self.client is not None:
+            for queue in self.client.check_held(now):
+                owner = getattr(queue.owner, "number", None)
+                self.log.warning("slow_consumer", destination=queue.address.text, consumer_client=owner, depth=queue.depth)
+        if not self.wants_input:
+            self._last_read = now  # we are not reading: its silence is ours
         if self._receive_timeout_s and now >= self._last_read + self._receive_timeout_s:
             self._fail("heart-beat timeout: nothing received from the client in time", None)
             return
@@ -273,6 +302,11 @@ class StompSession:
             return True
         self._paused = True
         return False
+
+    def unblocked(self) -> None:
+        self._blocked = False
+        if self.wake_reader is not None:
+            self.wake_reader()
 
     def deliver(self, subscription: Subscription, message: Message) -> None:
         state: _SubscriptionState = subscription.token

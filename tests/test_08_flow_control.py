@@ -1,0 +1,49 @@
+"""Producer flow control on topics, end to end: a subscriber that reads slowly
+slows the producer down instead of losing messages; one that stops reading is
+cut loose so the others keep flowing (tests/test_06_errors.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from tests.helpers import unique
+
+
+def test_a_slow_reader_slows_the_topic_producer_and_loses_nothing(broker_factory, raw_client, stomp_client):
+    # Small buffers so that, without flow control, the producer would overrun
+    # the subscriber's topic buffer within a few milliseconds.
+    broker = broker_factory(
+        broker={"topic_high_water": 20, "topic_buffer_limit": 40},
+        stomp={"outbox_high_water_bytes": 8192},
+    )
+    topic = f"/topic/{unique('flow')}"
+    reader = raw_client(broker, rcvbuf=4096)
+    reader.connect(heart_beat="0,0")
+    reader.send_frame("SUBSCRIBE", {"destination": topic, "id": "1", "receipt": "s"})
+    reader.receipt("s")
+    producer = stomp_client(broker)
+    count = 1500
+    bodies = [f"{i:05d}".encode() + b"x" * 1000 for i in range(count)]
+
+    def produce() -> None:
+        for i, body in enumerate(bodies):
+            producer.send(topic, body, receipt=(i == count - 1))
+
+    sender = threading.Thread(target=produce)
+    sender.start()
+    received = []
+    while len(received) < count:
+        received.append(reader.expect("MESSAGE").body)
+        if len(received) % 8 == 0:
+            time.sleep(0.002)  # about 4,000 messages a second: slower than the producer
+    sender.join(10)
+    assert not sender.is_alive()
+    assert received == bodies
+    assert broker.call(lambda: broker.running.broker.stats.producer_holds) > 0, "flow control never engaged"
+    discarded = broker.call(
+        lambda: sum(q.stats.discarded for c in broker.running.server.connections.values()
+                    if c.session.client is not None for s in c.session.client.subscriptions.values()
+                    for q in [s.queue])
+    )
+    assert discarded == 0
