@@ -8,9 +8,11 @@ import os
 from typing import Any
 
 from core.destinations import Queue
+from core.durables import DurableSubscription, durable_key
 from core.errors import (
     DuplicateSubscription,
     InvalidDestination,
+    InvalidRequest,
     LimitExceeded,
     NotAuthorized,
     TransactionExists,
@@ -20,7 +22,7 @@ from core.errors import (
 from core.matching import SubscriptionTree
 from core.messages import DEFAULT_PRIORITY, Message
 from core.names import Address, Kind
-from core.ports import Clock, Sink
+from core.ports import Clock, NoStore, Sink, Store
 from core.subscriptions import AckMode, Subscription
 from core.transactions import Transaction
 
@@ -39,6 +41,9 @@ class BrokerSettings:
     # is a slow consumer, and it alone pays (its buffer overflows at
     # topic_buffer_limit) rather than every subscriber of the topic.
     slow_consumer_s: float = 2.0
+    # Stored messages a queue keeps in memory with their bodies; beyond this
+    # they wait on disk and are read back on dispatch.
+    resident_messages: int = 10_000
     max_destinations: int = 10_000
     max_subscriptions_per_client: int = 1_000
     max_transactions_per_client: int = 64
@@ -58,10 +63,14 @@ class BrokerStatistics:
 class Broker:
     """Destinations and routing.  Clients act on it through :class:`Client`."""
 
-    def __init__(self, clock: Clock, settings: BrokerSettings | None = None, *, node: str | None = None) -> None:
+    def __init__(
+        self, clock: Clock, settings: BrokerSettings | None = None, *, node: str | None = None, store: Store | None = None
+    ) -> None:
         self.clock = clock
         self.settings = settings or BrokerSettings()
+        self.store: Store = store if store is not None else NoStore()
         self.queues: dict[Address, Queue] = {}
+        self.durables: dict[str, DurableSubscription] = {}
         self._trees: dict[Kind, SubscriptionTree[Subscription]] = {
             Kind.TOPIC: SubscriptionTree(),
             Kind.TEMP_TOPIC: SubscriptionTree(),
@@ -74,9 +83,9 @@ class Broker:
         self._client_seq = itertools.count(1)
         self.stats = BrokerStatistics()
 
-    # The in-memory broker promises nothing beyond memory, so every LSN it
-    # hands out (always 0) is already "durable".  The store issue replaces this.
-    durable_lsn = 0
+    @property
+    def durable_lsn(self) -> int:
+        return self.store.durable_lsn
 
     def open_client(self, sink: Sink, *, client_id: str | None = None) -> Client:
         self.stats.clients += 1
@@ -106,32 +115,45 @@ class Broker:
             timestamp=self.clock.wall_ms(),
         )
 
-    def route(self, message: Message) -> list[Queue] | None:
+    def route(self, message: Message, producer: Client | None = None) -> int:
         """Deliver a committed message to its queue or to every matching topic
-        subscriber.  Returns the congested queues it landed in, if any: the
-        producer should hold back until they drain."""
+        subscriber, storing it first if it is persistent and anything that
+        keeps messages gets it.  Returns the LSN that makes it durable.
+        A ``producer`` is held back if the message landed in congested queues."""
         self.stats.messages_in += 1
-        address = message.address
+        targets = self._targets(message.address)
+        lsn = 0
+        if message.persistent:
+            keys = [queue.key for queue in targets if queue.key is not None]
+            if keys:
+                lsn = self.store.add_message(message, keys)
+        self._put(message, targets, producer)
+        return lsn
+
+    def _targets(self, address: Address) -> list[Queue]:
         if address.is_queue:
             queue = self.queues.get(address)
             if queue is None:
                 if address.is_temporary:
                     # The owner is gone: a reply to a requester that left.
                     self.stats.messages_discarded += 1
-                    return None
+                    return []
                 queue = self._create_queue(address)
-            queue.put(message)
-            return [queue] if queue.waiters is not None else None
+            return [queue]
+        return [target.queue for target in self._trees[address.kind].match(address.segments)]
+
+    @staticmethod
+    def _put(message: Message, targets: list[Queue], producer: Client | None) -> None:
         congested = None
-        for subscription in self._trees[address.kind].match(address.segments):
-            queue = subscription.queue
+        for queue in targets:
             queue.put(message)
             if queue.waiters is not None:
                 if congested is None:
                     congested = [queue]
                 else:
                     congested.append(queue)
-        return congested
+        if congested and producer is not None:
+            producer._hold(congested)
 
     def queue(self, address: Address) -> Queue | None:
         return self.queues.get(address)
@@ -139,8 +161,58 @@ class Broker:
     def _create_queue(self, address: Address, owner: Client | None = None) -> Queue:
         if len(self.queues) >= self.settings.max_destinations:
             raise LimitExceeded(f"too many destinations (limit {self.settings.max_destinations})")
-        queue = self.queues[address] = Queue(address, owner=owner)
+        # Temporary queues are never stored: they die with their connection.
+        key = None if address.is_temporary else address.text
+        queue = self.queues[address] = Queue(
+            address, owner=owner, store=self.store, key=key, resident=self.settings.resident_messages
+        )
         return queue
+
+    # -- durable subscriptions ----------------------------------------------
+
+    def _durable(self, client_id: str, name: str, pattern: Address) -> tuple[DurableSubscription, int]:
+        """The durable subscription, created (and stored) if new or if its
+        topic changed (ActiveMQ: re-subscribing elsewhere replaces it)."""
+        key = durable_key(client_id, name)
+        lsn = 0
+        durable = self.durables.get(key)
+        if durable is not None and durable.pattern != pattern:
+            lsn = self._drop_durable(durable)
+            durable = None
+        if durable is None:
+            queue = Queue(pattern, store=self.store, key=key, resident=self.settings.resident_messages)
+            durable = self.durables[key] = DurableSubscription(client_id, name, pattern, queue)
+            self._trees[pattern.kind].add(pattern.segments, durable)
+            lsn = self.store.add_subscription(key, pattern.text)
+        return durable, lsn
+
+    def _drop_durable(self, durable: DurableSubscription) -> int:
+        self._trees[durable.pattern.kind].remove(durable.pattern.segments, durable)
+        del self.durables[durable.key]
+        durable.queue.pending.clear()
+        durable.queue.relieve()
+        return self.store.remove_subscription(durable.key)
+
+    def restore(self, subscriptions: dict[str, tuple[str, str, Address]], queues: dict[str, list[Message]]) -> None:
+        """Rebuild what the store recovered: durable subscriptions (key ->
+        client id, name, topic) and the messages of every stored queue, in
+        their order.  Called once, before any client connects."""
+        for key, (client_id, name, pattern) in subscriptions.items():
+            queue = Queue(pattern, store=self.store, key=key, resident=self.settings.resident_messages)
+            durable = self.durables[key] = DurableSubscription(client_id, name, pattern, queue)
+            self._trees[pattern.kind].add(pattern.segments, durable)
+        for key, messages in queues.items():
+            durable = self.durables.get(key)
+            if durable is not None:
+                target = durable.queue
+            else:
+                address = messages[0].address if messages else None
+                if address is None or not address.is_queue or address.text != key:
+                    continue  # messages of a subscription that no longer exists
+                target = self.queues.get(address) or self._create_queue(address)
+            for message in messages:
+                target.pending.push(message)
+                target.stats.enqueued += 1
 
     def _claim(self, address: Address, client: Client) -> None:
         owner = self._temporary_owners.get(address)
@@ -167,6 +239,7 @@ class Broker:
             "messages_discarded": self.stats.messages_discarded,
             "producer_holds": self.stats.producer_holds,
             "queues": {q.address.text: (q.depth, len(q.consumers)) for q in self.queues.values()},
+            "durable_subscriptions": {d.key: (d.queue.depth, d.active is not None) for d in self.durables.values()},
         }
 
 
@@ -186,6 +259,7 @@ class Client:
         # the client should not produce (its connection stops reading).
         # Each maps to its delivered count when last checked (check_held).
         self.blocked_on: dict[Queue, int] = {}
+        self.last_lsn = 0
         self.held_until = 0.0  # when to check_held next, on the broker clock
         self.closed = False
 
@@ -195,10 +269,7 @@ class Client:
         """Publish, or hold until COMMIT when in a transaction.  Returns the LSN
         a durability promise (a receipt) must wait for."""
         if transaction is None:
-            congested = self.broker.route(message)
-            if congested:
-                self._hold(congested)
-            return 0
+            return self.broker.route(message, self)
         tx = self._transaction(transaction)
         self._grow(tx)
         tx.sends.append((message.address, message))
@@ -242,7 +313,19 @@ class Client:
 
     # -- consuming ---------------------------------------------------------
 
-    def subscribe(self, token: Any, address: Address, ack_mode: AckMode, prefetch: int | None = None) -> Subscription:
+    def subscribe(
+        self,
+        token: Any,
+        address: Address,
+        ack_mode: AckMode,
+        prefetch: int | None = None,
+        *,
+        durable: tuple[str, str] | None = None,
+    ) -> Subscription:
+        """Start consuming.  With ``durable`` = (client id, subscription name)
+        a topic subscription outlives the connection.  The LSN that makes a
+        new durable subscription durable is left in ``last_lsn``."""
+        self.last_lsn = 0
         if token in self.subscriptions:
             raise DuplicateSubscription(f"subscription {token!r} already exists on this connection")
         if len(self.subscriptions) >= self.broker.settings.max_subscriptions_per_client:
@@ -255,6 +338,8 @@ class Client:
                 raise InvalidDestination("wildcards are not allowed on temporary destinations")
             self.broker._claim(address, self)
         window = prefetch if prefetch and prefetch > 0 else self.broker.settings.default_prefetch
+        if durable is not None:
+            return self._subscribe_durable(token, address, ack_mode, window, durable)
         if address.is_queue:
             queue = self.broker.queues.get(address) or self.broker._create_queue(address)
             subscription = Subscription(token, address, queue, self.sink, ack_mode, window, private=False, owner=self)
@@ -267,15 +352,47 @@ class Client:
         queue.add_consumer(subscription)
         return subscription
 
-    def unsubscribe(self, token: Any) -> int:
+    def _subscribe_durable(
+        self, token: Any, address: Address, ack_mode: AckMode, window: int, owner: tuple[str, str]
+    ) -> Subscription:
+        client_id, name = owner
+        if address.kind is not Kind.TOPIC:
+            raise InvalidDestination("durable subscriptions are for /topic/ destinations")
+        existing = self.broker.durables.get(durable_key(client_id, name))
+        if existing is not None and existing.active is not None:
+            raise DuplicateSubscription(f"durable subscription {name!r} of client {client_id!r} is already active")
+        durable, self.last_lsn = self.broker._durable(client_id, name, address)
+        subscription = Subscription(token, address, durable.queue, self.sink, ack_mode, window, private=False, owner=self)
+        subscription.durable = durable
+        durable.active = subscription
+        self.subscriptions[token] = subscription
+        durable.queue.add_consumer(subscription)  # what waited while away goes out now
+        return subscription
+
+    def unsubscribe(self, token: Any, *, remove_durable: bool = False) -> int:
+        """Stop consuming.  A durable subscription stays (and keeps collecting)
+        unless ``remove_durable``; returns the LSN of its removal."""
         subscription = self.subscriptions.pop(token, None)
         if subscription is None:
             raise UnknownSubscription(f"no subscription {token!r} on this connection")
         self._detach(subscription)
+        if remove_durable and subscription.durable is not None:
+            return self.broker._drop_durable(subscription.durable)
         return 0
+
+    def remove_durable(self, client_id: str, name: str) -> int:
+        """Remove the offline durable subscription ``name`` of ``client_id``."""
+        durable = self.broker.durables.get(durable_key(client_id, name))
+        if durable is None:
+            raise UnknownSubscription(f"no durable subscription {name!r} for client {client_id!r}")
+        if durable.active is not None:
+            raise InvalidRequest(f"durable subscription {name!r} is in use by another connection")
+        return self.broker._drop_durable(durable)
 
     def _detach(self, subscription: Subscription) -> None:
         queue = subscription.queue
+        if subscription.durable is not None:
+            subscription.durable.active = None
         queue.remove_consumer(subscription)
         unacked = subscription.take_all()
         if subscription.private:
@@ -296,12 +413,13 @@ class Client:
         if tx is not None:
             self._grow(tx)  # before take: a refused ACK must leave the message unacked
         messages = subscription.take(message_id)
+        lsn = 0
         if tx is None:
-            subscription.queue.acked(len(messages))
+            lsn = subscription.queue.acked(messages)
         else:
             tx.acks.append((subscription, messages))
         subscription.queue.dispatch()
-        return 0
+        return lsn
 
     def nack(self, token: Any, message_id: str, transaction: str | None = None) -> int:
         """Put messages back for redelivery with their delivery count raised."""
@@ -339,15 +457,31 @@ class Client:
         if len(broker.queues) + len(missing) > broker.settings.max_destinations:
             raise LimitExceeded(f"too many destinations (limit {broker.settings.max_destinations})")
         del self.transactions[transaction]
-        for _address, message in tx.sends:
-            congested = broker.route(message)
-            if congested:
-                self._hold(congested)
+        routed = [(message, broker._targets(address)) for address, message in tx.sends]
+        # One store record for all of it, so a crash keeps all or none.
+        adds = []
+        for message, targets in routed:
+            if message.persistent:
+                keys = [queue.key for queue in targets if queue.key is not None]
+                if keys:
+                    adds.append((message, keys))
+        acks = [
+            (subscription.queue.key, message)
+            for subscription, messages in tx.acks
+            if subscription.queue.key is not None
+            for message in messages
+            if message.location >= 0
+        ]
+        lsn = broker.store.transaction(adds, acks) if adds or acks else 0
+        for message, targets in routed:
+            broker.stats.messages_in += 1
+            broker._put(message, targets, self)
         for subscription, messages in tx.acks:
-            subscription.queue.acked(len(messages))
+            subscription.queue.stats.dequeued += len(messages)
+            subscription.queue.dispatch()
         for subscription, messages in tx.nacks:
             subscription.queue.requeue(messages)
-        return 0
+        return lsn
 
     def abort(self, transaction: str) -> None:
         tx = self.transactions.pop(transaction, None)

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from core.messages import MAX_PRIORITY, Message
 from core.names import Address
+from core.ports import Store
 from core.subscriptions import AckMode, Subscription
 
 
@@ -125,10 +126,28 @@ class Queue:
     it is the safety net when many producers overshoot at once.
     """
 
-    __slots__ = ("address", "pending", "consumers", "_rr", "stats", "owner", "limit", "high_water", "waiters", "slow")
+    __slots__ = (
+        "address", "pending", "consumers", "_rr", "stats", "owner", "limit", "high_water", "waiters", "slow",
+        "store", "key", "resident",
+    )
 
-    def __init__(self, address: Address, *, owner: Any = None, limit: int = 0, high_water: int = 0) -> None:
+    def __init__(
+        self,
+        address: Address,
+        *,
+        owner: Any = None,
+        limit: int = 0,
+        high_water: int = 0,
+        store: Store | None = None,
+        key: str | None = None,
+        resident: int = 0,
+    ) -> None:
         self.address = address
+        # Stored messages in this queue are acked in ``store`` under ``key``;
+        # past ``resident`` pending messages, new stored ones wait as stubs.
+        self.store = store
+        self.key = key
+        self.resident = resident
         self.pending = PriorityBuffer()
         self.consumers: list[Subscription] = []
         self._rr = 0
@@ -161,6 +180,8 @@ class Queue:
                 self._deliver(consumer, message)
                 return
         pending = self.pending
+        if self.resident and message.location >= 0 and len(pending) >= self.resident:
+            message = message.stub()  # its body stays on disk until dispatch
         if self.limit and len(pending) >= self.limit:
             self.stats.discarded += 1
             if message.priority < pending.lowest_priority():
@@ -214,8 +235,16 @@ class Queue:
         if self._rr >= len(self.consumers):
             self._rr = 0
 
-    def acked(self, count: int) -> None:
-        self.stats.dequeued += count
+    def acked(self, messages: list[Message]) -> int:
+        """Consumers are done with these: forget them, in the store too.
+        Returns the LSN that makes that durable."""
+        self.stats.dequeued += len(messages)
+        lsn = 0
+        if self.key is not None and self.store is not None:
+            for message in messages:
+                if message.location >= 0:
+                    lsn = self.store.ack(self.key, message)
+        return lsn
 
     def _pick(self) -> Subscription | None:
         consumers = self.consumers
@@ -233,8 +262,12 @@ class Queue:
 
     def _deliver(self, consumer: Subscription, message: Message) -> None:
         self.stats.delivered += 1
+        if message.body is None and self.store is not None:
+            self.store.load(message)
         if consumer.ack_mode is AckMode.AUTO:
             self.stats.dequeued += 1
+            if message.location >= 0 and self.key is not None and self.store is not None:
+                self.store.ack(self.key, message)
         else:
             consumer.unacked[message.id] = message
         consumer.sink.deliver(consumer, message)

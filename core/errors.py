@@ -41,3 +41,7 @@ class TransactionExists(CoreError):
 
 class LimitExceeded(CoreError):
     pass
+
+
+class InvalidRequest(CoreError):
+    """A request that is well-formed but cannot be honoured as asked."""

@@ -17,6 +17,11 @@ class Message:
     redelivery makes a copy (:meth:`redelivery`) so its count is its own.
     ``wire`` is a cache a protocol session may fill with the message's encoded
     form, so fan-out to N subscribers encodes the common part once.
+
+    ``location`` is where the store keeps a persistent message (-1: nowhere).
+    A queue over its memory budget holds a :meth:`stub` instead: the same
+    message with ``headers`` and ``body`` left on disk (None) until dispatch
+    loads them back through the store.
     Plain ``__slots__`` class, not a frozen dataclass: one is built per message.
     """
 
@@ -31,20 +36,22 @@ class Message:
         "timestamp",
         "redeliveries",
         "wire",
+        "location",
     )
 
     def __init__(
         self,
         id: str,
         address: Address,
-        headers: dict[str, str],
-        body: bytes,
+        headers: dict[str, str] | None,
+        body: bytes | None,
         *,
         persistent: bool = False,
         priority: int = DEFAULT_PRIORITY,
         expires: int = 0,
         timestamp: int = 0,
         redeliveries: int = 0,
+        location: int = -1,
     ) -> None:
         self.id = id
         self.address = address
@@ -56,6 +63,7 @@ class Message:
         self.timestamp = timestamp
         self.redeliveries = redeliveries
         self.wire: Any = None
+        self.location = location
 
     @property
     def redelivered(self) -> bool:
@@ -73,7 +81,28 @@ class Message:
             expires=self.expires,
             timestamp=self.timestamp,
             redeliveries=self.redeliveries + 1,
+            location=self.location,
         )
+
+    def stub(self) -> Message:
+        """A copy without headers and body, to hold while they stay on disk.
+        A copy, not a change: a topic shares this message with other queues."""
+        return Message(
+            self.id,
+            self.address,
+            None,
+            None,
+            persistent=self.persistent,
+            priority=self.priority,
+            expires=self.expires,
+            timestamp=self.timestamp,
+            redeliveries=self.redeliveries,
+            location=self.location,
+        )
+
+    @property
+    def stored(self) -> bool:
+        return self.location >= 0
 
     def __repr__(self) -> str:
         return f"Message({self.id!r}, {self.address.text!r}, redeliveries={self.redeliveries})"

@@ -40,3 +40,59 @@ class Sink(Protocol):
         """The queues this client's producing was held back by have drained
         (see ``Client.blocked_on``): it may read and send again."""
         ...
+
+
+class Store(Protocol):
+    """Where persistent messages and durable subscriptions are kept.
+
+    Every call appends and returns at once with a log sequence number (LSN);
+    the write happens later, in batches (group commit).  Whatever promises
+    durability to a client waits until ``durable_lsn`` reaches that LSN.
+    ``key`` names a queue that holds stored messages: a queue's address text,
+    or a durable subscription's key.
+    """
+
+    @property
+    def durable_lsn(self) -> int: ...
+
+    def add_message(self, message: Message, keys: list[str]) -> int:
+        """Store once for every queue in ``keys``; sets ``message.location``."""
+        ...
+
+    def ack(self, key: str, message: Message) -> int: ...
+
+    def transaction(self, adds: list[tuple[Message, list[str]]], acks: list[tuple[str, Message]]) -> int:
+        """All of it or none of it, as one record."""
+        ...
+
+    def add_subscription(self, key: str, pattern: str) -> int: ...
+
+    def remove_subscription(self, key: str) -> int: ...
+
+    def load(self, message: Message) -> None:
+        """Fill in a stub's headers and body from disk."""
+        ...
+
+
+class NoStore:
+    """The store of a broker that keeps nothing: every LSN is 0, always durable."""
+
+    durable_lsn = 0
+
+    def add_message(self, message: Message, keys: list[str]) -> int:
+        return 0
+
+    def ack(self, key: str, message: Message) -> int:
+        return 0
+
+    def transaction(self, adds: list[tuple[Message, list[str]]], acks: list[tuple[str, Message]]) -> int:
+        return 0
+
+    def add_subscription(self, key: str, pattern: str) -> int:
+        return 0
+
+    def remove_subscription(self, key: str) -> int:
+        return 0
+
+    def load(self, message: Message) -> None:
+        raise LookupError(f"message {message.id!r} has no body in memory and there is no store")

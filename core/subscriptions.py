@@ -32,7 +32,7 @@ class Subscription:
     protocol session's own handle (a STOMP subscription id, say).
     """
 
-    __slots__ = ("token", "address", "queue", "sink", "ack_mode", "prefetch", "unacked", "private", "owner")
+    __slots__ = ("token", "address", "queue", "sink", "ack_mode", "prefetch", "unacked", "private", "owner", "durable")
 
     def __init__(
         self,
@@ -55,6 +55,7 @@ class Subscription:
         self.unacked: dict[str, Message] = {}
         self.private = private
         self.owner = owner
+        self.durable: Any = None  # the DurableSubscription this consumes, if any
 
     @property
     def has_room(self) -> bool:

@@ -78,6 +78,22 @@ class Outbox:
         self.sent_bytes += size
         return data
 
+    def drop_gated(self, first_lsn: int, last_lsn: int) -> int:
+        """Withdraw every gated entry waiting on an LSN in the range (the store
+        failed to write it: its promise must never go out).  Returns how many."""
+        dropped = 0
+        kept: deque[tuple[int, int]] = deque()
+        for index, lsn in self._gates:
+            if first_lsn <= lsn <= last_lsn:
+                chunk = index - self._base
+                self._nbytes -= len(self._chunks[chunk])
+                self._chunks[chunk] = b""
+                dropped += 1
+            else:
+                kept.append((index, lsn))
+        self._gates = kept
+        return dropped
+
     def waiting_on(self) -> int | None:
         """The LSN the head of the outbox waits for, if it is gated."""
         if self._gates and self._gates[0][0] == self._base:

@@ -60,6 +60,8 @@ class Session(Protocol):
 
     def shutdown(self, reason: str) -> None: ...
 
+    def storage_failed(self, first_lsn: int, last_lsn: int, reason: str) -> None: ...
+
     def close(self, reason: str) -> None: ...
 
 
@@ -94,11 +96,17 @@ class Connection:
         session: Session,
         log: Any,
         durable_lsn: Callable[[], int],
+        gated: set[Connection] | None = None,
+        after_input: Callable[[], None] | None = None,
     ) -> None:
         self.stream = stream
         self.session = session
         self.log = log
         self._durable_lsn = durable_lsn
+        # Connections whose writer waits for the store (shared, server-wide),
+        # and what to call once a session has acted (to start a store write).
+        self._gated = gated if gated is not None else set()
+        self._after_input = after_input
         self._writer_lot = trio.lowlevel.ParkingLot()
         self._reader_lot = trio.lowlevel.ParkingLot()
         self._reader_done = trio.Event()
@@ -118,8 +126,13 @@ class Connection:
         self.session.shutdown(reason)
         self._after_session_call()
 
+    def wake_writer(self) -> None:
+        self._writer_lot.unpark_all()
+
     def _after_session_call(self) -> None:
         """Re-arm the timer and, once the session is closed, bound the rest."""
+        if self._after_input is not None:
+            self._after_input()
         if self._timer_scope is not None:
             deadline = self.session.next_deadline()
             self._timer_scope.deadline = math.inf if deadline is None else deadline
@@ -165,8 +178,10 @@ class Connection:
         while True:
             data = outbox.drain(self._durable_lsn())
             if not data:
-                if session.closed:
+                if session.closed and not outbox:
                     break
+                if outbox:
+                    self._gated.add(self)  # held for the store: wake me when it writes
                 await self._writer_lot.park()
                 continue
             try:
@@ -215,6 +230,20 @@ class Server:
         self._stop = trio.Event()
         self._idle = trio.Event()
         self._idle.set()
+        self._gated: set[Connection] = set()
+        self.after_input: Callable[[], None] | None = None
+
+    def durable_advanced(self) -> None:
+        """The store made more LSNs durable: wake the writers it held."""
+        gated, self._gated = self._gated, set()
+        for connection in gated:
+            connection.wake_writer()
+
+    def durable_failed(self, first_lsn: int, last_lsn: int, reason: str) -> None:
+        """The store could not write this LSN range: whoever waits on it is told."""
+        for connection in list(self.connections.values()):
+            connection.session.storage_failed(first_lsn, last_lsn, reason)
+            connection.wake_writer()
 
     def stop(self) -> None:
         self._stop.set()
@@ -256,7 +285,7 @@ class Server:
             peer = "unknown"
         log = self.log.bind(conn_id=conn_id, peer=peer)
         session = spec.factory(conn_id, log)
-        connection = Connection(stream, session, log, self._durable_lsn)
+        connection = Connection(stream, session, log, self._durable_lsn, self._gated, self.after_input)
         self.connections[conn_id] = connection
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         log.info("connection_opened", protocol=spec.name)
@@ -265,6 +294,7 @@ class Server:
         finally:
             session.close("broker is shutting down")
             del self.connections[conn_id]
+            self._gated.discard(connection)
             if not self.connections:
                 self._idle.set()
             log.info("connection_closed", reason=session.close_reason)

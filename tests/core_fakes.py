@@ -61,3 +61,47 @@ def address(text: str) -> Address:
     parsed = names.parse(text)
     assert isinstance(parsed, Address), parsed
     return parsed
+
+
+class RecordingStore:
+    """A core.ports.Store that records every call and hands out rising LSNs;
+    ``bodies`` plays the disk for paged-out messages."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.lsn = 0
+        self.durable_lsn = 0
+        self.bodies: dict[int, tuple[dict[str, str], bytes]] = {}
+        self.loads = 0
+
+    def _next(self, *call: Any) -> int:
+        self.calls.append(call)
+        self.lsn += 1
+        return self.lsn
+
+    def add_message(self, message: Message, keys: list[str]) -> int:
+        message.location = len(self.bodies)
+        self.bodies[message.location] = (dict(message.headers or {}), message.body or b"")
+        return self._next("add", message.id, tuple(keys))
+
+    def ack(self, key: str, message: Message) -> int:
+        return self._next("ack", key, message.id)
+
+    def transaction(self, adds: list[tuple[Message, list[str]]], acks: list[tuple[str, Message]]) -> int:
+        for message, _ in adds:
+            message.location = len(self.bodies)
+            self.bodies[message.location] = (dict(message.headers or {}), message.body or b"")
+        return self._next("tx", tuple((m.id, tuple(k)) for m, k in adds), tuple((k, m.id) for k, m in acks))
+
+    def add_subscription(self, key: str, pattern: str) -> int:
+        return self._next("sub", key, pattern)
+
+    def remove_subscription(self, key: str) -> int:
+        return self._next("unsub", key)
+
+    def load(self, message: Message) -> None:
+        self.loads += 1
+        message.headers, message.body = self.bodies[message.location]
+
+    def kinds(self) -> list[str]:
+        return [call[0] for call in self.calls]

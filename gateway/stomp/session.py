@@ -286,6 +286,12 @@ class StompSession:
         if self.state is not State.CLOSED:
             self._fail(reason, None)
 
+    def storage_failed(self, first_lsn: int, last_lsn: int, reason: str) -> None:
+        """The store could not write these LSNs: a receipt waiting on one is
+        withdrawn, and the client is told with an ERROR instead."""
+        if self.outbox.drop_gated(first_lsn, last_lsn) and self.state is not State.CLOSED:
+            self._fail(f"the store could not write this connection's messages: {reason}", None)
+
     def close(self, reason: str) -> None:
         """The connection is gone (or going): release everything it held."""
         if self.close_reason is None:
@@ -453,12 +459,30 @@ class StompSession:
         self._subs[sub_id] = state
         self._subs_by_number[number] = state
         try:
-            state.core = self.client.subscribe(state, address, mode, prefetch)  # type: ignore[union-attr]
+            state.core = self.client.subscribe(  # type: ignore[union-attr]
+                state, address, mode, prefetch, durable=self._durable_owner(frame, sub_id)
+            )
         except CoreError:
             del self._subs[sub_id]
             del self._subs_by_number[number]
             raise
-        self._receipt_if_asked(frame)
+        self._receipt_if_asked(frame, self.client.last_lsn)  # type: ignore[union-attr]
+
+    def _durable_owner(self, frame: frames.Frame, sub_id: str) -> tuple[str, str] | None:
+        """(client id, name) if the SUBSCRIBE asks for a durable subscription,
+        in any of the three dialects users migrate from."""
+        headers = frame.headers
+        name = headers.get("activemq.subscriptionName") or headers.get("durable-subscription-name")
+        if name is not None:  # ActiveMQ, Artemis: named within the connection's client-id
+            client_id = self.client.client_id if self.client is not None else None
+            if not client_id:
+                raise FrameRejected("a durable subscription needs a client-id header on CONNECT")
+            return client_id, name
+        if "true" in (headers.get("durable"), headers.get("persistent")) and headers.get("auto-delete") != "true":
+            # RabbitMQ: the subscription id names it, broker-wide.
+            client_id = self.client.client_id if self.client is not None else None
+            return client_id or "", sub_id
+        return None
 
     def _on_unsubscribe(self, frame: frames.Frame) -> None:
         sub_id = frame.headers.get("id")
@@ -466,11 +490,19 @@ class StompSession:
             sub_id = frame.headers.get("destination")
         if sub_id is None:
             raise FrameRejected("UNSUBSCRIBE frame requires an 'id' header")
+        headers = frame.headers
+        name = headers.get("activemq.subscriptionName") or headers.get("durable-subscription-name")
         state = self._subs.pop(sub_id, None)
         if state is None:
+            if name is not None and self.client is not None and self.client.client_id:
+                # Removing an offline durable subscription needs no live one.
+                lsn = self.client.remove_durable(self.client.client_id, name)
+                self._receipt_if_asked(frame, lsn)
+                return
             raise UnknownSubscription(f"no subscription {sub_id!r} on this connection")
         del self._subs_by_number[str(state.number)]
-        lsn = self.client.unsubscribe(state)  # type: ignore[union-attr]
+        remove = name is not None or "true" in (headers.get("durable"), headers.get("persistent"))
+        lsn = self.client.unsubscribe(state, remove_durable=remove)  # type: ignore[union-attr]
         self._receipt_if_asked(frame, lsn)
 
     def _on_ack(self, frame: frames.Frame) -> None:
