@@ -29,12 +29,22 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--data-dir", metavar="DIR", help="data folder for the store (default ./data)")
     serve.add_argument("--log-format", choices=config.LOG_FORMATS, help="console (default) or json lines")
     serve.add_argument("--log-level", choices=config.LOG_LEVELS, help="default info")
+    store = commands.add_parser("store", help="inspect or compact a data folder offline (broker stopped)")
+    actions = store.add_subparsers(dest="action", metavar="ACTION", required=True)
+    check = actions.add_parser("check", help="verify every record and print what the store holds")
+    check.add_argument("data_dir", metavar="DATA_DIR")
+    compact = actions.add_parser("compact", help="rewrite segments so only live records remain")
+    compact.add_argument("data_dir", metavar="DATA_DIR")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "store":
+        from gateway import storetool
+
+        return storetool.main(args.action, args.data_dir)
     if args.command != "serve":
         parser.print_help()
         return 2

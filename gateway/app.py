@@ -1,9 +1,11 @@
-"""Wiring: one broker core, its listeners and sessions, signal handling."""
+"""Wiring: the store, one broker core, its listeners and sessions, the store's
+committer and maintenance tasks, and signal handling."""
 
 from __future__ import annotations
 
 import dataclasses
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,14 @@ from gateway.auth import allow_anonymous
 from gateway.config import Config
 from gateway.server import ListenerSpec, Server, TrioClock
 from gateway.stomp.session import StompSession
+from gateway.storage import BrokerStore, open_store, restored
+from persistence.store import Store
+
+# After a failed write (disk full, I/O error) wait this long before the next
+# attempt, so a full disk is not hammered in a tight loop.
+STORE_RETRY_S = 0.5
+# How often a store_stats line is logged at INFO.
+STATS_INTERVAL_S = 10.0
 
 
 @dataclasses.dataclass
@@ -23,6 +33,7 @@ class Running:
     ports: dict[str, int]
     server: Server
     broker: Broker
+    store: Store
 
     def stop(self) -> None:
         self.server.stop()
@@ -35,11 +46,39 @@ async def serve(
     handle_signals: bool = True,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the broker until SIGINT/SIGTERM (or :meth:`Running.stop`), then drain and return."""
+    """Recover the store, run the broker until SIGINT/SIGTERM (or
+    :meth:`Running.stop`), then drain, close the store and return."""
     Path(config.data_dir).mkdir(parents=True, exist_ok=True)
+    store = open_store(config.data_dir, config.store, log)
+    started = time.monotonic()
+    recovered = await trio.to_thread.run_sync(store.open)
+    if config.store.sync == "never":
+        log.warning("store_sync_never", detail="persistent messages are NOT safe from a crash; for tests only")
     clock = TrioClock()
-    broker = Broker(clock, config.broker)
-    server = Server(log, durable_lsn=lambda: broker.durable_lsn, grace_s=config.shutdown_grace_s)
+    adapter = BrokerStore(store)
+    broker = Broker(clock, config.broker, store=adapter)
+    subscriptions, queues, skipped = restored(recovered)
+    broker.restore(subscriptions, queues)
+    adapter.forget_redeliveries(recovered)
+    log.info(
+        "store_recovered",
+        clean=recovered.clean,
+        messages=sum(len(q) for q in queues.values()),
+        durable_subscriptions=len(subscriptions),
+        replayed_records=recovered.replayed_records,
+        corrupt_records=recovered.corrupt_records,
+        torn_bytes=recovered.torn_bytes,
+        skipped=skipped,
+        seconds=round(time.monotonic() - started, 3),
+    )
+    server = Server(log, durable_lsn=lambda: store.durable_lsn, grace_s=config.shutdown_grace_s)
+    commit_lot = trio.lowlevel.ParkingLot()
+
+    def kick_committer() -> None:
+        if store.appended_lsn > store.durable_lsn:
+            commit_lot.unpark_all()
+
+    server.after_input = kick_committer
 
     def stomp_session(conn_id: str, conn_log: Any) -> StompSession:
         return StompSession(broker, clock, config.stomp, conn_id=conn_id, log=conn_log, authenticate=allow_anonymous)
@@ -53,15 +92,67 @@ async def serve(
         finally:
             finished.set()
 
-    async with trio.open_nursery() as nursery:
-        if handle_signals:
-            nursery.start_soon(_stop_on_signal, server, log)
-        ports = await nursery.start(run_server)
-        log.info("broker_started", ports=ports, data_dir=config.data_dir)
-        task_status.started(Running(ports, server, broker))
-        await finished.wait()
-        nursery.cancel_scope.cancel()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_commit, store, server, commit_lot, log)
+            nursery.start_soon(_maintain, store, config.store.maintenance_interval_s, commit_lot, log)
+            if handle_signals:
+                nursery.start_soon(_stop_on_signal, server, log)
+            ports = await nursery.start(run_server)
+            log.info("broker_started", ports=ports, data_dir=config.data_dir)
+            task_status.started(Running(ports, server, broker, store))
+            await finished.wait()
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            adapter.remember_redeliveries(list(broker.queues.values()) + [d.queue for d in broker.durables.values()])
+            await trio.to_thread.run_sync(store.close)
     log.info("broker_stopped")
+
+
+async def _commit(store: Store, server: Server, lot: trio.lowlevel.ParkingLot, log: Any) -> None:
+    """Group commit: write (and fsync) whatever accumulated while the last
+    write ran, in a worker thread, then release the receipts it covers."""
+    while True:
+        batch = store.take_batch()
+        if batch is None:
+            await lot.park()
+            continue
+        # Shielded: a batch taken is always finished (written or failed)
+        # before shutdown closes the store behind it.
+        with trio.CancelScope(shield=True):
+            try:
+                await trio.to_thread.run_sync(store.write_batch, batch)
+            except OSError as exc:
+                failed: OSError | None = exc
+            else:
+                failed = None
+                store.batch_written(batch)
+                server.durable_advanced()
+        if failed is not None:
+            first, last = store.batch_failed(batch, failed)
+            reason = failed.strerror or str(failed)
+            log.error("store_write_failed", reason=reason, first_lsn=first, last_lsn=last)
+            server.durable_failed(first, last, reason)
+            await trio.sleep(STORE_RETRY_S)
+
+
+async def _maintain(store: Store, interval_s: float, commit_lot: trio.lowlevel.ParkingLot, log: Any) -> None:
+    """Checkpoint, delete dead segments and compact, a bounded step at a time."""
+    next_stats = trio.current_time() + STATS_INTERVAL_S
+    while True:
+        await trio.sleep(interval_s)
+        commit_lot.unpark_all()  # acks made outside any client call get written too
+        if store.checkpoint_due():
+            store.checkpoint()
+        deleted = store.collect_garbage()
+        if deleted:
+            log.info("store_segments_deleted", segments=deleted)
+        while store.compact_step():
+            await trio.sleep(0)  # let clients in between steps
+        if trio.current_time() >= next_stats:
+            next_stats = trio.current_time() + STATS_INTERVAL_S
+            log.info("store_stats", **store.stats())
 
 
 def run(config: Config, log: Any) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from core.broker import BrokerSettings
 from gateway.stomp.session import StompSettings
+from gateway.storage import StoreSettings
 
 LOG_FORMATS = ("console", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -33,6 +34,7 @@ class Config:
     shutdown_grace_s: float = 10.0
     stomp: StompSettings = StompSettings()
     broker: BrokerSettings = BrokerSettings()
+    store: StoreSettings = StoreSettings()
 
     def __post_init__(self) -> None:
         if self.log_format not in LOG_FORMATS:
@@ -45,7 +47,7 @@ class Config:
                 raise ConfigError(f"{name} must be 0-65535, not {port}")
 
 
-_SECTIONS = {"stomp": StompSettings, "broker": BrokerSettings}
+_SECTIONS = {"stomp": StompSettings, "broker": BrokerSettings, "store": StoreSettings}
 
 
 def _coerce(where: str, field: dataclasses.Field[Any], value: Any, default: Any) -> Any:
@@ -73,7 +75,10 @@ def _build(cls: type, table: dict[str, Any], where: str) -> Any:
             values[name] = _build(type(default), value, f"{where}{key}.")
         else:
             values[name] = _coerce(f"{where}{key}", field, value, default)
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ValueError as exc:  # a settings class refusing a value names it
+        raise ConfigError(str(exc)) from None
 
 
 def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:

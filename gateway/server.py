@@ -191,6 +191,8 @@ class Connection:
                 self._after_session_call()
                 break
             session.on_drained()
+            if self._after_input is not None:
+                self._after_input()  # deliveries it resumed may have acked stored messages
             if not outbox.full:
                 self._reader_lot.unpark_all()
         # Closed and flushed: send EOF, give the peer a moment to read it and
@@ -235,7 +237,9 @@ class Server:
 
     def durable_advanced(self) -> None:
         """The store made more LSNs durable: wake the writers it held."""
-        gated, self._gated = self._gated, set()
+        # In place: every connection holds this very set.
+        gated = list(self._gated)
+        self._gated.clear()
         for connection in gated:
             connection.wake_writer()
 

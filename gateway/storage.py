@@ -1,0 +1,162 @@
+"""The core's Store port over the persistence package: converts the core's
+messages to stored records and back, and turns what recovery found into
+queues and durable subscriptions.  No I/O scheduling here (that is app.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from core import names
+from core.destinations import Queue
+from core.durables import parse_durable_key
+from core.messages import Message
+from persistence.store import Recovered, Store, StoredMessage
+
+SYNC_POLICIES = ("always", "interval", "never")
+# The store's key/value namespace for delivery counts noted at a clean stop.
+REDELIVERIES = "redeliveries"
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreSettings:
+    # always: a receipt waits for fdatasync (group commit); interval: fsync at
+    # most every sync_interval_ms and receipts do not wait; never: tests only.
+    sync: str = "always"
+    sync_interval_ms: int = 100
+    segment_bytes: int = 32 * 1024 * 1024
+    # How often the maintenance task checkpoints, collects and compacts.
+    maintenance_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.sync not in SYNC_POLICIES:
+            raise ValueError(f"store.sync must be one of {', '.join(SYNC_POLICIES)}, not {self.sync!r}")
+
+
+def open_store(data_dir: str, settings: StoreSettings, log: Any) -> Store:
+    def report(event: str, **fields: Any) -> None:
+        # Corruption and recovery are worth an operator's attention; the
+        # store says which with its event name.
+        (log.warning if "corrupt" in event or "fail" in event else log.info)(event, **fields)
+
+    return Store(
+        Path(data_dir) / "store",
+        segment_bytes=settings.segment_bytes,
+        sync=settings.sync,
+        interval_ms=settings.sync_interval_ms,
+        log=report,
+    )
+
+
+class BrokerStore:
+    """Implements :class:`core.ports.Store` on a :class:`persistence.store.Store`."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    @property
+    def durable_lsn(self) -> int:
+        return self.store.durable_lsn
+
+    def add_message(self, message: Message, keys: list[str]) -> int:
+        stored = _stored(message)
+        lsn = self.store.add_message(stored, keys)
+        message.location = stored.location
+        return lsn
+
+    def ack(self, key: str, message: Message) -> int:
+        return self.store.ack(key, message.id)
+
+    def transaction(self, adds: list[tuple[Message, list[str]]], acks: list[tuple[str, Message]]) -> int:
+        stored = [(_stored(message), keys) for message, keys in adds]
+        lsn = self.store.transaction(stored, [(key, message.id) for key, message in acks])
+        for (message, _), (record, _) in zip(adds, stored):
+            message.location = record.location
+        return lsn
+
+    def add_subscription(self, key: str, pattern: str) -> int:
+        return self.store.add_subscription(key, pattern)
+
+    def remove_subscription(self, key: str) -> int:
+        return self.store.remove_subscription(key)
+
+    def load(self, message: Message) -> None:
+        stored = self.store.read_message(message.location)
+        message.headers = stored.headers
+        message.body = stored.body
+
+    def remember_redeliveries(self, queues: list[Queue]) -> int:
+        """At a clean stop: note which stored messages had been delivered, so
+        they come back marked redelivered (the store keeps no count per
+        delivery; that would cost a record per message)."""
+        noted = 0
+        for queue in queues:
+            for message in queue.pending:
+                if message.redeliveries and message.location >= 0:
+                    self.store.put(REDELIVERIES, message.id, b"%d" % message.redeliveries)
+                    noted += 1
+        return noted
+
+    def forget_redeliveries(self, recovered: Recovered) -> None:
+        """Once restored, the notes of the last stop are spent."""
+        for message_id in recovered.kv.get(REDELIVERIES, {}):
+            self.store.delete(REDELIVERIES, message_id)
+
+
+def restored(recovered: Recovered) -> tuple[dict[str, tuple[str, str, names.Address]], dict[str, list[Message]], int]:
+    """What :meth:`core.broker.Broker.restore` takes, from what the store
+    recovered, and how many records it had to skip as unusable.
+
+    After a crash nobody knows which stored messages were on their way to a
+    consumer, so every one comes back marked redelivered (JMS allows a false
+    "redelivered", never a false "not redelivered").
+    """
+    skipped = 0
+    subscriptions: dict[str, tuple[str, str, names.Address]] = {}
+    for key, pattern in recovered.subscriptions.items():
+        owner = parse_durable_key(key)
+        address = names.parse(pattern)
+        if owner is None or isinstance(address, str):
+            skipped += 1
+            continue
+        subscriptions[key] = (owner[0], owner[1], address)
+    at_least = 0 if recovered.clean else 1
+    noted = recovered.kv.get(REDELIVERIES, {})
+    queues: dict[str, list[Message]] = {}
+    for key, records in recovered.queues.items():
+        messages = []
+        for record in records:
+            address = names.parse(record.destination)
+            if isinstance(address, str):
+                skipped += 1
+                continue
+            messages.append(
+                Message(
+                    record.id,
+                    address,
+                    None,
+                    None,
+                    persistent=True,
+                    priority=record.priority,
+                    expires=record.expires,
+                    timestamp=record.timestamp,
+                    redeliveries=max(record.delivery_count, at_least, int(noted.get(record.id, b"0"))),
+                    location=record.location,
+                )
+            )
+        queues[key] = messages
+    return subscriptions, queues, skipped
+
+
+def _stored(message: Message) -> StoredMessage:
+    return StoredMessage(
+        message.id,
+        message.address.text,
+        message.headers,
+        message.body,
+        message.priority,
+        message.expires,
+        message.timestamp,
+        message.redeliveries,
+    )
