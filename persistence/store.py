@@ -1,0 +1,572 @@
+"""The store: persistent messages, durable subscriptions, transactions and
+small key/value state, over the journal, the index and checkpoints.
+
+Every change appends one record and returns its LSN at once; nothing here
+blocks except :meth:`Store.write_batch` (the committer's worker thread),
+:meth:`Store.open`, :meth:`Store.close` and :meth:`Store.flush`.
+
+Durability (``sync``):
+
+- ``always``: every batch is fdatasynced before :meth:`batch_written`, so
+  ``durable_lsn`` only covers synced records (group commit).
+- ``interval``: fdatasync at most every ``interval_ms`` (an idle store gets a
+  sync-only batch once the interval has passed); ``durable_lsn`` advances when
+  the batch is written, so receipts do not wait for the disk.
+- ``never``: no fdatasync of the journal (tests only).  Checkpoints still sync
+  the journal first, so a checkpoint never points at data that is not there.
+
+A failed write (:meth:`batch_failed`): the batch's message adds (MESSAGE_ADD
+records and the adds inside TX records) are rewritten in memory as padding of
+the same size, so they can never become durable, and the batch goes back in
+front of the queue at the same offsets; the next batch rewrites it, together
+with what was appended meanwhile.  Its acks, moves, subscription and key/value
+records are kept and retried, because the index (and the broker) already
+reflect them.  The messages whose add failed stay readable from memory while
+live, are left out of checkpoints, and are gone after a restart.  The caller
+gets the failed LSN range, so the broker can send ERRORs for those SENDs;
+``durable_lsn`` later passes those LSNs (it is a watermark), but what they
+added is never on disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from persistence import checkpoint as checkpoints
+from persistence import records
+from persistence.index import Index
+from persistence.journal import OFFSET_BITS, Batch, Journal, fsync_directory, neutralize, segment_name
+from persistence.records import CorruptRecord, RecordType
+
+SYNC_POLICIES = ("always", "interval", "never")
+CLEAN_NAME = "CLEAN"
+LOCK_NAME = "LOCK"
+# A segment is worth compacting once more than half of its records are dead.
+COMPACT_DEAD_RATIO = 0.5
+# Compaction pauses while this much is still waiting to be written, so moves
+# never outrun the committer (and memory) by more than this.
+COMPACT_BACKLOG_BYTES = 8 * 2**20
+COMPACT_CHUNK_BYTES = 2**20
+# Checkpoint once this much journal has been appended since the last one
+# (capped, so huge segments do not mean huge replays).
+CHECKPOINT_MAX_BYTES = 64 * 2**20
+
+Log = Callable[..., None]
+
+
+@dataclass(slots=True)
+class StoredMessage:
+    id: str
+    destination: str
+    headers: dict[str, str] | None  # None when paged out (metadata only)
+    body: bytes | None  # None when paged out
+    priority: int
+    expires: int  # epoch ms, 0 = never
+    timestamp: int  # epoch ms
+    delivery_count: int  # earlier deliveries
+    location: int = -1  # set by the store: where read_message finds it
+
+
+@dataclass
+class Recovered:
+    clean: bool
+    subscriptions: dict[str, str]
+    queues: dict[str, list[StoredMessage]]  # metadata only, in append order
+    kv: dict[str, dict[str, bytes]]
+    corrupt_records: int
+    torn_bytes: int
+    replayed_records: int
+    seconds: float
+
+
+class Store:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        segment_bytes: int = 32 * 2**20,
+        sync: str = "always",
+        interval_ms: int = 100,
+        log: Log | None = None,
+    ) -> None:
+        if sync not in SYNC_POLICIES:
+            raise ValueError(f"sync must be one of {SYNC_POLICIES}, not {sync!r}")
+        self.directory = Path(directory)
+        self.sync = sync
+        self.interval_s = interval_ms / 1000
+        self.appended_lsn = 0
+        self.durable_lsn = 0
+        self._log = log
+        self._journal = Journal(self.directory, segment_bytes, fsync_on_roll=sync != "never")
+        self._index = Index()
+        self._checkpoint_bytes = min(segment_bytes, CHECKPOINT_MAX_BYTES)
+        self._inflight: Batch | None = None
+        self._prepared: checkpoints.Snapshot | None = None
+        self._ckpt_position = -1  # of the installed checkpoint
+        self._ckpt_live: dict[int, int] = {}
+        self._ckpt_bytes_at = 0
+        self._want_checkpoint = False
+        self._last_sync = time.monotonic()
+        self._unsynced = False
+        self._failed_upto = 0
+        self._compacting: list[int] | None = None  # [segment, next offset]
+        self._compacted: set[int] = set()
+        self._lock_fd: int | None = None
+        self._open = False
+
+    # -- opening and closing -------------------------------------------------
+
+    def open(self) -> Recovered:
+        """Load the checkpoint, replay the journal after it, cut a torn tail."""
+        started = time.monotonic()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock()
+        clean = (self.directory / CLEAN_NAME).exists()
+        corrupt = 0
+        snapshot = None
+        try:
+            snapshot = checkpoints.load(self.directory)
+        except CorruptRecord as exc:
+            corrupt += 1
+            self._emit("checkpoint_corrupt", path=str(self.directory / checkpoints.CHECKPOINT_NAME), reason=exc.reason)
+        index = self._index
+        start = 0
+        if snapshot is not None:
+            index.messages = snapshot.messages
+            index.subscriptions = snapshot.subscriptions
+            index.kv = snapshot.kv
+            index.seg_records = snapshot.seg_records
+            index.seg_live = dict(snapshot.seg_live)
+            start = snapshot.position
+            self._ckpt_position = snapshot.position
+            self._ckpt_live = snapshot.seg_live
+        replayed = 0
+        journal = self._journal
+        index.tracking = False
+        for location, rtype, payload in journal.scan(start, on_corrupt=self._on_corrupt):
+            try:
+                index.replay(location, rtype, payload, self._on_unknown)
+            except (CorruptRecord, ValueError, IndexError) as exc:  # struct.error is a ValueError
+                # Checksummed but undecodable: a writer bug, not a torn write.
+                journal.corrupt_records += 1
+                seg, off = location >> OFFSET_BITS, location & ((1 << OFFSET_BITS) - 1)
+                self._on_corrupt(str(journal.path(seg)), off, f"undecodable payload: {exc}")
+            replayed += 1
+        index.forward.clear()
+        index.origin.clear()
+        index.tracking = True
+        index.track_subscriptions()
+        if journal.torn_bytes:
+            self._emit("torn_tail_cut", bytes=journal.torn_bytes)
+        if clean:
+            os.remove(self.directory / CLEAN_NAME)
+            fsync_directory(self.directory)
+        self._ckpt_bytes_at = journal.appended_bytes
+        self._open = True
+        queues: dict[str, list[StoredMessage]] = {}
+        for mid, (location, refs, dest, priority, expires, timestamp, count) in index.messages.items():
+            message = StoredMessage(mid, dest, None, None, priority, expires, timestamp, count, location)
+            for key in (refs,) if refs.__class__ is str else refs:
+                queue = queues.get(key)
+                if queue is None:
+                    queue = queues[key] = []
+                queue.append(message)
+        return Recovered(
+            clean=clean,
+            subscriptions=dict(index.subscriptions),
+            queues=queues,
+            kv={ns: dict(space) for ns, space in index.kv.items()},
+            corrupt_records=journal.corrupt_records + corrupt,
+            torn_bytes=journal.torn_bytes,
+            replayed_records=replayed,
+            seconds=time.monotonic() - started,
+        )
+
+    def close(self) -> None:
+        """Write everything, fsync, checkpoint, mark the folder clean."""
+        if not self._open:
+            return
+        if self._inflight is not None:
+            # Whether its write finished is unknown (a cancelled committer);
+            # writing it again to the same offsets is harmless.
+            self._journal.requeue(self._inflight)
+            self._inflight = None
+        self._prepared = None
+        self.checkpoint()
+        batch = self.flush()
+        if batch is not None and batch.error is not None:
+            raise batch.error
+        fd = os.open(self.directory / CLEAN_NAME, os.O_WRONLY | os.O_CREAT, 0o644)
+        os.close(fd)
+        fsync_directory(self.directory)
+        self._release()
+
+    def flush(self) -> Batch | None:
+        """Take, write and acknowledge everything pending, blocking: for
+        close, tools and tests, never the event loop.  Returns the last batch."""
+        last = None
+        while True:
+            batch = self.take_batch()
+            if batch is None:
+                return last
+            try:
+                self.write_batch(batch)
+            except OSError as exc:
+                self.batch_failed(batch, exc)
+                raise
+            self.batch_written(batch)
+            last = batch
+
+    def _lock(self) -> None:
+        fd = os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            raise OSError(exc.errno, f"store {self.directory} is in use by another process") from exc
+        self._lock_fd = fd
+
+    def _release(self) -> None:
+        self._journal.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        self._open = False
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        if self._log is not None:
+            self._log(event, **fields)
+
+    def _on_corrupt(self, path: str, offset: int, reason: str) -> None:
+        self._emit("record_corrupt", segment=path, offset=offset, reason=reason)
+
+    def _on_unknown(self, location: int, rtype: int) -> None:
+        self._emit(
+            "record_type_unknown",
+            segment=segment_name(location >> OFFSET_BITS),
+            offset=location & ((1 << OFFSET_BITS) - 1),
+            type=rtype,
+        )
+
+    # -- changes (main thread) -----------------------------------------------
+
+    def add_message(self, message: StoredMessage, keys: list[str]) -> int:
+        m = message
+        payload = records.encode_message(
+            m.id, m.destination, m.headers, m.body, m.priority, m.expires, m.timestamp, m.delivery_count, keys
+        )
+        lsn, location = self._journal.append(RecordType.MESSAGE_ADD, payload)
+        index = self._index
+        index.add(m.id, location, keys, m.destination, m.priority, m.expires, m.timestamp, m.delivery_count)
+        index.count_record(location)
+        m.location = location
+        self.appended_lsn = lsn
+        return lsn
+
+    def ack(self, key: str, message_id: str) -> int:
+        lsn, location = self._journal.append(RecordType.ACK, records.encode_two(key, message_id))
+        self._index.ack(key, message_id)
+        self._index.count_record(location)
+        self.appended_lsn = lsn
+        return lsn
+
+    def transaction(self, adds: list[tuple[StoredMessage, list[str]]], acks: list[tuple[str, str]]) -> int:
+        """All adds and acks as one record: after a crash, all or nothing."""
+        if not adds and not acks:
+            return self.appended_lsn
+        ops: list[tuple[int, bytes]] = [
+            (
+                RecordType.MESSAGE_ADD,
+                records.encode_message(
+                    m.id, m.destination, m.headers, m.body, m.priority, m.expires, m.timestamp, m.delivery_count, keys
+                ),
+            )
+            for m, keys in adds
+        ]
+        ops.extend((RecordType.ACK, records.encode_two(key, mid)) for key, mid in acks)
+        payload, starts = records.encode_tx(ops)
+        lsn, location = self._journal.append(RecordType.TX, payload)
+        index = self._index
+        base = location + records.HEADER_BYTES
+        for (m, keys), at in zip(adds, starts):
+            m.location = base + at
+            index.add(m.id, m.location, keys, m.destination, m.priority, m.expires, m.timestamp, m.delivery_count)
+        for key, mid in acks:
+            index.ack(key, mid)
+        seg = location >> OFFSET_BITS
+        index.seg_records[seg] = index.seg_records.get(seg, 0) + len(ops)
+        self.appended_lsn = lsn
+        return lsn
+
+    def add_subscription(self, key: str, pattern: str) -> int:
+        return self._change(RecordType.SUB_ADD, records.encode_two(key, pattern), self._index.add_subscription, key, pattern)
+
+    def remove_subscription(self, key: str) -> int:
+        """Also drops ``key``'s reference from every message it held."""
+        return self._change(RecordType.SUB_REMOVE, records.encode_one(key), self._index.remove_subscription, key)
+
+    def put(self, namespace: str, key: str, value: bytes) -> int:
+        return self._change(RecordType.KV_PUT, records.encode_kv_put(namespace, key, value), self._index.put, namespace, key, value)
+
+    def delete(self, namespace: str, key: str) -> int:
+        return self._change(RecordType.KV_DELETE, records.encode_two(namespace, key), self._index.delete, namespace, key)
+
+    def _change(self, rtype: int, payload: bytes, apply: Callable[..., None], *args: Any) -> int:
+        lsn, location = self._journal.append(rtype, payload)
+        apply(*args)
+        self._index.count_record(location)
+        self.appended_lsn = lsn
+        return lsn
+
+    def read_message(self, location: int) -> StoredMessage:
+        """The whole message (headers and body), wherever its record is."""
+        index = self._index
+        if index.forward:
+            location = index.forward.get(location, location)
+        payload = index.orphans.get(location) if index.orphans else None
+        if payload is None:
+            rtype, payload = self._journal.read(location)
+            if rtype != RecordType.MESSAGE_ADD and rtype != RecordType.MESSAGE_MOVE:
+                raise CorruptRecord(f"location {location:#x} holds a record of type {rtype}, not a message")
+        mid, dest, headers, body, priority, expires, timestamp, count, _ = records.decode_message(payload)
+        return StoredMessage(mid, dest, headers, body, priority, expires, timestamp, count, location)
+
+    # -- committer protocol --------------------------------------------------
+
+    def take_batch(self) -> Batch | None:
+        """Main thread: detach what is pending (None when nothing to do)."""
+        if self._inflight is not None:
+            raise RuntimeError("take_batch while a batch is being written")
+        batch = self._journal.take_batch()
+        now = time.monotonic()
+        prepared = self._prepared
+        if batch is None:
+            idle_sync = self.sync == "interval" and self._unsynced and now - self._last_sync >= self.interval_s
+            if prepared is None and not idle_sync:
+                return None
+            batch = Batch(self._journal.lsn + 1, self._journal.lsn, [])
+        if prepared is not None:
+            batch.checkpoint = prepared
+            self._prepared = None
+            batch.sync = True  # the checkpoint may only describe synced records
+        elif self.sync == "never":
+            batch.sync = False
+        elif self.sync == "interval":
+            batch.sync = now - self._last_sync >= self.interval_s
+        if batch.sync:
+            self._last_sync = now
+        self._inflight = batch
+        return batch
+
+    def write_batch(self, batch: Batch) -> None:
+        """Worker thread: write (and sync) the batch, then its checkpoint.
+        Touches only the batch and the journal's writer descriptor."""
+        self._journal.write_batch(batch)
+        if batch.checkpoint is not None:
+            try:
+                checkpoints.write(self.directory, batch.checkpoint)
+            except OSError as exc:
+                # The journal part is written; only the checkpoint is lost,
+                # and it is prepared again later.
+                batch.error = exc
+
+    def batch_written(self, batch: Batch) -> None:
+        """Main thread: the batch is on disk; its LSNs are durable."""
+        self._journal.batch_written(batch)
+        self._inflight = None
+        if batch.last_lsn > self.durable_lsn:
+            self.durable_lsn = batch.last_lsn
+        if batch.sync:
+            self._unsynced = False
+        elif batch.runs:
+            self._unsynced = True
+        snapshot = batch.checkpoint
+        if snapshot is not None:
+            if batch.error is not None:
+                self._emit("checkpoint_failed", reason=batch.error.strerror or str(batch.error))
+                self._want_checkpoint = True
+            else:
+                self._ckpt_position = snapshot.position
+                self._ckpt_live = snapshot.seg_live
+                self._emit("checkpoint_written", messages=len(snapshot.messages), position=snapshot.position)
+
+    def batch_failed(self, batch: Batch, error: OSError) -> tuple[int, int]:
+        """Main thread: the batch was not (fully) written.  Returns the LSN
+        range ``(first, last)`` newly failed (empty when first > last): the
+        SENDs in it must be told they failed.  See the module docstring."""
+        for location, payload in neutralize(batch):
+            self._index.orphan(location, payload)
+        self._journal.requeue(batch)
+        self._inflight = None
+        self._prepared = None  # it may describe messages that are now orphans
+        if batch.checkpoint is not None:
+            self._want_checkpoint = True
+        first = max(batch.first_lsn, self._failed_upto + 1)
+        last = batch.last_lsn
+        self._failed_upto = max(self._failed_upto, last)
+        return first, last
+
+    # -- maintenance -----------------------------------------------------------
+
+    def checkpoint_due(self) -> bool:
+        if self._prepared is not None or (self._inflight is not None and self._inflight.checkpoint is not None):
+            return False
+        if self._journal.end_location == self._ckpt_position:
+            return False
+        return self._want_checkpoint or self._journal.appended_bytes - self._ckpt_bytes_at >= self._checkpoint_bytes
+
+    def checkpoint(self) -> None:
+        """Prepare a snapshot of the index (shallow copies, main thread); the
+        next batch writes it once the journal up to here is synced."""
+        index = self._index
+        messages = index.messages.copy()
+        for location, payload in index.orphans.items():
+            mid = records.decode_message_id(payload)
+            entry = messages.get(mid)
+            if entry is not None and entry[0] == location:
+                del messages[mid]
+        self._prepared = checkpoints.Snapshot(
+            position=self._journal.end_location,
+            lsn=self._journal.lsn,
+            messages=messages,
+            subscriptions=dict(index.subscriptions),
+            kv={ns: dict(space) for ns, space in index.kv.items()},
+            seg_records=dict(index.seg_records),
+            seg_live={seg: n for seg, n in index.seg_live.items() if n},
+        )
+        self._ckpt_bytes_at = self._journal.appended_bytes
+        self._want_checkpoint = False
+
+    def collect_garbage(self) -> list[str]:
+        """Delete closed segments with no live message, that the installed
+        checkpoint neither replays from nor points into."""
+        journal = self._journal
+        ckpt_seg = self._ckpt_position >> OFFSET_BITS if self._ckpt_position >= 0 else 0
+        unwritten = journal.unwritten_segments()
+        deleted = []
+        for seg in sorted(journal.sizes):
+            if seg >= journal.active_segment or seg in unwritten or self._index.seg_live.get(seg, 0):
+                continue
+            if seg >= ckpt_seg or self._ckpt_live.get(seg, 0):
+                self._want_checkpoint = True  # dead, but the checkpoint still needs it
+                continue
+            journal.delete_segment(seg)
+            self._index.forget_segment(seg)
+            self._compacted.discard(seg)
+            deleted.append(segment_name(seg))
+        # No directory fsync here (it would block the event loop): a deleted
+        # segment that comes back after a crash holds only dead records from
+        # before the checkpoint, and is deleted again.
+        return deleted
+
+    def compact_step(self, max_records: int = 1000, *, min_dead_ratio: float = COMPACT_DEAD_RATIO) -> bool:
+        """Copy up to ``max_records`` records' live messages out of the most
+        dead segment into the active one; the emptied segment is deleted by
+        :meth:`collect_garbage` after the next checkpoint.  True while there
+        may be more to do now."""
+        journal = self._journal
+        if journal.pending_bytes >= COMPACT_BACKLOG_BYTES:
+            return False
+        if self._compacting is None:
+            seg = self._compaction_candidate(min_dead_ratio)
+            if seg is None:
+                return False
+            self._compacting = [seg, 0]
+        seg, offset = self._compacting
+        frames, next_offset, at_end = journal.read_frames(seg, offset, COMPACT_CHUNK_BYTES)
+        done = 0
+        for location, rtype, payload in frames:
+            if done >= max_records:
+                next_offset = location & ((1 << OFFSET_BITS) - 1)
+                at_end = False
+                break
+            if rtype == RecordType.MESSAGE_ADD or rtype == RecordType.MESSAGE_MOVE:
+                self._move(location, payload)
+            elif rtype == RecordType.TX:
+                base = location + records.HEADER_BYTES
+                for at, op, nested in records.decode_tx(payload):
+                    if op == RecordType.MESSAGE_ADD:
+                        self._move(base + at, bytes(nested))
+            done += 1
+        if at_end or not frames and next_offset == offset:
+            self._compacting = None
+            self._compacted.add(seg)
+            self._want_checkpoint = True
+        else:
+            self._compacting = [seg, next_offset]
+        return True
+
+    def _move(self, location: int, payload: bytes) -> None:
+        mid = records.decode_message_id(payload)
+        entry = self._index.messages.get(mid)
+        if entry is None or entry[0] != location:
+            return  # dead, or already moved
+        lsn, new = self._journal.append(RecordType.MESSAGE_MOVE, payload)
+        self._index.move(mid, new)
+        self._index.count_record(new)
+        self.appended_lsn = lsn
+
+    def _compaction_candidate(self, min_dead_ratio: float) -> int | None:
+        journal = self._journal
+        unwritten = journal.unwritten_segments()
+        best, best_ratio = None, min_dead_ratio
+        for seg in journal.sizes:
+            if seg >= journal.active_segment or seg in unwritten or seg in self._compacted:
+                continue
+            total = self._index.seg_records.get(seg, 0)
+            live = self._index.seg_live.get(seg, 0)
+            if not total or not live:
+                continue  # empty, or all dead: collect_garbage's job
+            ratio = 1 - live / total
+            if ratio > best_ratio:
+                best, best_ratio = seg, ratio
+        return best
+
+    def stats(self) -> dict[str, Any]:
+        index = self._index
+        sizes = self._journal.segment_sizes()
+        dead = {}
+        for seg in sorted(sizes):
+            total = index.seg_records.get(seg, 0)
+            dead[segment_name(seg)] = round(1 - index.seg_live.get(seg, 0) / total, 3) if total else 1.0
+        return {
+            "segments": len(sizes),
+            "bytes": sum(sizes.values()),
+            "live_messages": len(index.messages),
+            "subscriptions": len(index.subscriptions),
+            "kv_keys": sum(len(space) for space in index.kv.values()),
+            "unwritten_messages": len(index.orphans),
+            "pending_bytes": self._journal.pending_bytes,
+            "appended_lsn": self.appended_lsn,
+            "durable_lsn": self.durable_lsn,
+            "corrupt_records": self._journal.corrupt_records,
+            "dead_ratio": dead,
+        }
+
+
+def check(directory: str | os.PathLike[str], progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Verify a store folder offline (it must not be open elsewhere)."""
+    from persistence import offline
+
+    return offline.check(Path(directory), progress)
+
+
+def compact(directory: str | os.PathLike[str], progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Compact a store folder offline: move live messages out of segments with
+    dead records, checkpoint, delete what is no longer needed."""
+    from persistence import offline
+
+    return offline.compact(Path(directory), progress)
+
+
+def _abandon(store: Store) -> None:
+    """Drop a store as a crash would (tests): no flush, no checkpoint."""
+    with contextlib.suppress(OSError):
+        store._release()
