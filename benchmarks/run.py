@@ -2,6 +2,9 @@
 
     .venv/bin/python benchmarks/run.py [--scenario queue|topic|latency|all]
         [--messages N] [--seconds S] [--rate R] [--json FILE] [--broker-cmd CMD]
+    .venv/bin/python benchmarks/run.py --scenario persistent|restart [...]
+        (persistent messages and restarts: runs benchmarks/persistent.py with
+        the same arguments; see its --help)
 
 Each scenario starts a fresh broker (``gateway serve``) on a free 127.0.0.1 port
 with a temporary data dir, runs the load generator (``loadgen.py``) in separate
@@ -58,6 +61,7 @@ HOST = "127.0.0.1"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 DEFAULT_MESSAGES = {"queue": 200_000, "topic": 50_000}
 SCENARIOS = ("queue", "topic", "latency")
+PERSISTENCE_SCENARIOS = ("persistent", "restart")  # in persistent.py, not part of "all"
 
 
 class ScenarioFailed(Exception):
@@ -628,7 +632,8 @@ def _default_broker_cmd() -> str:
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scenario", choices=(*SCENARIOS, "all"), default="all")
+    parser.add_argument("--scenario", choices=(*SCENARIOS, *PERSISTENCE_SCENARIOS, "all"), default="all",
+                        help="persistent and restart are benchmarks/persistent.py's (see its --help)")
     parser.add_argument("--messages", type=int, metavar="N",
                         help="messages for queue (default 200000) and topic (default 50000)")
     parser.add_argument("--seconds", type=float, default=10.0, metavar="S", help="latency run length (default 10)")
@@ -660,6 +665,14 @@ def _on_sigterm(signum, frame):  # noqa: ARG001
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--scenario")
+    if pre.parse_known_args(argv)[0].scenario in PERSISTENCE_SCENARIOS:
+        sys.path.insert(0, str(HERE))
+        import persistent
+
+        return persistent.main(argv)
     args = _parse(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored

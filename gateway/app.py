@@ -144,7 +144,8 @@ async def _maintain(store: Store, interval_s: float, commit_lot: trio.lowlevel.P
         await trio.sleep(interval_s)
         commit_lot.unpark_all()  # acks made outside any client call get written too
         if store.checkpoint_due():
-            store.checkpoint()
+            store.checkpoint()  # prepared here; the next batch writes it
+            commit_lot.unpark_all()
         deleted = store.collect_garbage()
         if deleted:
             log.info("store_segments_deleted", segments=deleted)

@@ -89,6 +89,9 @@ class Journal:
         self.directory = Path(directory)
         self.segment_bytes = segment_bytes
         self.fsync_on_roll = fsync_on_roll
+        # fdatasyncs of the journal so far (written by the worker thread,
+        # read for stats: an int assignment is atomic under the GIL).
+        self.syncs = 0
         self.sizes: dict[int, int] = {}  # closed segments' byte sizes
         self.lsn = 0  # of the last appended record
         self.appended_bytes = 0
@@ -323,6 +326,7 @@ class Journal:
                     fsync_directory(self.directory)
             if batch.sync and self._wfd is not None:
                 os.fdatasync(self._wfd)
+                self.syncs += 1
         except OSError:
             for seg, start, _ in batch.runs:
                 # The write's own error is the one to raise; a cut that fails
@@ -337,6 +341,7 @@ class Journal:
             # crash can only lose a suffix of the log, never a middle part.
             if self.fsync_on_roll:
                 os.fdatasync(self._wfd)
+                self.syncs += 1
             os.close(self._wfd)
             self._wfd = None
         self._wfd = os.open(self.path(seg), os.O_WRONLY | os.O_CREAT, 0o644)
@@ -346,6 +351,7 @@ class Journal:
         """fdatasync what was written (worker thread, or when idle)."""
         if self._wfd is not None:
             os.fdatasync(self._wfd)
+            self.syncs += 1
 
     # -- segments ------------------------------------------------------------
 

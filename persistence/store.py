@@ -547,6 +547,7 @@ class Store:
             "appended_lsn": self.appended_lsn,
             "durable_lsn": self.durable_lsn,
             "corrupt_records": self._journal.corrupt_records,
+            "fsyncs": self._journal.syncs,
             "dead_ratio": dead,
         }
 

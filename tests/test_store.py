@@ -142,13 +142,13 @@ def test_a_torn_tail_at_every_byte_of_the_last_record_loses_only_that_record(tmp
     s.add_subscription("d", "/topic/t")
     s.add_message(message("a"), ["/queue/a"])
     before = s.appended_lsn
-    s.add_message(message("b", body=b"b" * 30), ["/queue/a", "d"])
-    last = s._journal.read(split_location(0)[0] or 0) if False else None  # noqa: F841
+    last = message("b", body=b"b" * 30)
+    s.add_message(last, ["/queue/a", "d"])
     crash(s)
     s, expected = opened(orig, segment_bytes=2**20)
     _abandon(s)
     data = (orig / segment_name(1)).read_bytes()
-    start = len(data) - (HEADER_BYTES + len(data) - data.rfind(b"\xd5\x47") - HEADER_BYTES)
+    start = split_location(last.location)[1]
     assert before == 2
     for cut in range(start, len(data)):
         folder = tmp_path / f"cut{cut}"
