@@ -93,7 +93,11 @@ class BrokerStore:
         noted = 0
         for queue in queues:
             for message in queue.pending:
-                if message.redeliveries and message.location >= 0:
+                # Only those delivered in this run: they were loaded to go out,
+                # so they have a body.  (A stub marked redelivered by a crash
+                # recovery and never sent since is not worth a record each;
+                # there may be millions.)
+                if message.redeliveries and message.location >= 0 and message.body is not None:
                     self.store.put(REDELIVERIES, message.id, b"%d" % message.redeliveries)
                     noted += 1
         return noted

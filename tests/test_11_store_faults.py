@@ -1,0 +1,136 @@
+"""What an operator sees when the disk misbehaves: a flipped bit in the
+journal, a full disk, and the offline `gateway store check|compact` tools."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+
+import pytest
+
+from tests.helpers import RawClient, unique, wait_for
+from tests.test_07_cli import GATEWAY, free_port, gateway  # noqa: F401  (the process fixture)
+
+PERSISTENT = {"persistent": "true"}
+
+
+def fill(port: int, queue: str, count: int) -> None:
+    client = RawClient(("127.0.0.1", port))
+    try:
+        client.connect(heart_beat="0,0")
+        for i in range(count):
+            client.send_frame("SEND", {"destination": queue, "receipt": f"r{i}", **PERSISTENT}, f"body-{i:04d}".encode() * 8)
+            client.receipt(f"r{i}")
+    finally:
+        client.close()
+
+
+def drain(port: int, queue: str) -> list[bytes]:
+    client = RawClient(("127.0.0.1", port))
+    try:
+        client.connect(heart_beat="0,0")
+        client.send_frame("SUBSCRIBE", {"destination": queue, "id": "1"})
+        bodies = []
+        for frame in client.quiet_for(1.0):
+            assert frame.command == "MESSAGE", frame
+            bodies.append(frame.body)
+        return bodies
+    finally:
+        client.close()
+
+
+def test_a_flipped_bit_mid_journal_is_logged_with_its_position_and_skipped(gateway, tmp_path):
+    port = free_port()
+    data = tmp_path / "d"
+    queue = f"/queue/{unique('bits')}"
+    process = gateway("--stomp-port", str(port), "--data-dir", str(data), "--log-format", "json")
+    process.wait_listening(port)
+    fill(port, queue, 50)
+    process.proc.send_signal(signal.SIGKILL)  # no checkpoint: recovery must read the journal
+    process.wait_exit()
+    segment = sorted((data / "store").glob("*.log"))[0]
+    raw = bytearray(segment.read_bytes())
+    target = raw.find(b"body-0025")  # inside the 26th message's body
+    assert target > 0
+    raw[target] ^= 0x01
+    segment.write_bytes(bytes(raw))
+
+    again = gateway("--stomp-port", str(port), "--data-dir", str(data), "--log-format", "json")
+    again.wait_listening(port)
+    bodies = drain(port, queue)
+    again.signal(signal.SIGTERM)
+    assert again.wait_exit() == 0
+    events = [json.loads(line) for line in again.stderr.splitlines() if line.startswith("{")]
+    corrupt = [e for e in events if e["event"] == "record_corrupt"]
+    assert len(corrupt) == 1 and corrupt[0]["level"] == "warning"
+    assert corrupt[0]["segment"].endswith(segment.name) and 0 < corrupt[0]["offset"] < target
+    expected = [f"body-{i:04d}".encode() * 8 for i in range(50) if i != 25]
+    assert bodies == expected
+
+
+def test_a_full_disk_fails_the_sends_it_cannot_store_and_the_broker_recovers(broker, monkeypatch):
+    queue = f"/queue/{unique('full')}"
+    healthy = RawClient(broker.stomp_address)
+    healthy.connect(heart_beat="0,0")
+    healthy.send_frame("SEND", {"destination": queue, "receipt": "before", **PERSISTENT}, b"stored")
+    healthy.receipt("before")
+
+    real_pwrite = os.pwrite
+
+    def disk_full(*args: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", disk_full)
+    victim = RawClient(broker.stomp_address)
+    victim.connect(heart_beat="0,0")
+    victim.send_frame("SEND", {"destination": queue, "receipt": "lost", **PERSISTENT}, b"unstorable")
+    error = victim.expect_error_and_close()
+    assert "No space left" in error.headers["message"]
+    assert "RECEIPT" not in [f.command for f in victim.frames]
+    # Non-persistent traffic keeps flowing meanwhile, on the healthy connection.
+    healthy.send_frame("SEND", {"destination": "/topic/ping", "receipt": "still"}, b"")
+    healthy.receipt("still")
+
+    monkeypatch.setattr(os, "pwrite", real_pwrite)  # space is back
+    later = RawClient(broker.stomp_address)
+    later.connect(heart_beat="0,0")
+    later.send_frame("SEND", {"destination": queue, "receipt": "after", **PERSISTENT}, b"stored again")
+    wait_for(lambda: later.receipt("after", timeout=5), timeout=10, what="a receipt once space returned")
+    store = broker.running.store
+    assert broker.call(lambda: store.durable_lsn >= store.appended_lsn or store.stats()["pending_bytes"] == 0)
+    for client in (healthy, victim, later):
+        client.close()
+
+
+def run_tool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([GATEWAY, "store", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_store_check_and_compact_report_what_the_folder_holds(gateway, tmp_path):
+    port = free_port()
+    data = tmp_path / "d"
+    queue = f"/queue/{unique('tool')}"
+    process = gateway("--stomp-port", str(port), "--data-dir", str(data))
+    process.wait_listening(port)
+    fill(port, queue, 20)
+    running = run_tool("check", str(data))
+    assert running.returncode != 0 and "running broker" in running.stderr  # the broker holds the folder
+    process.signal(signal.SIGTERM)
+    assert process.wait_exit() == 0
+
+    check = run_tool("check", str(data))
+    assert check.returncode == 0, check.stderr
+    assert queue in check.stdout and "20" in check.stdout
+    compact = run_tool("compact", str(data))
+    assert compact.returncode == 0, compact.stderr
+    again = gateway("--stomp-port", str(port), "--data-dir", str(data))
+    again.wait_listening(port)
+    assert len(drain(port, queue)) == 20
+
+
+def test_store_check_on_a_folder_without_a_store_says_so(tmp_path):
+    result = run_tool("check", str(tmp_path))
+    assert result.returncode == 2 and "no store" in result.stderr
