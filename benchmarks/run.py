@@ -627,7 +627,7 @@ def print_summary(results: list[dict]) -> None:
 def _default_broker_cmd() -> str:
     gateway = ROOT / ".venv" / "bin" / "gateway"
     base = shlex.quote(str(gateway)) if gateway.exists() else f"{shlex.quote(sys.executable)} -m gateway"
-    return base + " serve --stomp-port {port} --data-dir {data_dir} --log-level warning"
+    return base + " serve --stomp-port {port} --mqtt-port 0 --data-dir {data_dir} --log-level warning"
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

@@ -21,7 +21,7 @@ from core.errors import (
 )
 from core.matching import SubscriptionTree
 from core.messages import DEFAULT_PRIORITY, Message
-from core.names import Address, Kind
+from core.names import Address, Kind, matches
 from core.ports import Clock, NoStore, Sink, Store
 from core.subscriptions import AckMode, Subscription
 from core.transactions import Transaction
@@ -71,6 +71,8 @@ class Broker:
         self.store: Store = store if store is not None else NoStore()
         self.queues: dict[Address, Queue] = {}
         self.durables: dict[str, DurableSubscription] = {}
+        # The last retained message of each topic (MQTT's retain flag), by name.
+        self.retained: dict[Address, Message] = {}
         self._trees: dict[Kind, SubscriptionTree[Subscription]] = {
             Kind.TOPIC: SubscriptionTree(),
             Kind.TEMP_TOPIC: SubscriptionTree(),
@@ -129,6 +131,32 @@ class Broker:
                 lsn = self.store.add_message(message, keys)
         self._put(message, targets, producer)
         return lsn
+
+    def retain(self, message: Message) -> int:
+        """Keep ``message`` as its topic's retained message; an empty body
+        clears it [MQTT-3.3.1-10].  Returns the LSN that makes it durable."""
+        address = message.address
+        if not message.body:
+            if self.retained.pop(address, None) is None:
+                return 0
+            return self.store.retain(address.text, None)
+        self.retained[address] = message
+        # Kept on disk whatever its QoS: a retained value is state, not traffic.
+        return self.store.retain(address.text, message)
+
+    def retained_for(self, pattern: Address) -> list[Message]:
+        """Retained messages a new subscription to ``pattern`` gets, flagged."""
+        if not pattern.is_pattern:
+            found = self.retained.get(pattern)
+            return [] if found is None else [found.retained_copy()]
+        system_ok = pattern.segments[0] not in ("*", ">")
+        return [
+            message.retained_copy()
+            for address, message in self.retained.items()
+            if address.kind is pattern.kind
+            and (system_ok or not address.segments[0].startswith("$"))
+            and matches(pattern.segments, address.segments)
+        ]
 
     def _targets(self, address: Address) -> list[Queue]:
         if address.is_queue:
@@ -193,7 +221,12 @@ class Broker:
         durable.queue.relieve()
         return self.store.remove_subscription(durable.key)
 
-    def restore(self, subscriptions: dict[str, tuple[str, str, Address]], queues: dict[str, list[Message]]) -> None:
+    def restore(
+        self,
+        subscriptions: dict[str, tuple[str, str, Address]],
+        queues: dict[str, list[Message]],
+        retained: list[Message] = (),  # type: ignore[assignment]
+    ) -> None:
         """Rebuild what the store recovered: durable subscriptions (key ->
         client id, name, topic) and the messages of every stored queue, in
         their order.  Called once, before any client connects."""
@@ -213,6 +246,8 @@ class Broker:
             for message in messages:
                 target.pending.push(message)
                 target.stats.enqueued += 1
+        for message in retained:
+            self.retained[message.address] = message
 
     def _claim(self, address: Address, client: Client) -> None:
         owner = self._temporary_owners.get(address)

@@ -185,8 +185,9 @@ class Queue:
         if self.limit and len(pending) >= self.limit:
             self.stats.discarded += 1
             if message.priority < pending.lowest_priority():
+                self._forget(message)
                 return  # the newcomer is worth less than all that waits: drop it
-            pending.pop_lowest()
+            self._forget(pending.pop_lowest())
         pending.push(message)
         if self.high_water and self.waiters is None and not self.slow and len(pending) >= self.high_water:
             self.waiters = []
@@ -260,6 +261,11 @@ class Queue:
                 return candidate
         return None
 
+    def _forget(self, message: Message) -> None:
+        """A discarded message is done with here, in the store too."""
+        if message.location >= 0 and self.key is not None and self.store is not None:
+            self.store.ack(self.key, message)
+
     def _deliver(self, consumer: Subscription, message: Message) -> None:
         self.stats.delivered += 1
         if message.body is None and self.store is not None:
@@ -268,6 +274,10 @@ class Queue:
             self.stats.dequeued += 1
             if message.location >= 0 and self.key is not None and self.store is not None:
                 self.store.ack(self.key, message)
-        else:
-            consumer.unacked[message.id] = message
-        consumer.sink.deliver(consumer, message)
+            consumer.sink.deliver(consumer, message)
+            return
+        consumer.unacked[message.id] = message
+        if consumer.sink.deliver(consumer, message):
+            # Settled on the spot (an MQTT QoS 0 delivery on a QoS 1 subscription).
+            del consumer.unacked[message.id]
+            self.acked([message])

@@ -74,6 +74,13 @@ class SubscriptionTree(Generic[T]):
         return result
 
     def _collect(self, node: _Node[T], name: tuple[str, ...], i: int, out: list[T]) -> None:
+        if i == 0 and name and name[0].startswith("$"):
+            # System topics ($SYS/...) are matched only by patterns that name
+            # their first level: no root wildcard reaches them [MQTT-4.7.2-1].
+            exact = node.children.get(name[0])
+            if exact is not None:
+                self._collect(exact, name, 1, out)
+            return
         rest = node.children.get(ANY_REST)
         if rest is not None:
             out.extend(rest.subscribers)  # '>' matches zero or more remaining segments

@@ -37,6 +37,8 @@ class Message:
         "redeliveries",
         "wire",
         "location",
+        "qos",
+        "retain",
     )
 
     def __init__(
@@ -52,6 +54,7 @@ class Message:
         timestamp: int = 0,
         redeliveries: int = 0,
         location: int = -1,
+        qos: int | None = None,
     ) -> None:
         self.id = id
         self.address = address
@@ -64,6 +67,12 @@ class Message:
         self.redeliveries = redeliveries
         self.wire: Any = None
         self.location = location
+        # MQTT's quality of service as published; None for other protocols,
+        # where persistence stands in for it (see effective_qos).
+        self.qos = qos
+        # Set only on the copy a new subscription gets from the retained
+        # store ([MQTT-3.3.1-8]); live deliveries never carry it.
+        self.retain = False
 
     @property
     def redelivered(self) -> bool:
@@ -82,6 +91,7 @@ class Message:
             timestamp=self.timestamp,
             redeliveries=self.redeliveries + 1,
             location=self.location,
+            qos=self.qos,
         )
 
     def stub(self) -> Message:
@@ -98,7 +108,27 @@ class Message:
             timestamp=self.timestamp,
             redeliveries=self.redeliveries,
             location=self.location,
+            qos=self.qos,
         )
+
+    def retained_copy(self) -> Message:
+        """What a new subscription gets from the retained store: flagged, and
+        never acked in any stored queue (it is not one of its messages)."""
+        copy = Message(
+            self.id, self.address, self.headers, self.body,
+            persistent=self.persistent, priority=self.priority, expires=self.expires,
+            timestamp=self.timestamp, qos=self.qos,
+        )
+        copy.retain = True
+        return copy
+
+    @property
+    def effective_qos(self) -> int:
+        """The QoS a subscriber may receive this at, at most: as published over
+        MQTT; otherwise 2 if persistent (kept until acknowledged), else 0."""
+        if self.qos is not None:
+            return self.qos
+        return 2 if self.persistent else 0
 
     @property
     def stored(self) -> bool:

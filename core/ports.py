@@ -34,7 +34,10 @@ class Sink(Protocol):
 
     accepting: bool
 
-    def deliver(self, subscription: Subscription, message: Message) -> None: ...
+    def deliver(self, subscription: Subscription, message: Message) -> bool | None:
+        """Hand over one message.  True means it needs no acknowledgement
+        after all (settled on the spot), whatever the subscription's ack mode."""
+        ...
 
     def unblocked(self) -> None:
         """The queues this client's producing was held back by have drained
@@ -73,6 +76,10 @@ class Store(Protocol):
         """Fill in a stub's headers and body from disk."""
         ...
 
+    def retain(self, topic: str, message: Message | None) -> int:
+        """Keep ``message`` as the retained message of ``topic`` (None clears)."""
+        ...
+
 
 class NoStore:
     """The store of a broker that keeps nothing: every LSN is 0, always durable."""
@@ -92,6 +99,9 @@ class NoStore:
         return 0
 
     def remove_subscription(self, key: str) -> int:
+        return 0
+
+    def retain(self, topic: str, message: Message | None) -> int:
         return 0
 
     def load(self, message: Message) -> None:

@@ -14,9 +14,10 @@ import trio
 from core.broker import Broker
 from gateway.auth import allow_anonymous
 from gateway.config import Config
+from gateway.mqtt import session as mqtt_session
 from gateway.server import ListenerSpec, Server, TrioClock
 from gateway.stomp.session import StompSession
-from gateway.storage import BrokerStore, open_store, restored
+from gateway.storage import BrokerStore, open_store, restored, restored_retained
 from persistence.store import Store
 
 # After a failed write (disk full, I/O error) wait this long before the next
@@ -58,8 +59,11 @@ async def serve(
     adapter = BrokerStore(store)
     broker = Broker(clock, config.broker, store=adapter)
     subscriptions, queues, skipped = restored(recovered)
-    broker.restore(subscriptions, queues)
+    broker.restore(subscriptions, queues, restored_retained(recovered))
     adapter.forget_redeliveries(recovered)
+    for durable in broker.durables.values():  # persistent MQTT sessions keep their bound
+        if durable.client_id.startswith(mqtt_session.OWNER_PREFIX):
+            durable.queue.limit = config.mqtt.max_queued_messages
     log.info(
         "store_recovered",
         clean=recovered.clean,
@@ -83,7 +87,17 @@ async def serve(
     def stomp_session(conn_id: str, conn_log: Any) -> StompSession:
         return StompSession(broker, clock, config.stomp, conn_id=conn_id, log=conn_log, authenticate=allow_anonymous)
 
-    specs = [ListenerSpec("stomp", config.bind, config.stomp_port, stomp_session)]
+    registry = mqtt_session.Registry()
+
+    def mqtt_connection(conn_id: str, conn_log: Any) -> mqtt_session.MqttSession:
+        return mqtt_session.MqttSession(
+            broker, clock, config.mqtt, registry, conn_id=conn_id, log=conn_log, authenticate=allow_anonymous
+        )
+
+    specs = [
+        ListenerSpec("stomp", config.bind, config.stomp_port, stomp_session),
+        ListenerSpec("mqtt", config.bind, config.mqtt_port, mqtt_connection),
+    ]
     finished = trio.Event()
 
     async def run_server(*, task_status: Any) -> None:

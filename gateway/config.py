@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from core.broker import BrokerSettings
+from gateway.mqtt.session import MqttSettings
 from gateway.stomp.session import StompSettings
 from gateway.storage import StoreSettings
 
@@ -33,6 +34,7 @@ class Config:
     # SIGINT/SIGTERM: how long connections get to close before they are cut.
     shutdown_grace_s: float = 10.0
     stomp: StompSettings = StompSettings()
+    mqtt: MqttSettings = MqttSettings()
     broker: BrokerSettings = BrokerSettings()
     store: StoreSettings = StoreSettings()
 
@@ -47,7 +49,7 @@ class Config:
                 raise ConfigError(f"{name} must be 0-65535, not {port}")
 
 
-_SECTIONS = {"stomp": StompSettings, "broker": BrokerSettings, "store": StoreSettings}
+_SECTIONS = {"stomp": StompSettings, "mqtt": MqttSettings, "broker": BrokerSettings, "store": StoreSettings}
 
 
 def _coerce(where: str, field: dataclasses.Field[Any], value: Any, default: Any) -> Any:

@@ -12,11 +12,14 @@ from core import names
 from core.destinations import Queue
 from core.durables import parse_durable_key
 from core.messages import Message
+from persistence import records
 from persistence.store import Recovered, Store, StoredMessage
 
 SYNC_POLICIES = ("always", "interval", "never")
-# The store's key/value namespace for delivery counts noted at a clean stop.
+# The store's key/value namespaces: delivery counts noted at a clean stop,
+# and retained messages by topic.
 REDELIVERIES = "redeliveries"
+RETAINED = "retained"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +89,11 @@ class BrokerStore:
         message.headers = stored.headers
         message.body = stored.body
 
+    def retain(self, topic: str, message: Message | None) -> int:
+        if message is None:
+            return self.store.delete(RETAINED, topic)
+        return self.store.put(RETAINED, topic, _encode_retained(message))
+
     def remember_redeliveries(self, queues: list[Queue]) -> int:
         """At a clean stop: note which stored messages had been delivered, so
         they come back marked redelivered (the store keeps no count per
@@ -106,6 +114,36 @@ class BrokerStore:
         """Once restored, the notes of the last stop are spent."""
         for message_id in recovered.kv.get(REDELIVERIES, {}):
             self.store.delete(REDELIVERIES, message_id)
+
+
+def _encode_retained(message: Message) -> bytes:
+    # The message codec of the journal, with the MQTT QoS where queue keys go
+    # (a retained message belongs to no queue).
+    qos = f"qos:{message.qos}" if message.qos is not None else "qos:"
+    return records.encode_message(
+        message.id, message.address.text, message.headers, message.body,
+        message.priority, message.expires, message.timestamp, 0, [qos],
+    )
+
+
+def restored_retained(recovered: Recovered) -> list[Message]:
+    out = []
+    for value in recovered.kv.get(RETAINED, {}).values():
+        try:
+            message_id, destination, headers, body, priority, expires, timestamp, _, keys = records.decode_message(value)
+        except (records.CorruptRecord, ValueError, IndexError):
+            continue
+        address = names.parse(destination)
+        if isinstance(address, str):
+            continue
+        qos_text = keys[0][4:] if keys and keys[0].startswith("qos:") else ""
+        out.append(
+            Message(
+                message_id, address, headers, body, persistent=True, priority=priority, expires=expires,
+                timestamp=timestamp, qos=int(qos_text) if qos_text.isdigit() else None,
+            )
+        )
+    return out
 
 
 def restored(recovered: Recovered) -> tuple[dict[str, tuple[str, str, names.Address]], dict[str, list[Message]], int]:

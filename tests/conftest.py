@@ -78,6 +78,7 @@ def make_config(tmp_path: Path, *, stomp: dict[str, Any] | None = None, broker: 
     return Config(
         bind="127.0.0.1",
         stomp_port=0,
+        mqtt_port=0,
         data_dir=str(tmp_path / "data"),
         log_level="warning",
         shutdown_grace_s=5.0,

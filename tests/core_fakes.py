@@ -99,6 +99,9 @@ class RecordingStore:
     def remove_subscription(self, key: str) -> int:
         return self._next("unsub", key)
 
+    def retain(self, topic: str, message: Message | None) -> int:
+        return self._next("retain", topic, None if message is None else message.body)
+
     def load(self, message: Message) -> None:
         self.loads += 1
         message.headers, message.body = self.bodies[message.location]

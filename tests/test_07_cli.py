@@ -36,6 +36,8 @@ class Process:
     """`gateway serve ...` as a child process, stopped in teardown."""
 
     def __init__(self, args: list[str], cwd: Path) -> None:
+        if "--mqtt-port" not in args and "--help" not in args:
+            args = [*args, "--mqtt-port", "0"]  # never the shared default 1883 in tests
         self.proc = subprocess.Popen(
             [GATEWAY, "serve", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )

@@ -1,0 +1,499 @@
+"""MQTT 3.1.1 semantics over the same core STOMP uses: packets in, core calls
+out; core deliveries in, packets out.
+
+An MQTT subscription is a core subscription to a topic pattern: ack mode AUTO
+when granted QoS 0, CLIENT_INDIVIDUAL otherwise (PUBACK / PUBREC is the ack).
+A persistent session (clean session 0) subscribes durably, so what is
+published while the client is away waits in a durable subscription's queue,
+on disk for QoS >= 1, exactly as for a STOMP durable subscriber.  PUBACK and
+PUBREC wait in the outbox for the store's LSN, like a STOMP RECEIPT.
+
+Synchronous and socket-free, with the server-facing shape of
+:class:`gateway.server.Session`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import itertools
+import os
+from collections.abc import Callable
+from typing import Any
+
+from core.broker import Broker, Client
+from core.errors import CoreError, UnknownMessage, UnknownSubscription
+from core.messages import Message
+from core.ports import Clock
+from core.subscriptions import AckMode, Subscription
+from gateway.mqtt import codec, packets, topics
+from gateway.outbox import Outbox
+
+# Durable subscriptions of MQTT sessions live beside STOMP's, under this owner
+# prefix, named "<granted qos>:<filter>".
+OWNER_PREFIX = "mqtt:"
+MAX_PACKET_ID = 65535
+
+
+@dataclasses.dataclass(frozen=True)
+class MqttSettings:
+    max_packet_bytes: int = 4 * 1024 * 1024
+    # Until CONNECT succeeds a peer is unknown: it gets a tighter limit.
+    preconnect_max_packet_bytes: int = 64 * 1024
+    connect_timeout_s: float = 10.0
+    # A client silent for keep-alive times this is dropped [MQTT-3.1.2-24].
+    keepalive_grace: float = 1.5
+    # QoS 1/2 messages on their way to a client, unacknowledged, at most.
+    max_inflight: int = 32
+    # What a persistent session may hold; past it the oldest are dropped, counted.
+    max_queued_messages: int = 1000
+    outbox_high_water_bytes: int = 1024 * 1024
+
+
+class State(enum.Enum):
+    AWAITING_CONNECT = "awaiting-connect"
+    CONNECTED = "connected"
+    CLOSED = "closed"
+
+
+class _Stage(enum.Enum):
+    PUBLISHED = "published"  # QoS 1 or 2 sent; awaiting PUBACK / PUBREC
+    RELEASED = "released"  # QoS 2: PUBREL sent; awaiting PUBCOMP
+
+
+class SessionState:
+    """What outlives one connection of a persistent session (in memory):
+    packet ids in flight, so a resend keeps its id [MQTT-4.4.0-1], and
+    inbound QoS 2 ids not yet released, so a resent PUBLISH is not routed twice."""
+
+    __slots__ = ("outbound", "ids_by_message", "inbound_qos2", "_ids")
+
+    def __init__(self) -> None:
+        self.outbound: dict[int, list[Any]] = {}  # packet id -> [token, message id, qos, stage]
+        self.ids_by_message: dict[str, int] = {}
+        self.inbound_qos2: set[int] = set()
+        self._ids = itertools.cycle(range(1, MAX_PACKET_ID + 1))
+
+    def next_packet_id(self) -> int:
+        for _ in range(MAX_PACKET_ID):
+            packet_id = next(self._ids)
+            if packet_id not in self.outbound:
+                return packet_id
+        raise RuntimeError("no free packet identifier")  # bounded by max_inflight long before
+
+
+class Registry:
+    """Connected MQTT sessions by client id (for take-over) and the state of
+    persistent sessions between connections.  One per broker."""
+
+    def __init__(self) -> None:
+        self.active: dict[str, MqttSession] = {}
+        self.states: dict[str, SessionState] = {}
+
+
+class _Sub:
+    """The session's token for one core subscription."""
+
+    __slots__ = ("filter", "qos")
+
+    def __init__(self, topic_filter: str, qos: int) -> None:
+        self.filter = topic_filter
+        self.qos = qos
+
+
+class MqttSession:
+    """One MQTT connection's protocol state; also the core's Sink for it."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        clock: Clock,
+        settings: MqttSettings,
+        registry: Registry,
+        *,
+        conn_id: str,
+        log: Any,
+        authenticate: Callable[[str | None, str | None], bool] = lambda login, passcode: True,
+    ) -> None:
+        self.broker = broker
+        self.clock = clock
+        self.settings = settings
+        self.registry = registry
+        self.conn_id = conn_id
+        self.log = log
+        self.authenticate = authenticate
+        self.codec = codec.MqttConnection(codec.Role.SERVER, max_packet_bytes=settings.preconnect_max_packet_bytes)
+        self.outbox = Outbox(settings.outbox_high_water_bytes)
+        self.state = State.AWAITING_CONNECT
+        self.client: Client | None = None
+        self.client_id = ""
+        self.clean_session = True
+        self.session = SessionState()
+        self.will: packets.Will | None = None
+        self._subs: dict[str, _Sub] = {}  # by topic filter; the core's tokens
+        self.close_reason: str | None = None
+        self.wake_reader: Callable[[], None] | None = None
+        now = clock.monotonic()
+        self._opened_at = now
+        self._last_read = now
+        self._keepalive_s = 0.0
+        self._paused = False
+        self._blocked = False
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            packets.Connect: self._on_connect,
+            packets.Publish: self._on_publish,
+            packets.PubAck: self._on_puback,
+            packets.PubRec: self._on_pubrec,
+            packets.PubRel: self._on_pubrel,
+            packets.PubComp: self._on_pubcomp,
+            packets.Subscribe: self._on_subscribe,
+            packets.Unsubscribe: self._on_unsubscribe,
+            packets.PingReq: self._on_pingreq,
+            packets.Disconnect: self._on_disconnect,
+        }
+
+    # -- the server's side -------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self.state is State.CLOSED
+
+    @property
+    def wants_input(self) -> bool:
+        return not self._blocked and not self.outbox.full
+
+    def receive_data(self, data: bytes) -> None:
+        if self.state is State.CLOSED:
+            return
+        self._last_read = self.clock.monotonic()
+        self.codec.receive_data(data)
+        if not data:
+            self._process()
+            if self.state is not State.CLOSED:
+                self.close("peer closed the connection" + (" mid-packet" if self.codec.mid_packet else ""))
+            return
+        self._process()
+
+    def resume_input(self) -> None:
+        if self.state is not State.CLOSED and not self._blocked and self.codec.buffered_bytes:
+            self._process()
+
+    def _process(self) -> None:
+        packet: Any = None
+        try:
+            for packet in self.codec.events():
+                handler = self._handlers.get(type(packet))
+                if handler is None or (self.state is State.AWAITING_CONNECT) != (type(packet) is packets.Connect):
+                    self._fail(f"unexpected {type(packet).__name__} packet", packet)
+                    return
+                handler(packet)
+                if self.state is State.CLOSED:
+                    return
+                if self.client is not None and self.client.blocked_on:
+                    self._blocked = True  # producer flow control, as for STOMP
+                    return
+        except codec.ProtocolError as exc:
+            if exc.return_code is not None and self.state is State.AWAITING_CONNECT:
+                self.outbox.append(self.codec.send(packets.ConnAck(False, exc.return_code)))
+            self._fail(exc.message, None)
+        except CoreError as exc:
+            self._fail(exc.reason, packet)
+
+    def next_deadline(self) -> float | None:
+        if self.state is State.AWAITING_CONNECT:
+            return self._opened_at + self.settings.connect_timeout_s
+        if self.state is State.CLOSED:
+            return None
+        deadlines = []
+        if self._keepalive_s:
+            deadlines.append(self._last_read + self._keepalive_s)
+        if self._blocked and self.client is not None:
+            deadlines.append(self.client.held_until)
+        return min(deadlines) if deadlines else None
+
+    def on_deadline(self, now: float) -> None:
+        if self.state is State.AWAITING_CONNECT:
+            if now >= self._opened_at + self.settings.connect_timeout_s:
+                self._fail("no CONNECT packet within the login timeout", None)
+            return
+        if self.state is State.CLOSED:
+            return
+        if self._blocked and self.client is not None:
+            for queue in self.client.check_held(now):
+                self.log.warning("slow_consumer", destination=queue.address.text, depth=queue.depth)
+        if not self.wants_input:
+            self._last_read = now  # we are not reading: its silence is ours
+        if self._keepalive_s and now >= self._last_read + self._keepalive_s:
+            self._fail("keep-alive timeout: nothing received from the client in time", None)
+
+    def on_drained(self) -> None:
+        if self._paused and self.outbox.nbytes < self.settings.outbox_high_water_bytes // 2:
+            self._resume()
+
+    def shutdown(self, reason: str) -> None:
+        """The broker is stopping: no will (the client did nothing wrong)."""
+        self.will = None
+        self.close(reason)
+
+    def storage_failed(self, first_lsn: int, last_lsn: int, reason: str) -> None:
+        # An ack that cannot be made durable must not be sent: close instead,
+        # so the client resends (MQTT has no error packet).
+        if self.outbox.drop_gated(first_lsn, last_lsn) and self.state is not State.CLOSED:
+            self._fail(f"the store could not write this client's messages: {reason}", None)
+
+    def close(self, reason: str) -> None:
+        """The connection is gone (or going): publish the will if it ended
+        without DISCONNECT, release what it held, keep a persistent session."""
+        if self.state is State.CLOSED:
+            return
+        self.close_reason = reason
+        was_connected = self.state is State.CONNECTED
+        self.state = State.CLOSED
+        if self.outbox.wakeup is not None:
+            self.outbox.wakeup()  # let the writer see we are closed
+        if not was_connected or self.client is None:
+            return
+        if self.registry.active.get(self.client_id) is self:
+            del self.registry.active[self.client_id]
+        will, self.will = self.will, None
+        if will is not None:
+            self._publish_will(will)
+        self.client.close()
+        if self.clean_session:
+            self.registry.states.pop(self.client_id, None)
+            return
+        # The core puts unacked messages back; they come again with DUP and
+        # the same packet id.  PUBRELs awaiting PUBCOMP are resent as they are.
+        state = self.session
+        for packet_id, (_, message_id, _, stage) in list(state.outbound.items()):
+            if stage is _Stage.PUBLISHED:
+                state.ids_by_message[message_id] = packet_id
+                del state.outbound[packet_id]
+        self.registry.states[self.client_id] = state
+
+    # -- Sink --------------------------------------------------------------
+
+    @property
+    def accepting(self) -> bool:
+        if self.outbox.nbytes < self.settings.outbox_high_water_bytes and len(self.session.outbound) < self.settings.max_inflight:
+            return True
+        self._paused = True
+        return False
+
+    def deliver(self, subscription: Subscription, message: Message) -> bool | None:
+        sub: _Sub = subscription.token
+        qos = min(message.effective_qos, sub.qos)
+        body = message.body or b""
+        topic = topics.from_address(message.address)
+        if qos == 0:
+            self.outbox.append(self.codec.send(packets.Publish(topic, body, 0, message.retain)))
+            return True
+        state = self.session
+        packet_id = state.ids_by_message.pop(message.id, None) if message.redelivered else None
+        if packet_id is None or packet_id in state.outbound:
+            packet_id = state.next_packet_id()
+        state.outbound[packet_id] = [sub, message.id, qos, _Stage.PUBLISHED]
+        dup = message.redelivered  # [MQTT-3.3.1-1]
+        self.outbox.append(self.codec.send(packets.Publish(topic, body, qos, message.retain, dup, packet_id)))
+        return None
+
+    def unblocked(self) -> None:
+        self._blocked = False
+        if self.wake_reader is not None:
+            self.wake_reader()
+
+    # -- packets -----------------------------------------------------------
+
+    def _on_connect(self, packet: packets.Connect) -> None:
+        password = packet.password.decode("utf-8", "replace") if packet.password is not None else None
+        if not self.authenticate(packet.username, password):
+            code = packets.BAD_USERNAME_OR_PASSWORD if packet.username is not None else packets.NOT_AUTHORIZED
+            self._refuse(code, "authentication failed")
+            return
+        client_id = packet.client_id
+        if not client_id:
+            if not packet.clean_session:
+                self._refuse(packets.IDENTIFIER_REJECTED, "an empty client id needs clean session")  # [MQTT-3.1.3-8]
+                return
+            client_id = f"gw-{os.urandom(6).hex()}"  # [MQTT-3.1.3-6]
+        previous = self.registry.active.get(client_id)
+        if previous is not None:
+            previous.close("session taken over by a new connection")  # [MQTT-3.1.4-2]
+        self.client_id = client_id
+        self.clean_session = packet.clean_session
+        self.will = packet.will
+        self._keepalive_s = packet.keep_alive * self.settings.keepalive_grace
+        self.codec.max_packet_bytes = self.settings.max_packet_bytes
+        self.client = self.broker.open_client(self, client_id=client_id)
+        self.registry.active[client_id] = self
+        self.state = State.CONNECTED
+        owner = OWNER_PREFIX + client_id
+        durables = [d for d in self.broker.durables.values() if d.client_id == owner and d.active is None]
+        saved = self.registry.states.pop(client_id, None)
+        lsn = 0
+        if packet.clean_session:
+            for durable in durables:  # [MQTT-3.1.2-6]: a clean session starts from nothing
+                lsn = self.client.remove_durable(owner, durable.name)
+            durables = []
+            present = False
+        else:
+            present = bool(durables) or saved is not None  # [MQTT-3.2.2-2]
+            if saved is not None:
+                self.session = saved
+        self.outbox.append(self.codec.send(packets.ConnAck(present, packets.ACCEPTED)), lsn)
+        self.log.info("mqtt_connected", client_id=client_id, clean_session=packet.clean_session,
+                      keep_alive=packet.keep_alive, session_present=present)
+        for packet_id, entry in self.session.outbound.items():
+            if entry[3] is _Stage.RELEASED:
+                self.outbox.append(self.codec.send(packets.PubRel(packet_id)))
+        dropped = 0
+        for durable in durables:
+            qos_text, _, topic_filter = durable.name.partition(":")
+            dropped += durable.queue.stats.discarded
+            durable.queue.stats.discarded = 0
+            self._subscribe(topic_filter, int(qos_text) if qos_text in ("0", "1", "2") else 1)
+        if dropped:
+            self.log.warning("mqtt_session_overflow", client_id=client_id, dropped=dropped,
+                             limit=self.settings.max_queued_messages)
+
+    def _on_publish(self, packet: packets.Publish) -> None:
+        address = topics.to_address(packet.topic)
+        if isinstance(address, str):
+            self._fail(f"topic {packet.topic[:80]!r} cannot be used: {address}", packet)
+            return
+        client = self.client
+        assert client is not None
+        state = self.session
+        if packet.qos == 2 and packet.packet_id in state.inbound_qos2:
+            # A resend before PUBREL: it was routed already; answer again only.
+            self.outbox.append(self.codec.send(packets.PubRec(packet.packet_id)))
+            return
+        message = self.broker.message(address, {}, packet.payload, persistent=packet.qos > 0)
+        message.qos = packet.qos
+        lsn = self.broker.retain(message) if packet.retain else 0
+        lsn = max(lsn, client.send(message))
+        if packet.qos == 1:
+            self.outbox.append(self.codec.send(packets.PubAck(packet.packet_id)), lsn)
+        elif packet.qos == 2:
+            state.inbound_qos2.add(packet.packet_id)
+            self.outbox.append(self.codec.send(packets.PubRec(packet.packet_id)), lsn)
+
+    def _on_puback(self, packet: packets.PubAck) -> None:
+        entry = self.session.outbound.get(packet.packet_id)
+        if entry is not None and entry[2] == 1:
+            del self.session.outbound[packet.packet_id]
+            self._ack(entry)
+
+    def _on_pubrec(self, packet: packets.PubRec) -> None:
+        entry = self.session.outbound.get(packet.packet_id)
+        if entry is not None and entry[2] == 2 and entry[3] is _Stage.PUBLISHED:
+            entry[3] = _Stage.RELEASED  # from here the message is the client's
+            self._ack(entry)
+        self.outbox.append(self.codec.send(packets.PubRel(packet.packet_id)))
+
+    def _on_pubcomp(self, packet: packets.PubComp) -> None:
+        entry = self.session.outbound.get(packet.packet_id)
+        if entry is not None and entry[3] is _Stage.RELEASED:
+            del self.session.outbound[packet.packet_id]
+            self._resume()
+
+    def _on_pubrel(self, packet: packets.PubRel) -> None:
+        self.session.inbound_qos2.discard(packet.packet_id)
+        self.outbox.append(self.codec.send(packets.PubComp(packet.packet_id)))
+
+    def _on_subscribe(self, packet: packets.Subscribe) -> None:
+        codes = []
+        lsn = 0
+        retained: list[tuple[Subscription, list[Message]]] = []
+        for topic_filter, qos in packet.topics:
+            reason = codec.validate_topic_filter(topic_filter)
+            pattern = topics.to_pattern(topic_filter) if reason is None else reason
+            if isinstance(pattern, str):
+                self.log.info("mqtt_subscribe_refused", filter=topic_filter[:200], reason=pattern)
+                codes.append(packets.SUBACK_FAILURE)  # that filter alone fails
+                continue
+            subscription = self._subscribe(topic_filter, qos)
+            if subscription is None:
+                codes.append(packets.SUBACK_FAILURE)
+                continue
+            lsn = max(lsn, self.client.last_lsn)  # type: ignore[union-attr]
+            codes.append(qos)
+            retained.append((subscription, self.broker.retained_for(pattern)))
+        self.outbox.append(self.codec.send(packets.SubAck(packet.packet_id, codes)), lsn)
+        for subscription, messages in retained:  # after the SUBACK [MQTT-3.3.1-6]
+            for message in messages:
+                subscription.queue.put(message)
+
+    def _subscribe(self, topic_filter: str, qos: int) -> Subscription | None:
+        client = self.client
+        assert client is not None
+        pattern = topics.to_pattern(topic_filter)
+        assert not isinstance(pattern, str)
+        existing = self._subs.pop(topic_filter, None)
+        if existing is not None:  # [MQTT-3.8.4-3]: a new subscription replaces it
+            client.unsubscribe(existing, remove_durable=existing.qos != qos)
+        mode = AckMode.AUTO if qos == 0 else AckMode.CLIENT_INDIVIDUAL
+        durable = None if self.clean_session else (OWNER_PREFIX + self.client_id, f"{qos}:{topic_filter}")
+        token = _Sub(topic_filter, qos)
+        try:
+            subscription = client.subscribe(token, pattern, mode, self.settings.max_inflight, durable=durable)
+        except CoreError as exc:
+            self.log.info("mqtt_subscribe_refused", filter=topic_filter[:200], reason=exc.reason)
+            return None
+        self._subs[topic_filter] = token
+        if durable is not None:
+            subscription.queue.limit = self.settings.max_queued_messages
+        return subscription
+
+    def _on_unsubscribe(self, packet: packets.Unsubscribe) -> None:
+        client = self.client
+        assert client is not None
+        lsn = 0
+        for topic_filter in packet.topics:
+            token = self._subs.pop(topic_filter, None)
+            if token is not None:
+                lsn = max(lsn, client.unsubscribe(token, remove_durable=True))
+        self.outbox.append(self.codec.send(packets.UnsubAck(packet.packet_id)), lsn)
+
+    def _on_pingreq(self, packet: packets.PingReq) -> None:
+        self.outbox.append(self.codec.send(packets.PingResp()))
+
+    def _on_disconnect(self, packet: packets.Disconnect) -> None:
+        self.will = None  # [MQTT-3.14.4-3]
+        self.close("client disconnected")
+
+    # -- helpers -----------------------------------------------------------
+
+    def _ack(self, entry: list[Any]) -> None:
+        sub, message_id = entry[0], entry[1]
+        try:
+            self.client.ack(sub, message_id)  # type: ignore[union-attr]
+        except (UnknownMessage, UnknownSubscription):
+            pass  # unsubscribed meanwhile: the core already put it back
+        self._resume()
+
+    def _resume(self) -> None:
+        if self._paused and self.accepting:
+            self._paused = False
+            if self.client is not None:
+                self.client.resume()
+
+    def _publish_will(self, will: packets.Will) -> None:
+        address = topics.to_address(will.topic)
+        if isinstance(address, str) or self.client is None:
+            return
+        message = self.broker.message(address, {}, will.payload, persistent=will.qos > 0)
+        message.qos = will.qos
+        if will.retain:
+            self.broker.retain(message)
+        self.client.send(message)
+        self.log.info("mqtt_will_published", client_id=self.client_id, topic=will.topic[:200])
+
+    def _refuse(self, code: int, reason: str) -> None:
+        self.outbox.append(self.codec.send(packets.ConnAck(False, code)))
+        self._fail(reason, None)
+
+    def _fail(self, reason: str, packet: Any) -> None:
+        """Log once and close: MQTT 3.1.1 has no error packet, the close is the answer."""
+        self.log.warning("packet_rejected", packet=type(packet).__name__ if packet is not None else None, reason=reason)
+        self.close(reason)

@@ -1,0 +1,71 @@
+"""One topic space: MQTT topic names and filters <-> the core's topic addresses.
+
+MQTT ``a/b/c`` is the topic ``a.b.c``; ``+`` is ``*`` and ``#`` is ``>``.  What
+a level may hold but a segment may not is escaped reversibly, so every MQTT
+topic survives the round trip byte for byte (ActiveMQ swaps ``.`` and ``/``
+instead, which breaks Sparkplug's ``spBv1.0/...``):
+
+    ``%`` -> ``%25``   ``.`` -> ``%2E``   ``*`` -> ``%2A``   ``>`` -> ``%3E``
+    an empty level -> ``%``  (a lone ``%`` never comes out of the rest)
+
+A STOMP client sees those escapes in the name (``/topic/spBv1%2E0.group``) and
+may use them the same way.
+"""
+
+from __future__ import annotations
+
+from core import names
+from core.names import Address
+
+_ESCAPES = str.maketrans({"%": "%25", ".": "%2E", "*": "%2A", ">": "%3E"})
+_UNESCAPES = (("%2E", "."), ("%2A", "*"), ("%3E", ">"), ("%25", "%"))
+EMPTY_LEVEL = "%"
+
+
+def _escape(level: str) -> str:
+    if not level:
+        return EMPTY_LEVEL
+    return level.translate(_ESCAPES) if any(c in level for c in "%.*>") else level
+
+
+def _unescape(segment: str) -> str:
+    if segment == EMPTY_LEVEL:
+        return ""
+    if "%" not in segment:
+        return segment
+    out = []
+    i = 0
+    while i < len(segment):
+        chunk = segment[i : i + 3]
+        for escaped, plain in _UNESCAPES:
+            if chunk == escaped:
+                out.append(plain)
+                i += 3
+                break
+        else:
+            out.append(segment[i])
+            i += 1
+    return "".join(out)
+
+
+def to_address(topic: str) -> Address | str:
+    """The core address of an MQTT topic name, or why it cannot be one."""
+    return names.topic(".".join(_escape(level) for level in topic.split("/")))
+
+
+def to_pattern(topic_filter: str) -> Address | str:
+    """The core pattern of a (valid) MQTT topic filter."""
+    levels = []
+    for level in topic_filter.split("/"):
+        if level == "+":
+            levels.append(names.ANY_SEGMENT)
+        elif level == "#":
+            levels.append(names.ANY_REST)
+        else:
+            levels.append(_escape(level))
+    return names.topic(".".join(levels))
+
+
+def from_address(address: Address) -> str:
+    """The MQTT topic name of a core topic address (for deliveries)."""
+    return "/".join(_unescape(segment) for segment in address.segments)
