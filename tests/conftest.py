@@ -15,6 +15,7 @@ import trio
 from core.broker import BrokerSettings
 from gateway import app, logs
 from gateway.config import Config
+from gateway.mqtt.session import MqttSettings
 from gateway.stomp.session import StompSettings
 
 
@@ -28,6 +29,10 @@ class BrokerHandle:
     @property
     def stomp_port(self) -> int:
         return self.running.ports["stomp"]
+
+    @property
+    def mqtt_port(self) -> int:
+        return self.running.ports["mqtt"]
 
     @property
     def stomp_address(self) -> tuple[str, int]:
@@ -74,7 +79,14 @@ def start_broker(config: Config) -> BrokerHandle:
 FAST_STOMP = StompSettings(connect_timeout_s=2.0, heartbeat_send_ms=50, heartbeat_receive_ms=50)
 
 
-def make_config(tmp_path: Path, *, stomp: dict[str, Any] | None = None, broker: dict[str, Any] | None = None, **top: Any) -> Config:
+def make_config(
+    tmp_path: Path,
+    *,
+    stomp: dict[str, Any] | None = None,
+    broker: dict[str, Any] | None = None,
+    mqtt: dict[str, Any] | None = None,
+    **top: Any,
+) -> Config:
     return Config(
         bind="127.0.0.1",
         stomp_port=0,
@@ -84,6 +96,7 @@ def make_config(tmp_path: Path, *, stomp: dict[str, Any] | None = None, broker: 
         shutdown_grace_s=5.0,
         stomp=dataclasses.replace(FAST_STOMP, **(stomp or {})),
         broker=BrokerSettings(**(broker or {})),
+        mqtt=MqttSettings(**(mqtt or {})),
         **top,
     )
 
