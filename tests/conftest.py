@@ -11,12 +11,20 @@ from typing import Any
 
 import pytest
 import trio
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
 from core.broker import BrokerSettings
 from gateway import app, logs
 from gateway.config import Config
 from gateway.mqtt.session import MqttSettings
 from gateway.stomp.session import StompSettings
+
+
+# Generated-input tests check behaviour, not speed: on a loaded CI machine
+# generation may be slow, which is no failure of the code under test.
+hypothesis_settings.register_profile("gateway", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+hypothesis_settings.load_profile("gateway")
 
 
 @dataclasses.dataclass
