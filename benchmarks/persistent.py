@@ -633,7 +633,7 @@ def _default_broker_cmd() -> str:
     gateway = bench.ROOT / ".venv" / "bin" / "gateway"
     base = shlex.quote(str(gateway)) if gateway.exists() else f"{shlex.quote(sys.executable)} -m gateway"
     # INFO and JSON: the store_stats and store_recovered lines are read back.
-    return base + " serve --stomp-port {port} --mqtt-port 0 --data-dir {data_dir} --log-level info --log-format json"
+    return base + " serve --stomp-port {port} --mqtt-port 0 --admin-port 0 --data-dir {data_dir} --log-level info --log-format json"
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -5,6 +5,9 @@
     .venv/bin/python benchmarks/run.py --scenario persistent|restart [...]
         (persistent messages and restarts: runs benchmarks/persistent.py with
         the same arguments; see its --help)
+    .venv/bin/python benchmarks/run.py --scenario mqtt-qos0|mqtt-qos1|mqtt-fanout|mqtt-latency|mqtt-idle|mqtt-all [...]
+        (MQTT over raw sockets: runs benchmarks/mqtt.py with the same
+        arguments; see its --help)
 
 Each scenario starts a fresh broker (``gateway serve``) on a free 127.0.0.1 port
 with a temporary data dir, runs the load generator (``loadgen.py``) in separate
@@ -62,6 +65,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 DEFAULT_MESSAGES = {"queue": 200_000, "topic": 50_000}
 SCENARIOS = ("queue", "topic", "latency")
 PERSISTENCE_SCENARIOS = ("persistent", "restart")  # in persistent.py, not part of "all"
+MQTT_SCENARIOS = ("mqtt-qos0", "mqtt-qos1", "mqtt-fanout", "mqtt-latency", "mqtt-idle", "mqtt-all")  # in mqtt.py, not part of "all"
 
 
 class ScenarioFailed(Exception):
@@ -627,13 +631,14 @@ def print_summary(results: list[dict]) -> None:
 def _default_broker_cmd() -> str:
     gateway = ROOT / ".venv" / "bin" / "gateway"
     base = shlex.quote(str(gateway)) if gateway.exists() else f"{shlex.quote(sys.executable)} -m gateway"
-    return base + " serve --stomp-port {port} --mqtt-port 0 --data-dir {data_dir} --log-level warning"
+    return base + " serve --stomp-port {port} --mqtt-port 0 --admin-port 0 --data-dir {data_dir} --log-level warning"
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scenario", choices=(*SCENARIOS, *PERSISTENCE_SCENARIOS, "all"), default="all",
-                        help="persistent and restart are benchmarks/persistent.py's (see its --help)")
+    parser.add_argument("--scenario", choices=(*SCENARIOS, *PERSISTENCE_SCENARIOS, *MQTT_SCENARIOS, "all"), default="all",
+                        help="persistent and restart are benchmarks/persistent.py's, mqtt-* benchmarks/mqtt.py's "
+                             "(see their --help)")
     parser.add_argument("--messages", type=int, metavar="N",
                         help="messages for queue (default 200000) and topic (default 50000)")
     parser.add_argument("--seconds", type=float, default=10.0, metavar="S", help="latency run length (default 10)")
@@ -673,6 +678,11 @@ def main(argv: list[str] | None = None) -> int:
         import persistent
 
         return persistent.main(argv)
+    if pre.parse_known_args(argv)[0].scenario in MQTT_SCENARIOS:
+        sys.path.insert(0, str(HERE))
+        import mqtt
+
+        return mqtt.main(argv)
     args = _parse(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored

@@ -16,6 +16,7 @@ from core.errors import (
     LimitExceeded,
     NotAuthorized,
     TransactionExists,
+    UnknownDestination,
     UnknownSubscription,
     UnknownTransaction,
 )
@@ -266,6 +267,17 @@ class Broker:
             queue.stats.discarded += len(queue.pending.clear())
             self.stats.messages_discarded += queue.stats.discarded
             queue.relieve()
+
+    def remove_queue(self, address: Address) -> int:
+        """Delete an unused queue and its messages; returns how many went."""
+        queue = self.queues.get(address)
+        if queue is None:
+            raise UnknownDestination(f"no destination {address.text!r}")
+        if queue.consumers:
+            raise InvalidRequest(f"destination {address.text!r} has {len(queue.consumers)} consumers")
+        dropped = queue.purge()
+        del self.queues[address]
+        return dropped
 
     def statistics(self) -> dict[str, Any]:
         return {

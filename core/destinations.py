@@ -261,6 +261,26 @@ class Queue:
                 return candidate
         return None
 
+    def purge(self) -> int:
+        """Drop every pending message (delivered, unacked ones stay with their
+        consumers); returns how many."""
+        dropped = self.pending.clear()
+        for message in dropped:
+            self._forget(message)
+        self.stats.discarded += len(dropped)
+        if self.waiters is not None:
+            self.relieve()
+        return len(dropped)
+
+    def browse(self, limit: int) -> list[Message]:
+        """The first ``limit`` pending messages in delivery order, untouched."""
+        out = []
+        for message in self.pending:
+            if len(out) >= limit:
+                break
+            out.append(message)
+        return out
+
     def _forget(self, message: Message) -> None:
         """A discarded message is done with here, in the store too."""
         if message.location >= 0 and self.key is not None and self.store is not None:

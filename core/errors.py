@@ -45,3 +45,7 @@ class LimitExceeded(CoreError):
 
 class InvalidRequest(CoreError):
     """A request that is well-formed but cannot be honoured as asked."""
+
+
+class UnknownDestination(CoreError):
+    pass

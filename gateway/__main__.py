@@ -29,6 +29,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--data-dir", metavar="DIR", help="data folder for the store (default ./data)")
     serve.add_argument("--log-format", choices=config.LOG_FORMATS, help="console (default) or json lines")
     serve.add_argument("--log-level", choices=config.LOG_LEVELS, help="default info")
+    passwd = commands.add_parser(
+        "passwd", help="hash a password for an [admin] users entry",
+        description="Read a password (prompted, or one line on standard input) and print its salted hash.",
+    )
+    passwd.add_argument("--name", default="admin", help="the user name to print the TOML entry for")
+    passwd.add_argument("--role", choices=("read", "write"), default="write")
     store = commands.add_parser("store", help="inspect or compact a data folder offline (broker stopped)")
     actions = store.add_subparsers(dest="action", metavar="ACTION", required=True)
     check = actions.add_parser("check", help="verify every record and print what the store holds")
@@ -41,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "passwd":
+        return _passwd(args.name, args.role)
     if args.command == "store":
         from gateway import storetool
 
@@ -73,6 +81,19 @@ def main(argv: list[str] | None = None) -> int:
     for exc in failures:
         log.error("startup_failed", reason=str(exc))
     return 1 if failures else 0
+
+
+def _passwd(name: str, role: str) -> int:
+    import getpass
+
+    from gateway.adminapi import hash_password
+
+    password = getpass.getpass("password: ") if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")
+    if not password:
+        print("gateway: empty password", file=sys.stderr)
+        return 2
+    print(f'{{ name = "{name}", password_hash = "{hash_password(password)}", role = "{role}" }}')
+    return 0
 
 
 def _leaves(group: BaseException) -> list[BaseException]:

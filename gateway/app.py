@@ -13,6 +13,9 @@ import trio
 
 from core.broker import Broker
 from gateway.auth import allow_anonymous
+from gateway import metrics
+from gateway.admin import serve_admin
+from gateway.adminapi import AdminApi, load_users
 from gateway.config import Config
 from gateway.mqtt import session as mqtt_session
 from gateway.server import ListenerSpec, Server, TrioClock
@@ -99,6 +102,18 @@ async def serve(
         ListenerSpec("mqtt", config.bind, config.mqtt_port, mqtt_connection),
     ]
     finished = trio.Event()
+    writes = metrics.Histogram()
+    listening = False
+    users = load_users(config.admin)
+    if not users:
+        log.warning("admin_api_locked", detail="no [admin] users configured: the admin API answers 403")
+    api = AdminApi(
+        broker,
+        server,
+        users=users,
+        ready=lambda: listening and not server.stopping,
+        metrics=lambda: metrics.render(broker, server, store, writes),
+    )
 
     async def run_server(*, task_status: Any) -> None:
         try:
@@ -108,14 +123,17 @@ async def serve(
 
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_commit, store, server, commit_lot, log)
+            nursery.start_soon(_commit, store, server, commit_lot, log, writes)
             nursery.start_soon(_maintain, store, config.store.maintenance_interval_s, commit_lot, log)
             if handle_signals:
                 nursery.start_soon(_stop_on_signal, server, log)
             ports = await nursery.start(run_server)
+            ports["admin"] = await nursery.start(serve_admin, api, config.admin, config.bind, config.admin_port, log)
+            listening = True
             log.info("broker_started", ports=ports, data_dir=config.data_dir)
             task_status.started(Running(ports, server, broker, store))
             await finished.wait()
+            listening = False
             nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
@@ -124,7 +142,9 @@ async def serve(
     log.info("broker_stopped")
 
 
-async def _commit(store: Store, server: Server, lot: trio.lowlevel.ParkingLot, log: Any) -> None:
+async def _commit(
+    store: Store, server: Server, lot: trio.lowlevel.ParkingLot, log: Any, writes: metrics.Histogram
+) -> None:
     """Group commit: write (and fsync) whatever accumulated while the last
     write ran, in a worker thread, then release the receipts it covers."""
     while True:
@@ -135,8 +155,10 @@ async def _commit(store: Store, server: Server, lot: trio.lowlevel.ParkingLot, l
         # Shielded: a batch taken is always finished (written or failed)
         # before shutdown closes the store behind it.
         with trio.CancelScope(shield=True):
+            started = time.monotonic()
             try:
                 await trio.to_thread.run_sync(store.write_batch, batch)
+                writes.observe(time.monotonic() - started)
             except OSError as exc:
                 failed: OSError | None = exc
             else:

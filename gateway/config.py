@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from core.broker import BrokerSettings
+from gateway.adminapi import AdminSettings
 from gateway.mqtt.session import MqttSettings
 from gateway.stomp.session import StompSettings
 from gateway.storage import StoreSettings
@@ -37,6 +38,7 @@ class Config:
     mqtt: MqttSettings = MqttSettings()
     broker: BrokerSettings = BrokerSettings()
     store: StoreSettings = StoreSettings()
+    admin: AdminSettings = AdminSettings()
 
     def __post_init__(self) -> None:
         if self.log_format not in LOG_FORMATS:
@@ -49,7 +51,9 @@ class Config:
                 raise ConfigError(f"{name} must be 0-65535, not {port}")
 
 
-_SECTIONS = {"stomp": StompSettings, "mqtt": MqttSettings, "broker": BrokerSettings, "store": StoreSettings}
+_SECTIONS = {
+    "stomp": StompSettings, "mqtt": MqttSettings, "broker": BrokerSettings, "store": StoreSettings, "admin": AdminSettings,
+}
 
 
 def _coerce(where: str, field: dataclasses.Field[Any], value: Any, default: Any) -> Any:

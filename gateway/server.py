@@ -102,6 +102,10 @@ class Connection:
         self.stream = stream
         self.session = session
         self.log = log
+        self.protocol = ""
+        self.peer = ""
+        self.opened_ms = int(time.time() * 1000)
+        self.bytes_in = 0
         self._durable_lsn = durable_lsn
         # Connections whose writer waits for the store (shared, server-wide),
         # and what to call once a session has acted (to start a store write).
@@ -160,6 +164,7 @@ class Connection:
                     session.close(f"connection lost: {exc.__cause__ or exc}")
                     self._after_session_call()
                     return
+                self.bytes_in += len(data)
                 if session.closed:
                     if not data:
                         return
@@ -234,6 +239,19 @@ class Server:
         self._idle.set()
         self._gated: set[Connection] = set()
         self.after_input: Callable[[], None] | None = None
+        # Totals of connections already gone (live ones are added on demand).
+        self.closed_bytes_in = 0
+        self.closed_bytes_out = 0
+        self.accepted: dict[str, int] = {}  # connections accepted, by protocol
+        self.stopping = False
+
+    def traffic(self) -> tuple[int, int]:
+        """Bytes received and sent since start, all connections."""
+        live = list(self.connections.values())
+        return (
+            self.closed_bytes_in + sum(c.bytes_in for c in live),
+            self.closed_bytes_out + sum(c.session.outbox.sent_bytes for c in live),
+        )
 
     def durable_advanced(self) -> None:
         """The store made more LSNs durable: wake the writers it held."""
@@ -250,6 +268,7 @@ class Server:
             connection.wake_writer()
 
     def stop(self) -> None:
+        self.stopping = True
         self._stop.set()
 
     async def run(self, specs: list[ListenerSpec], *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -290,6 +309,9 @@ class Server:
         log = self.log.bind(conn_id=conn_id, peer=peer)
         session = spec.factory(conn_id, log)
         connection = Connection(stream, session, log, self._durable_lsn, self._gated, self.after_input)
+        connection.protocol = spec.name
+        connection.peer = peer
+        self.accepted[spec.name] = self.accepted.get(spec.name, 0) + 1
         self.connections[conn_id] = connection
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         log.info("connection_opened", protocol=spec.name)
@@ -299,6 +321,8 @@ class Server:
             session.close("broker is shutting down")
             del self.connections[conn_id]
             self._gated.discard(connection)
+            self.closed_bytes_in += connection.bytes_in
+            self.closed_bytes_out += session.outbox.sent_bytes
             if not self.connections:
                 self._idle.set()
             log.info("connection_closed", reason=session.close_reason)

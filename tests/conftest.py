@@ -16,6 +16,7 @@ from hypothesis import settings as hypothesis_settings
 
 from core.broker import BrokerSettings
 from gateway import app, logs
+from gateway.adminapi import AdminSettings
 from gateway.config import Config
 from gateway.mqtt.session import MqttSettings
 from gateway.stomp.session import StompSettings
@@ -37,6 +38,10 @@ class BrokerHandle:
     @property
     def stomp_port(self) -> int:
         return self.running.ports["stomp"]
+
+    @property
+    def admin_port(self) -> int:
+        return self.running.ports["admin"]
 
     @property
     def mqtt_port(self) -> int:
@@ -93,18 +98,21 @@ def make_config(
     stomp: dict[str, Any] | None = None,
     broker: dict[str, Any] | None = None,
     mqtt: dict[str, Any] | None = None,
+    admin: dict[str, Any] | None = None,
     **top: Any,
 ) -> Config:
     return Config(
         bind="127.0.0.1",
         stomp_port=0,
         mqtt_port=0,
+        admin_port=0,
         data_dir=str(tmp_path / "data"),
         log_level="warning",
         shutdown_grace_s=5.0,
         stomp=dataclasses.replace(FAST_STOMP, **(stomp or {})),
         broker=BrokerSettings(**(broker or {})),
         mqtt=MqttSettings(**(mqtt or {})),
+        admin=AdminSettings(**(admin or {})),
         **top,
     )
 

@@ -36,8 +36,9 @@ class Process:
     """`gateway serve ...` as a child process, stopped in teardown."""
 
     def __init__(self, args: list[str], cwd: Path) -> None:
-        if "--mqtt-port" not in args and "--help" not in args:
-            args = [*args, "--mqtt-port", "0"]  # never the shared default 1883 in tests
+        for flag in ("--mqtt-port", "--admin-port"):  # never the shared defaults in tests
+            if flag not in args and "--help" not in args:
+                args = [*args, flag, "0"]
         self.proc = subprocess.Popen(
             [GATEWAY, "serve", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )

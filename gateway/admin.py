@@ -1,0 +1,116 @@
+"""The admin HTTP server: h11 over Trio, one task per connection, every
+request bounded in size and time.  What a request means is adminapi's job."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import h11
+import trio
+
+from gateway.adminapi import AdminApi, AdminSettings, Request, Response, error
+
+MAX_HEAD_BYTES = 16 * 1024
+RECEIVE_BYTES = 64 * 1024
+SERVER_HEADER = b"gateway-admin"
+
+
+async def serve_admin(
+    api: AdminApi, settings: AdminSettings, host: str, port: int, log: Any, *, task_status: Any = trio.TASK_STATUS_IGNORED
+) -> None:
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    bound = listeners[0].socket.getsockname()[1]
+    log.info("listener_started", protocol="admin", host=host, port=bound)
+    task_status.started(bound)
+    await trio.serve_listeners(lambda stream: _connection(api, settings, stream, log), listeners)
+
+
+async def _connection(api: AdminApi, settings: AdminSettings, stream: trio.SocketStream, log: Any) -> None:
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+    try:
+        while True:
+            # A client gets request_timeout_s for each whole request, idle
+            # keep-alive time included: a slow or silent client cannot hold
+            # a task forever.
+            progress: list[int] = []
+            with trio.move_on_after(settings.request_timeout_s) as timer:
+                request = await _read_request(conn, stream, settings, progress)
+            if timer.cancelled_caught:
+                if progress:  # a request begun and not finished; an idle keep-alive just ends
+                    await _send(conn, stream, error(408, "request not completed in time"), close=True)
+                return
+            if request is None:
+                return
+            if isinstance(request, Response):  # refused before routing
+                await _send(conn, stream, request, close=True)
+                return
+            response = api.handle(request)
+            if response.status >= 500:
+                log.warning("admin_request_failed", method=request.method, target=request.target[:200],
+                            status=response.status)
+            await _send(conn, stream, response, close=False)
+            if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
+                return
+            conn.start_next_cycle()
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        return
+    except h11.RemoteProtocolError as exc:
+        if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            try:
+                await _send(conn, stream, error(exc.error_status_hint, f"bad request: {exc}"), close=True)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, h11.LocalProtocolError):
+                pass
+    finally:
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
+
+
+async def _read_request(
+    conn: h11.Connection, stream: trio.SocketStream, settings: AdminSettings, progress: list[int]
+) -> Request | Response | None:
+    head: h11.Request | None = None
+    body = bytearray()
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            data = await stream.receive_some(RECEIVE_BYTES)
+            if data:
+                progress.append(len(data))
+            conn.receive_data(data)
+            continue
+        if isinstance(event, h11.ConnectionClosed):
+            return None
+        if isinstance(event, h11.Request):
+            head = event
+            # h11 bounds a head that arrives in pieces; one read can bring a
+            # whole oversized head, so measure it here too.
+            if sum(len(name) + len(value) + 4 for name, value in event.headers) > MAX_HEAD_BYTES:
+                return error(431, f"request headers over {MAX_HEAD_BYTES} bytes")
+            declared = dict(event.headers).get(b"content-length")
+            if declared is not None and declared.isdigit() and int(declared) > settings.max_request_bytes:
+                return error(413, f"request body over {settings.max_request_bytes} bytes")
+        elif isinstance(event, h11.Data):
+            body += event.data
+            if len(body) > settings.max_request_bytes:
+                return error(413, f"request body over {settings.max_request_bytes} bytes")
+        elif isinstance(event, h11.EndOfMessage):
+            assert head is not None
+            headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in head.headers}
+            return Request(head.method.decode("ascii", "replace"), head.target.decode("ascii", "replace"), headers, bytes(body))
+
+
+async def _send(conn: h11.Connection, stream: trio.SocketStream, response: Response, *, close: bool) -> None:
+    headers = [
+        (b"content-type", response.content_type.encode()),
+        (b"content-length", str(len(response.body)).encode()),
+        (b"server", SERVER_HEADER),
+        (b"cache-control", b"no-store"),
+        (b"x-content-type-options", b"nosniff"),
+    ]
+    headers += [(name.encode(), value.encode()) for name, value in response.headers]
+    if close:
+        headers.append((b"connection", b"close"))
+    data = conn.send(h11.Response(status_code=response.status, headers=headers))
+    data += conn.send(h11.Data(data=response.body)) or b""
+    data += conn.send(h11.EndOfMessage()) or b""
+    await stream.send_all(data)

@@ -1,0 +1,313 @@
+"""The admin API's semantics: request in, response out, no sockets.
+
+Routes (``gateway/admin.py`` runs them over h11):
+
+    GET    /healthz                              open: the process is alive
+    GET    /readyz                               open: 200 once recovered and listening, 503 otherwise
+    GET    /metrics                              read: Prometheus text exposition
+    GET    /                                     read: the web console
+    GET    /api/v1/destinations                  read: every queue and durable subscription
+    GET    /api/v1/destinations/{name}           read: one, in detail
+    GET    /api/v1/destinations/{name}/messages  read: browse the first ?limit=N (default 20, max 1000)
+    POST   /api/v1/destinations/{name}/messages  write: send {"body": str, "headers": {}, "persistent": bool}
+    POST   /api/v1/destinations/{name}/purge     write: drop every pending message
+    DELETE /api/v1/destinations/{name}           write: delete an unused queue
+    GET    /api/v1/connections                   read: every connection
+    DELETE /api/v1/connections/{id}              write: close one
+
+``{name}`` is the destination URL-encoded (``%2Fqueue%2Forders``) or without
+its leading slash (``queue/orders``).  Errors are JSON: ``{"status", "reason"}``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from core import names
+from core.broker import Broker
+from core.errors import CoreError
+from gateway import console
+
+HASH_SCHEME = "pbkdf2_sha256"
+HASH_ITERATIONS = 200_000
+ROLES = ("read", "write")
+USERS_FILE_ENV = "GATEWAY_ADMIN_USERS_FILE"
+
+
+@dataclasses.dataclass(frozen=True)
+class AdminSettings:
+    # [{name = "ops", password_hash = "pbkdf2_sha256$...", role = "write"}]; a
+    # "write" user may also read.  With no user at all the API answers 403.
+    users: list[dict[str, str]] = dataclasses.field(default_factory=list)
+    users_file: str = ""  # a TOML file with the same `users` list (a Secret)
+    max_request_bytes: int = 1024 * 1024
+    request_timeout_s: float = 10.0
+
+
+def hash_password(password: str, *, iterations: int = HASH_ITERATIONS) -> str:
+    salt = secrets.token_bytes(16)
+    digest = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    return f"{HASH_SCHEME}${iterations}${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}"
+
+
+def verify_password(password: str, stored: str) -> bool:
+    try:
+        scheme, iterations, salt, digest = stored.split("$")
+        if scheme != HASH_SCHEME:
+            return False
+        expected = base64.b64decode(digest)
+        actual = hashlib.pbkdf2_hmac("sha256", password.encode(), base64.b64decode(salt), int(iterations))
+    except (ValueError, binascii.Error):
+        return False
+    return hmac.compare_digest(actual, expected)
+
+
+def load_users(settings: AdminSettings) -> dict[str, tuple[str, str]]:
+    """name -> (password hash, role), from the config and the users file."""
+    entries = list(settings.users)
+    path = settings.users_file or os.environ.get(USERS_FILE_ENV, "")
+    if path:
+        entries += tomllib.loads(Path(path).read_text()).get("users", [])
+    users = {}
+    for entry in entries:
+        name, hashed, role = entry.get("name"), entry.get("password_hash"), entry.get("role", "read")
+        if not name or not hashed or role not in ROLES:
+            raise ValueError(f"admin user entries need name, password_hash and role read|write: {entry.get('name')!r}")
+        users[name] = (hashed, role)
+    return users
+
+
+@dataclasses.dataclass
+class Request:
+    method: str
+    target: str
+    headers: dict[str, str]
+    body: bytes = b""
+
+
+@dataclasses.dataclass
+class Response:
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+    headers: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+
+
+def error(status: int, reason: str, **headers: str) -> Response:
+    return Response(status, json.dumps({"status": status, "reason": reason}).encode(), headers=list(headers.items()))
+
+
+def ok(payload: Any, status: int = 200) -> Response:
+    return Response(status, json.dumps(payload, separators=(",", ":")).encode())
+
+
+class AdminApi:
+    """Routes requests to the broker, the server's connections and the store."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        server: Any,
+        *,
+        users: dict[str, tuple[str, str]],
+        ready: Callable[[], bool],
+        metrics: Callable[[], str],
+    ) -> None:
+        self.broker = broker
+        self.server = server
+        self.users = users
+        self.ready = ready
+        self.metrics = metrics
+        self._verified: dict[str, str] = {}  # Authorization header -> role, so PBKDF2 runs once per credential
+
+    def handle(self, request: Request) -> Response:
+        parts = urlsplit(request.target)
+        path = parts.path
+        if path == "/healthz":
+            return Response(200, b"ok\n", "text/plain")
+        if path == "/readyz":
+            ready = self.ready()
+            return Response(200 if ready else 503, b"ready\n" if ready else b"not ready\n", "text/plain")
+        write = request.method in ("POST", "DELETE", "PUT")
+        denied = self._authorize(request, "write" if write else "read")
+        if denied is not None:
+            return denied
+        try:
+            return self._route(request.method, path, parse_qs(parts.query), request.body)
+        except CoreError as exc:
+            return error(409, exc.reason)
+
+    def _authorize(self, request: Request, need: str) -> Response | None:
+        if not self.users:
+            return error(403, "no admin users are configured ([admin] users or a users file)")
+        header = request.headers.get("authorization", "")
+        role = self._verified.get(header)
+        if role is None:
+            role = self._check(header)
+            if role is None:
+                return error(401, "credentials required", **{"WWW-Authenticate": 'Basic realm="gateway"'})
+            if len(self._verified) < 1024:
+                self._verified[header] = role
+        if need == "write" and role != "write":
+            return error(403, "this user may only read")
+        return None
+
+    def _check(self, header: str) -> str | None:
+        scheme, _, encoded = header.partition(" ")
+        if scheme.lower() != "basic":
+            return None
+        try:
+            name, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+        entry = self.users.get(name)
+        if entry is None or not verify_password(password, entry[0]):
+            return None
+        return entry[1]
+
+    def _route(self, method: str, path: str, query: dict[str, list[str]], body: bytes) -> Response:
+        if path == "/" and method == "GET":
+            return Response(200, console.PAGE, "text/html; charset=utf-8")
+        if path == "/metrics" and method == "GET":
+            return Response(200, self.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
+        if not path.startswith("/api/v1/"):
+            return error(404, f"no such resource {path[:100]!r}")
+        rest = path[len("/api/v1/") :]
+        if rest == "destinations" and method == "GET":
+            return ok([self._destination(q) for q in self._queues()])
+        if rest == "connections" and method == "GET":
+            return ok([self._connection(cid, c) for cid, c in list(self.server.connections.items())])
+        if rest.startswith("connections/") and method == "DELETE":
+            connection = self.server.connections.get(unquote(rest[len("connections/") :]))
+            if connection is None:
+                return error(404, "no such connection")
+            connection.shutdown("closed by an administrator")
+            return ok({"closed": True})
+        if rest.startswith("destinations/"):
+            return self._on_destination(method, rest[len("destinations/") :], query, body)
+        return error(404 if method == "GET" else 405, f"no route for {method} {path[:100]}")
+
+    def _on_destination(self, method: str, rest: str, query: dict[str, list[str]], body: bytes) -> Response:
+        action = ""
+        for suffix in ("/messages", "/purge"):
+            if rest.endswith(suffix):
+                rest, action = rest[: -len(suffix)], suffix[1:]
+        text = unquote(rest)
+        address = names.parse(text if text.startswith("/") else "/" + text)
+        if isinstance(address, str):
+            return error(400, f"invalid destination: {address}")
+        if action == "messages" and method == "POST":
+            return self._send(address, body)
+        queue = self._find(address.text)
+        if queue is None:
+            return error(404, f"no destination {address.text!r}")
+        if not action and method == "GET":
+            return ok(self._destination(queue))
+        if action == "messages" and method == "GET":
+            try:
+                limit = max(1, min(1000, int(query.get("limit", ["20"])[0])))
+            except ValueError:
+                return error(400, "limit must be an integer")
+            return ok([self._message(m) for m in queue.browse(limit)])
+        if action == "purge" and method == "POST":
+            return ok({"purged": queue.purge()})
+        if not action and method == "DELETE":
+            if not address.is_queue:
+                return error(400, "only queues can be deleted here")
+            return ok({"deleted": self.broker.remove_queue(address)})
+        return error(405, f"{method} is not allowed here")
+
+    def _send(self, address: names.Address, body: bytes) -> Response:
+        try:
+            request = json.loads(body or b"{}")
+            text = request.get("body", "")
+            headers = {str(k): str(v) for k, v in request.get("headers", {}).items()}
+            persistent = bool(request.get("persistent", False))
+        except (ValueError, AttributeError):
+            return error(400, 'expected JSON {"body": "...", "headers": {...}, "persistent": false}')
+        if not isinstance(text, str):
+            return error(400, "body must be a string")
+        message = self.broker.message(address, headers, text.encode(), persistent=persistent)
+        producer = self.broker.open_client(_NullSink())
+        try:
+            producer.send(message)
+        finally:
+            producer.close()
+        return ok({"message_id": message.id}, 201)
+
+    # -- views ---------------------------------------------------------------
+
+    def _queues(self) -> list[Any]:
+        return list(self.broker.queues.values()) + [d.queue for d in self.broker.durables.values()]
+
+    def _find(self, text: str) -> Any:
+        for queue in self.broker.queues.values():
+            if queue.address.text == text:
+                return queue
+        return None
+
+    def _destination(self, queue: Any) -> dict[str, Any]:
+        durable = queue.key is not None and queue.key.startswith("durable:")
+        stats = queue.stats
+        return {
+            "name": queue.address.text if not durable else queue.key,
+            "type": "durable-subscription" if durable else queue.address.kind.name.lower().replace("_", "-"),
+            "destination": queue.address.text,
+            "depth": queue.depth,
+            "consumers": len(queue.consumers),
+            "enqueued": stats.enqueued,
+            "dequeued": stats.dequeued,
+            "redelivered": stats.redelivered,
+            "discarded": stats.discarded,
+        }
+
+    def _message(self, message: Any) -> dict[str, Any]:
+        if message.body is None:  # on disk: read a copy, leave the queue's stub alone
+            copy = message.stub()
+            self.broker.store.load(copy)
+            message = copy
+        body = message.body or b""
+        try:
+            text, encoding = body.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            text, encoding = base64.b64encode(body).decode(), "base64"
+        return {
+            "message_id": message.id, "destination": message.address.text, "priority": message.priority,
+            "timestamp": message.timestamp, "expires": message.expires, "persistent": message.persistent,
+            "redelivered": message.redelivered, "headers": message.headers or {}, "body": text,
+            "body_encoding": encoding,
+        }
+
+    def _connection(self, conn_id: str, connection: Any) -> dict[str, Any]:
+        session = connection.session
+        client = getattr(session, "client", None)
+        return {
+            "id": conn_id, "protocol": connection.protocol, "peer": connection.peer,
+            "opened": connection.opened_ms, "client_id": getattr(client, "client_id", None),
+            "subscriptions": len(client.subscriptions) if client is not None else 0,
+            "bytes_in": connection.bytes_in, "bytes_out": session.outbox.sent_bytes,
+        }
+
+
+class _NullSink:
+    """The admin API produces, never consumes."""
+
+    accepting = True
+
+    def deliver(self, subscription: Any, message: Any) -> None:
+        return None
+
+    def unblocked(self) -> None:
+        return None
