@@ -2,8 +2,15 @@
 
 Spec references are to https://docs.oasis-open.org/mqtt/mqtt/v3.1.1/os/mqtt-v3.1.1-os.html.
 Fields are those of 3.1.1; MQTT 5 adds properties and reason codes per packet,
-which will be further (defaulted) fields here, so the codec keeps one class
-per packet type across versions.
+which will be further (defaulted, keyword) fields here, so the codec keeps one
+class per packet type across versions.
+
+Hot-path note: these are mutable ``slots`` dataclasses, not frozen ones, because
+a PUBLISH is built for every message parsed or delivered and a frozen
+dataclass's ``__init__`` (``object.__setattr__`` per field) costs several times
+more.  They are not validated when constructed; :meth:`MqttConnection.send`
+refuses what cannot go on the wire (``LocalProtocolError``), and the parser
+only ever builds valid ones.
 """
 
 from __future__ import annotations
@@ -30,15 +37,36 @@ class PacketType(IntEnum):
     DISCONNECT = 14
 
 
-# CONNACK return codes (3.2.2.3).
-ACCEPTED = 0
-UNACCEPTABLE_PROTOCOL_VERSION = 1
-IDENTIFIER_REJECTED = 2
-SERVER_UNAVAILABLE = 3
-BAD_USERNAME_OR_PASSWORD = 4
-NOT_AUTHORIZED = 5
-# SUBACK return code for a filter the server refuses (3.9.3).
-SUBACK_FAILURE = 0x80
+class ConnectReturnCode(IntEnum):
+    """CONNACK return codes (3.1.1 §3.2.2.3); 6-255 are reserved.  MQTT 5 replaces
+    them with reason codes, which will be a separate enum."""
+
+    ACCEPTED = 0
+    UNACCEPTABLE_PROTOCOL_VERSION = 1
+    IDENTIFIER_REJECTED = 2
+    SERVER_UNAVAILABLE = 3
+    BAD_USERNAME_OR_PASSWORD = 4
+    NOT_AUTHORIZED = 5
+
+
+class SubscribeReturnCode(IntEnum):
+    """SUBACK return codes (3.1.1 §3.9.3): the granted QoS, or failure."""
+
+    MAXIMUM_QOS_0 = 0
+    MAXIMUM_QOS_1 = 1
+    MAXIMUM_QOS_2 = 2
+    FAILURE = 0x80
+
+
+# The same codes as plain names (IntEnum members compare equal to the ints the
+# codec decodes, so ``ConnAck(False, 0) == ConnAck(False, ACCEPTED)``).
+ACCEPTED = ConnectReturnCode.ACCEPTED
+UNACCEPTABLE_PROTOCOL_VERSION = ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION
+IDENTIFIER_REJECTED = ConnectReturnCode.IDENTIFIER_REJECTED
+SERVER_UNAVAILABLE = ConnectReturnCode.SERVER_UNAVAILABLE
+BAD_USERNAME_OR_PASSWORD = ConnectReturnCode.BAD_USERNAME_OR_PASSWORD
+NOT_AUTHORIZED = ConnectReturnCode.NOT_AUTHORIZED
+SUBACK_FAILURE = SubscribeReturnCode.FAILURE
 
 
 @dataclass(slots=True)
