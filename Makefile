@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: run test bench clean mosquitto-clients
+.PHONY: run test bench clean system-packages
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,18 +14,20 @@ $(BIN)/.installed: pyproject.toml
 run: $(BIN)/.installed  ## the broker on its defaults (STOMP 61613, data in ./data)
 	$(BIN)/gateway serve $(ARGS)
 
-test: $(BIN)/.installed mosquitto-clients  ## the whole test suite
+test: $(BIN)/.installed system-packages  ## the whole test suite
 	$(BIN)/python -X dev -bb -m pytest $(PYTEST_ARGS)
 
-# The interop tests drive Debian's mosquitto_pub/mosquitto_sub; install them
-# when missing and possible (root or passwordless sudo), else those tests skip.
-mosquitto-clients:
-	@command -v mosquitto_pub >/dev/null 2>&1 || { \
+# The interop tests drive Debian's mosquitto_pub/mosquitto_sub, the console
+# test Debian's chromium through chromedriver; install them when missing and
+# possible (root or passwordless sudo), else those tests skip and say why.
+SYSTEM_PACKAGES := mosquitto-clients chromium chromium-driver
+system-packages:
+	@{ command -v mosquitto_pub && command -v chromium && command -v chromedriver; } >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; else exit 0; fi; \
 	  command -v apt-get >/dev/null 2>&1 || exit 0; \
-	  $$SUDO apt-get install -y -q mosquitto-clients >/dev/null 2>&1 || \
-	  { $$SUDO apt-get update -q >/dev/null 2>&1 && $$SUDO apt-get install -y -q mosquitto-clients >/dev/null 2>&1; } || \
-	  echo "mosquitto-clients could not be installed: the mosquitto interop tests will be skipped"; }
+	  $$SUDO apt-get install -y -q $(SYSTEM_PACKAGES) >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -q >/dev/null 2>&1 && $$SUDO apt-get install -y -q $(SYSTEM_PACKAGES) >/dev/null 2>&1; } || \
+	  echo "$(SYSTEM_PACKAGES) could not be installed: the tests that need them will be skipped"; }
 
 bench: $(BIN)/.installed  ## throughput and latency benchmarks (prints msgs/s, percentiles, RSS)
 	$(BIN)/python benchmarks/run.py $(ARGS)

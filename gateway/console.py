@@ -35,6 +35,9 @@ PAGE = b"""<!doctype html>
 <script>
 "use strict";
 const REFRESH_MS = 1000;
+// Absolute URLs on the origin: a page opened as http://user:pass@host/ may
+// not fetch relative URLs (they would inherit the embedded credentials).
+const api = (path) => location.origin + path;
 let previous = {}, previousAt = 0;
 
 function cell(row, text, numeric) {
@@ -46,7 +49,7 @@ function cell(row, text, numeric) {
 
 async function purge(name) {
   const path = "/api/v1/destinations/" + encodeURIComponent(name) + "/purge";
-  const response = await fetch(path, {method: "POST", credentials: "same-origin"});
+  const response = await fetch(api(path), {method: "POST", credentials: "same-origin"});
   if (!response.ok) alert("purge failed: " + (await response.json()).reason);
   refresh();
 }
@@ -54,8 +57,8 @@ async function purge(name) {
 async function refresh() {
   try {
     const [destinations, connections] = await Promise.all([
-      fetch("/api/v1/destinations", {credentials: "same-origin"}).then(r => r.json()),
-      fetch("/api/v1/connections", {credentials: "same-origin"}).then(r => r.json()),
+      fetch(api("/api/v1/destinations"), {credentials: "same-origin"}).then(r => r.json()),
+      fetch(api("/api/v1/connections"), {credentials: "same-origin"}).then(r => r.json()),
     ]);
     const now = performance.now(), seconds = (now - previousAt) / 1000, current = {};
     const body = document.querySelector("#destinations tbody");

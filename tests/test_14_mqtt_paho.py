@@ -351,3 +351,15 @@ def test_a_dot_inside_a_level_survives(broker, mqtt_clients):
     subscriber.subscribe(("spBv1.0/+/NDATA/#", 0))
     mqtt_clients(broker).publish(topic, b"sparkplug")
     assert subscriber.wait(1)[0].topic == topic
+
+
+def test_a_stomp_name_mqtt_cannot_carry_is_skipped_not_fatal(broker, mqtt_clients, stomp_client):
+    root = unique("odd")
+    device = mqtt_clients(broker)
+    device.subscribe((f"{root}/#", 1))
+    stomp = stomp_client(broker)
+    stomp.send(f"/topic/{root}.a+b", b"unrepresentable", persistent="true")
+    stomp.send(f"/topic/{root}.ok", b"fine", persistent="true")
+    assert device.wait(1)[0].payload == b"fine"
+    device.publish(f"{root}/still", b"alive", qos=1)
+    assert device.wait(2)[1].payload == b"alive"

@@ -285,6 +285,10 @@ class MqttSession:
         qos = min(message.effective_qos, sub.qos)
         body = message.body or b""
         topic = topics.from_address(message.address)
+        if codec.validate_topic_name(topic) is not None:
+            # A STOMP name MQTT cannot carry (a '+' or '#' inside a segment):
+            # this subscriber cannot be told about it; settle it, do not fail.
+            return True
         if qos == 0:
             self.outbox.append(self.codec.send(packets.Publish(topic, body, 0, message.retain)))
             return True

@@ -1,0 +1,57 @@
+"""The web console in a real headless browser (Debian's chromium through
+chromedriver): it shows a queue a STOMP client just filled with its depth,
+and its purge button empties it."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from gateway.adminapi import hash_password
+from tests.helpers import unique
+
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the test extra")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None, reason="chromium and chromedriver not installed (make test installs them)"
+)
+
+
+@pytest.fixture
+def browser():
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(20)
+    yield driver
+    driver.quit()
+
+
+def test_the_console_shows_a_queue_and_purges_it(broker_factory, stomp_client, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    broker = broker_factory(admin={"users": [{"name": "ops", "password_hash": hash_password("pw", iterations=1000),
+                                              "role": "write"}]})
+    queue = f"/queue/{unique('console')}"
+    producer = stomp_client(broker)
+    for i in range(7):
+        producer.send(queue, f"m{i}".encode(), receipt=(i == 6))
+
+    browser.get(f"http://ops:pw@127.0.0.1:{broker.admin_port}/")
+    row = f'#destinations tr[data-name="{queue}"]'
+    wait = WebDriverWait(browser, 10)
+    wait.until(expected_conditions.text_to_be_present_in_element((By.CSS_SELECTOR, f"{row} td.depth"), "7"))
+    browser.find_element(By.CSS_SELECTOR, f"{row} button.purge").click()
+    wait.until(expected_conditions.text_to_be_present_in_element((By.CSS_SELECTOR, f"{row} td.depth"), "0"))
+    assert broker.call(lambda: broker.running.broker.queues[next(a for a in broker.running.broker.queues
+                                                                   if a.text == queue)].depth) == 0
