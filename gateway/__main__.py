@@ -25,7 +25,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--bind", metavar="ADDRESS", help="address every listener binds (default 127.0.0.1; 0.0.0.0 for all)")
     serve.add_argument("--stomp-port", type=int, metavar="PORT", help="STOMP listener port (default 61613; 0 picks a free one)")
     serve.add_argument("--mqtt-port", type=int, metavar="PORT", help="MQTT listener port (default 1883; 0 picks a free one)")
-    serve.add_argument("--admin-port", type=int, metavar="PORT", help="admin HTTP port (default 8161; used once the admin server lands)")
+    serve.add_argument("--admin-port", type=int, metavar="PORT", help="admin HTTP port (default 8161; 0 picks a free one)")
     serve.add_argument("--data-dir", metavar="DIR", help="data folder for the store (default ./data)")
     serve.add_argument("--log-format", choices=config.LOG_FORMATS, help="console (default) or json lines")
     serve.add_argument("--log-level", choices=config.LOG_LEVELS, help="default info")
