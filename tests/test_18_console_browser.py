@@ -7,11 +7,11 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from selenium import webdriver
 
 from gateway.adminapi import hash_password
 from tests.helpers import unique
 
-webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the test extra")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(
