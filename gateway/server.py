@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import trio
 
+from gateway.liveness import Liveness
 from gateway.outbox import Outbox
 
 # One receive_some may return this much: enough to parse hundreds of small
@@ -39,8 +40,9 @@ class Session(Protocol):
 
     outbox: Outbox
     close_reason: str | None
-    # Set by the server: call when ``wants_input`` may have become true.
-    wake_reader: Callable[[], None] | None
+    # Its time and input state; the server sets ``live.wake_reader``, to be
+    # called when ``wants_input`` may have become true.
+    live: Liveness
 
     @property
     def wants_input(self) -> bool: ...
@@ -117,7 +119,7 @@ class Connection:
         self._timer_scope: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
         session.outbox.wakeup = self._writer_lot.unpark_all
-        session.wake_reader = self._reader_lot.unpark_all
+        session.live.wake_reader = self._reader_lot.unpark_all
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:

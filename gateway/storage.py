@@ -166,9 +166,9 @@ def restored(recovered: Recovered) -> tuple[dict[str, tuple[str, str, names.Addr
     at_least = 0 if recovered.clean else 1
     noted = recovered.kv.get(REDELIVERIES, {})
     queues: dict[str, list[Message]] = {}
-    for key, records in recovered.queues.items():
+    for key, stored_messages in recovered.queues.items():
         messages = []
-        for record in records:
+        for record in stored_messages:
             address = names.parse(record.destination)
             if isinstance(address, str):
                 skipped += 1

@@ -179,3 +179,64 @@ def raw_client(broker_factory: Callable[..., BrokerHandle]) -> Iterator[Callable
     yield factory
     for client in made:
         client.close()
+
+
+@pytest.fixture
+def paho(broker_factory: Callable[..., BrokerHandle]) -> Iterator[Callable[..., Any]]:
+    """Connected paho-mqtt clients: ``paho(broker, client_id, clean=..., will=...)``."""
+    from tests.mqtt_helpers import Paho
+
+    made: list[Paho] = []
+
+    def factory(target: BrokerHandle, *args: Any, **kwargs: Any) -> Paho:
+        client = Paho(target.mqtt_port, *args, **kwargs)
+        made.append(client)
+        return client
+
+    yield factory
+    for client in made:
+        try:
+            client.close()
+        except Exception:  # already dropped or closed by the test: nothing to release
+            pass
+
+
+@pytest.fixture
+def raw_mqtt(broker_factory: Callable[..., BrokerHandle]) -> Iterator[Callable[..., Any]]:
+    """Raw MQTT sockets on the project's codec: ``raw_mqtt(broker)``; with a
+    ``client_id`` the socket has CONNECTed and checked CONNACK 0."""
+    from gateway.mqtt import packets
+    from tests.mqtt_helpers import RawMqtt
+
+    made: list[RawMqtt] = []
+
+    def factory(target: BrokerHandle, client_id: str | None = None, **connect: Any) -> RawMqtt:
+        client = RawMqtt(target.mqtt_port)
+        made.append(client)
+        if client_id is not None:
+            client.send(packets.Connect(client_id, **connect))
+            ack = client.next()
+            assert isinstance(ack, packets.ConnAck) and ack.return_code == 0, ack
+            client.connack = ack
+        return client
+
+    yield factory
+    for client in made:
+        client.close()
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """`gateway serve ...` as child processes (tests/test_07_cli.Process), killed in teardown."""
+    from tests.test_07_cli import Process
+
+    made: list[Process] = []
+
+    def start(*args: str) -> Process:
+        process = Process(list(args), tmp_path)
+        made.append(process)
+        return process
+
+    yield start
+    for process in made:
+        process.kill()

@@ -145,7 +145,8 @@ def test_stomp_1_0_ack_without_subscription_header(broker, raw_client, stomp_cli
     raw = raw_client(broker)
     raw.connect(version=None)
     raw.send_frame("SUBSCRIBE", {"destination": queue, "ack": "client"})
-    first, second = raw.expect("MESSAGE"), raw.expect("MESSAGE")
+    raw.expect("MESSAGE")
+    second = raw.expect("MESSAGE")  # a cumulative ACK of the second covers the first
     raw.send_frame("ACK", {"message-id": second.headers["message-id"], "receipt": "a"})
     raw.receipt("a")
     assert state(broker, queue) == (0, [0])

@@ -67,20 +67,6 @@ class Process:
 
 
 @pytest.fixture
-def gateway(tmp_path):
-    made: list[Process] = []
-
-    def start(*args: str) -> Process:
-        process = Process(list(args), tmp_path)
-        made.append(process)
-        return process
-
-    yield start
-    for process in made:
-        process.kill()
-
-
-@pytest.fixture
 def clients():
     made: list[Client] = []
 

@@ -9,10 +9,8 @@ import os
 import signal
 import subprocess
 
-import pytest
-
 from tests.helpers import RawClient, unique, wait_for
-from tests.test_07_cli import GATEWAY, free_port, gateway  # noqa: F401  (the process fixture)
+from tests.test_07_cli import GATEWAY, free_port
 
 PERSISTENT = {"persistent": "true"}
 

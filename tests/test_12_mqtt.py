@@ -12,44 +12,12 @@ import pytest
 
 from gateway.mqtt import packets as p
 from tests.helpers import unique, wait_for
-from tests.mqtt_helpers import Paho, RawMqtt
+from tests.mqtt_helpers import RawMqtt
 
 
 @pytest.fixture
-def paho(broker_factory):
-    made: list[Paho] = []
-
-    def factory(target, *args, **kwargs) -> Paho:
-        client = Paho(target.mqtt_port, *args, **kwargs)
-        made.append(client)
-        return client
-
-    yield factory
-    for client in made:
-        try:
-            client.close()
-        except Exception:
-            pass
-
-
-@pytest.fixture
-def raw(broker_factory):
-    made: list[RawMqtt] = []
-
-    def factory(target, client_id: str | None = None, **connect) -> RawMqtt:
-        """A raw socket; with ``client_id`` it has CONNECTed and checked CONNACK 0."""
-        client = RawMqtt(target.mqtt_port)
-        made.append(client)
-        if client_id is not None:
-            client.send(p.Connect(client_id, **connect))
-            ack = client.next()
-            assert isinstance(ack, p.ConnAck) and ack.return_code == 0, ack
-            client.connack = ack
-        return client
-
-    yield factory
-    for client in made:
-        client.close()
+def raw(raw_mqtt):
+    return raw_mqtt
 
 
 def quiet(client: RawMqtt, seconds: float = 0.3) -> None:

@@ -14,30 +14,13 @@ import pytest
 
 from gateway.mqtt import packets as p
 from tests.helpers import unique, wait_for
-from tests.mqtt_helpers import Paho, RawMqtt
-from tests.test_07_cli import free_port, gateway  # noqa: F401  (the process fixture)
+from tests.mqtt_helpers import RawMqtt
+from tests.test_07_cli import free_port
 
 needs_mosquitto = pytest.mark.skipif(
     shutil.which("mosquitto_pub") is None or shutil.which("mosquitto_sub") is None,
     reason="mosquitto-clients not installed (make test installs it with apt-get when it can)",
 )
-
-
-@pytest.fixture
-def paho(broker_factory):
-    made: list[Paho] = []
-
-    def factory(target, *args, **kwargs) -> Paho:
-        client = Paho(target.mqtt_port, *args, **kwargs)
-        made.append(client)
-        return client
-
-    yield factory
-    for client in made:
-        try:
-            client.close()
-        except Exception:
-            pass
 
 
 @pytest.fixture
@@ -147,7 +130,7 @@ def test_amqtt_persistent_session(broker, paho):
     assert asyncio.run(come_back()) == [(b"one", 1), (b"two", 1)]
 
 
-def test_a_subacked_subscription_and_a_pubacked_retained_message_survive_sigkill(gateway, tmp_path):  # noqa: F811
+def test_a_subacked_subscription_and_a_pubacked_retained_message_survive_sigkill(gateway, tmp_path):
     stomp_port, mqtt_port = free_port(), free_port()
     args = ("--stomp-port", str(stomp_port), "--mqtt-port", str(mqtt_port), "--data-dir", str(tmp_path / "d"))
     topic = unique("crash")

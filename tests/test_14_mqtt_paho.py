@@ -8,38 +8,11 @@ import pytest
 
 from gateway.mqtt import packets as p
 from tests.helpers import unique, wait_for
-from tests.mqtt_helpers import Paho, RawMqtt
 
 
 @pytest.fixture
-def mqtt_clients(broker_factory):
-    made: list = []
-
-    def factory(target, *args, **kwargs):
-        client = Paho(target.mqtt_port, *args, **kwargs)
-        made.append(client)
-        return client
-
-    yield factory
-    for client in made:
-        try:
-            client.close()
-        except Exception:
-            pass
-
-
-@pytest.fixture
-def raw_mqtt(broker_factory):
-    made: list[RawMqtt] = []
-
-    def factory(target):
-        client = RawMqtt(target.mqtt_port)
-        made.append(client)
-        return client
-
-    yield factory
-    for client in made:
-        client.close()
+def mqtt_clients(paho):
+    return paho
 
 
 # -- CONNECT -------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 from gateway.mqtt import packets as p
 from tests.helpers import unique, wait_for
 from tests.mqtt_helpers import Paho, RawMqtt
-from tests.test_07_cli import free_port, gateway  # noqa: F401  (the process fixture)
+from tests.test_07_cli import free_port
 
 needs_mosquitto = pytest.mark.skipif(
     shutil.which("mosquitto_pub") is None, reason="mosquitto-clients not installed (make test installs it when it can)"
@@ -93,7 +93,7 @@ def test_the_amqtt_client_publishes_and_subscribes(broker):
     assert sorted(got) == [(topic, b"qos 0", 0), (topic, b"qos 1", 1), (topic, b"qos 2", 2)]
 
 
-def test_an_acknowledged_publish_survives_sigkill(gateway, tmp_path):  # noqa: F811
+def test_an_acknowledged_publish_survives_sigkill(gateway, tmp_path):
     stomp_port, mqtt_port = free_port(), free_port()
     data = tmp_path / "d"
     args = ("--stomp-port", str(stomp_port), "--mqtt-port", str(mqtt_port), "--data-dir", str(data))

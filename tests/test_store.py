@@ -12,7 +12,6 @@ import pytest
 
 from persistence import store as store_module
 from persistence.journal import list_segments, segment_name, split_location
-from persistence.records import HEADER_BYTES
 from persistence.store import Recovered, Store, StoredMessage, _abandon, check, compact
 
 SEGMENT = 4096

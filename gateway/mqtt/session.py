@@ -27,6 +27,7 @@ from core.messages import Message
 from core.ports import Clock
 from core.subscriptions import AckMode, Subscription
 from gateway.mqtt import codec, packets, topics
+from gateway.liveness import Liveness
 from gateway.outbox import Outbox
 
 # Durable subscriptions of MQTT sessions live beside STOMP's, under this owner
@@ -132,13 +133,8 @@ class MqttSession:
         self.will: packets.Will | None = None
         self._subs: dict[str, _Sub] = {}  # by topic filter; the core's tokens
         self.close_reason: str | None = None
-        self.wake_reader: Callable[[], None] | None = None
-        now = clock.monotonic()
-        self._opened_at = now
-        self._last_read = now
-        self._keepalive_s = 0.0
+        self.live = Liveness(clock, settings.connect_timeout_s)
         self._paused = False
-        self._blocked = False
         self._handlers: dict[type, Callable[[Any], None]] = {
             packets.Connect: self._on_connect,
             packets.Publish: self._on_publish,
@@ -160,12 +156,12 @@ class MqttSession:
 
     @property
     def wants_input(self) -> bool:
-        return not self._blocked and not self.outbox.full
+        return not self.live.blocked and not self.outbox.full
 
     def receive_data(self, data: bytes) -> None:
         if self.state is State.CLOSED:
             return
-        self._last_read = self.clock.monotonic()
+        self.live.heard()
         self.codec.receive_data(data)
         if not data:
             self._process()
@@ -175,7 +171,7 @@ class MqttSession:
         self._process()
 
     def resume_input(self) -> None:
-        if self.state is not State.CLOSED and not self._blocked and self.codec.buffered_bytes:
+        if self.state is not State.CLOSED and not self.live.blocked and self.codec.buffered_bytes:
             self._process()
 
     def _process(self) -> None:
@@ -189,9 +185,8 @@ class MqttSession:
                 handler(packet)
                 if self.state is State.CLOSED:
                     return
-                if self.client is not None and self.client.blocked_on:
-                    self._blocked = True  # producer flow control, as for STOMP
-                    return
+                if self.live.hold_if_blocked(self.client):
+                    return  # producer flow control, as for STOMP
         except codec.ProtocolError as exc:
             if exc.return_code is not None and self.state is State.AWAITING_CONNECT:
                 self.outbox.append(self.codec.send(packets.ConnAck(False, exc.return_code)))
@@ -200,31 +195,18 @@ class MqttSession:
             self._fail(exc.reason, packet)
 
     def next_deadline(self) -> float | None:
-        if self.state is State.AWAITING_CONNECT:
-            return self._opened_at + self.settings.connect_timeout_s
         if self.state is State.CLOSED:
             return None
-        deadlines = []
-        if self._keepalive_s:
-            deadlines.append(self._last_read + self._keepalive_s)
-        if self._blocked and self.client is not None:
-            deadlines.append(self.client.held_until)
+        deadlines = self.live.deadlines(self.state is State.CONNECTED, self.client)
         return min(deadlines) if deadlines else None
 
     def on_deadline(self, now: float) -> None:
-        if self.state is State.AWAITING_CONNECT:
-            if now >= self._opened_at + self.settings.connect_timeout_s:
-                self._fail("no CONNECT packet within the login timeout", None)
-            return
         if self.state is State.CLOSED:
             return
-        if self._blocked and self.client is not None:
-            for queue in self.client.check_held(now):
-                self.log.warning("slow_consumer", destination=queue.address.text, depth=queue.depth)
-        if not self.wants_input:
-            self._last_read = now  # we are not reading: its silence is ours
-        if self._keepalive_s and now >= self._last_read + self._keepalive_s:
-            self._fail("keep-alive timeout: nothing received from the client in time", None)
+        connected = self.state is State.CONNECTED
+        reason = self.live.expired(now, connected, self.client, self.wants_input, self.log)
+        if reason is not None:
+            self._fail(("keep-alive " if connected else "") + reason, None)
 
     def on_drained(self) -> None:
         if self._paused and self.outbox.nbytes < self.settings.outbox_high_water_bytes // 2:
@@ -302,9 +284,7 @@ class MqttSession:
         return None
 
     def unblocked(self) -> None:
-        self._blocked = False
-        if self.wake_reader is not None:
-            self.wake_reader()
+        self.live.release()
 
     # -- packets -----------------------------------------------------------
 
@@ -326,7 +306,7 @@ class MqttSession:
         self.client_id = client_id
         self.clean_session = packet.clean_session
         self.will = packet.will
-        self._keepalive_s = packet.keep_alive * self.settings.keepalive_grace
+        self.live.silence_s = packet.keep_alive * self.settings.keepalive_grace  # [MQTT-3.1.2-24]
         self.codec.max_packet_bytes = self.settings.max_packet_bytes
         self.client = self.broker.open_client(self, client_id=client_id)
         self.registry.active[client_id] = self

@@ -19,6 +19,7 @@ from core.errors import CoreError, InvalidDestination, UnknownMessage, UnknownSu
 from core.messages import DEFAULT_PRIORITY, MAX_PRIORITY, Message
 from core.ports import Clock
 from core.subscriptions import AckMode, Subscription
+from gateway.liveness import Liveness
 from gateway.outbox import Outbox
 from gateway.stomp import codec, frames
 
@@ -157,17 +158,10 @@ class StompSession:
         self._subs: dict[str, _SubscriptionState] = {}
         self._subs_by_number: dict[str, _SubscriptionState] = {}
         self._sub_numbers = 0
-        now = clock.monotonic()
-        self._opened_at = now
-        self._last_read = now
-        self._last_write = now
+        self.live = Liveness(clock, settings.connect_timeout_s)
+        self._last_write = self.live.opened_at
         self._send_interval_s = 0.0
-        self._receive_timeout_s = 0.0
         self._paused = False
-        # Producer flow control: set while the core holds this client back;
-        # frames already received stay in the codec until it lets go.
-        self._blocked = False
-        self.wake_reader: Callable[[], None] | None = None
         self._handlers: dict[type[frames.Frame], Callable[[frames.Frame], None]] = {
             frames.Connect: self._on_connect,
             frames.Stomp: self._on_connect,
@@ -192,7 +186,7 @@ class StompSession:
     def receive_data(self, data: bytes) -> None:
         if self.state is State.CLOSED:
             return
-        self._last_read = self.clock.monotonic()
+        self.live.heard()
         if not data:
             self.codec.receive_data(b"")
             self.close("peer closed the connection" + (" mid-frame" if self.codec.mid_frame else ""))
@@ -204,11 +198,11 @@ class StompSession:
     def wants_input(self) -> bool:
         """False while reading more would only buffer: the outbox is not being
         read, or the core is holding this producer back."""
-        return not self._blocked and not self.outbox.full
+        return not self.live.blocked and not self.outbox.full
 
     def resume_input(self) -> None:
         """Handle the frames that arrived before producing was held back."""
-        if self.state is not State.CLOSED and not self._blocked and self.codec.buffered_bytes:
+        if self.state is not State.CLOSED and not self.live.blocked and self.codec.buffered_bytes:
             self._process()
 
     def _process(self) -> None:
@@ -227,8 +221,7 @@ class StompSession:
                 handlers[kind](frame)
                 if self.state is State.CLOSED:
                     return
-                if self.client is not None and self.client.blocked_on:
-                    self._blocked = True
+                if self.live.hold_if_blocked(self.client):
                     return
         except codec.RemoteProtocolError as exc:
             self._fail(exc.message, None, exc.headers)
@@ -238,34 +231,23 @@ class StompSession:
             self._fail(exc.reason, frame, None, receipt)
 
     def next_deadline(self) -> float | None:
-        if self.state is State.AWAITING_CONNECT:
-            return self._opened_at + self.settings.connect_timeout_s
         if self.state is State.CLOSED:
             return None
-        deadlines = []
-        if self._send_interval_s:
+        connected = self.state is State.CONNECTED
+        deadlines = self.live.deadlines(connected, self.client)
+        if connected and self._send_interval_s:
             deadlines.append(self._last_write + self._send_interval_s)
-        if self._receive_timeout_s:
-            deadlines.append(self._last_read + self._receive_timeout_s)
-        if self._blocked and self.client is not None:
-            deadlines.append(self.client.held_until)
         return min(deadlines) if deadlines else None
 
     def on_deadline(self, now: float) -> None:
-        if self.state is State.AWAITING_CONNECT:
-            if now >= self._opened_at + self.settings.connect_timeout_s:
-                self._fail("no CONNECT frame within the login timeout", None)
-            return
         if self.state is State.CLOSED:
             return
-        if self._blocked and self.client is not None:
-            for queue in self.client.check_held(now):
-                owner = getattr(queue.owner, "number", None)
-                self.log.warning("slow_consumer", destination=queue.address.text, consumer_client=owner, depth=queue.depth)
-        if not self.wants_input:
-            self._last_read = now  # we are not reading: its silence is ours
-        if self._receive_timeout_s and now >= self._last_read + self._receive_timeout_s:
-            self._fail("heart-beat timeout: nothing received from the client in time", None)
+        connected = self.state is State.CONNECTED
+        reason = self.live.expired(now, connected, self.client, self.wants_input, self.log)
+        if reason is not None:
+            self._fail(("heart-beat " if connected else "") + reason, None)
+            return
+        if not connected:
             return
         if self._send_interval_s and now >= self._last_write + self._send_interval_s:
             # Output already waiting will do as a heart-beat once written.
@@ -310,9 +292,7 @@ class StompSession:
         return False
 
     def unblocked(self) -> None:
-        self._blocked = False
-        if self.wake_reader is not None:
-            self.wake_reader()
+        self.live.release()
 
     def deliver(self, subscription: Subscription, message: Message) -> None:
         state: _SubscriptionState = subscription.token
@@ -377,7 +357,7 @@ class StompSession:
         send_ms = max(sx, cy) if sx and cy else 0
         receive_ms = max(cx, sy) if cx and sy else 0
         self._send_interval_s = send_ms / 1000
-        self._receive_timeout_s = receive_ms * self.settings.heartbeat_grace / 1000
+        self.live.silence_s = receive_ms * self.settings.heartbeat_grace / 1000
 
         self.version = version
         self.codec.set_version(version)
