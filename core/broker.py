@@ -22,6 +22,7 @@ from core.errors import (
 )
 from core.matching import SubscriptionTree
 from core.messages import DEFAULT_PRIORITY, Message
+from core import names
 from core.names import Address, Kind, matches
 from core.ports import Clock, NoStore, Sink, Store
 from core.subscriptions import AckMode, Subscription
@@ -45,6 +46,12 @@ class BrokerSettings:
     # Stored messages a queue keeps in memory with their bodies; beyond this
     # they wait on disk and are read back on dispatch.
     resident_messages: int = 10_000
+    # A message NACKed, rolled back or left unacked this many times more than
+    # its first delivery goes to the dead-letter queue (ActiveMQ's default 6).
+    max_redeliveries: int = 6
+    dead_letter_queue: str = "/queue/DLQ"
+    # True: each queue's dead letters go to DLQ.<its name> instead.
+    dead_letter_per_destination: bool = False
     max_destinations: int = 10_000
     max_subscriptions_per_client: int = 1_000
     max_transactions_per_client: int = 64
@@ -52,10 +59,11 @@ class BrokerSettings:
 
 
 class BrokerStatistics:
-    __slots__ = ("messages_in", "messages_discarded", "clients", "producer_holds")
+    __slots__ = ("messages_in", "messages_discarded", "clients", "producer_holds", "dead_lettered")
 
     def __init__(self) -> None:
         self.messages_in = 0
+        self.dead_lettered = 0
         self.producer_holds = 0  # times a producer was held back by flow control
         self.messages_discarded = 0
         self.clients = 0
@@ -195,7 +203,50 @@ class Broker:
         queue = self.queues[address] = Queue(
             address, owner=owner, store=self.store, key=key, resident=self.settings.resident_messages
         )
+        self._arm(queue)
         return queue
+
+    def _arm(self, queue: Queue) -> Queue:
+        """Give a queue its dead-letter routing (not the dead-letter queues
+        themselves: what fails there stays there)."""
+        if not queue.address.text.startswith(self.settings.dead_letter_queue):
+            queue.dead_letter = self._dead_letter
+            queue.max_redeliveries = self.settings.max_redeliveries
+        return queue
+
+    def _dead_letter(self, queue: Queue, message: Message, reason: str) -> None:
+        """Move a message that keeps failing to the dead-letter queue, saying
+        where it came from and why; one store record for the move."""
+        settings = self.settings
+        name = settings.dead_letter_queue
+        if settings.dead_letter_per_destination:
+            name = f"{name}.{queue.address.name}"
+        target = names.parse(name)
+        if isinstance(target, str):
+            target = names.parse("/queue/DLQ")
+        assert not isinstance(target, str)
+        headers = dict(message.headers or {})
+        headers["originalDestination"] = message.address.text
+        headers["originalMessageId"] = message.id
+        headers["dlqDeliveryFailureCause"] = reason
+        # A new id: the store knows the original by its id until the move commits.
+        copy = Message(
+            self._id_prefix + str(next(self._seq)), target, headers, message.body, persistent=message.persistent,
+            priority=message.priority, expires=message.expires, timestamp=message.timestamp,
+            redeliveries=message.redeliveries + 1, qos=message.qos,
+        )
+        if copy.body is None and message.location >= 0:
+            self.store.load(copy)  # a stub: its headers and body are on disk
+            copy.headers = {**(copy.headers or {}), **headers}
+        dead = self.queues.get(target) or self._create_queue(target)
+        if message.persistent and message.location >= 0 and queue.key is not None:
+            # Atomically: in the DLQ and out of its queue, or neither.
+            self.store.transaction([(copy, [dead.key])] if dead.key else [], [(queue.key, message)])
+        elif message.persistent and dead.key is not None:
+            self.store.add_message(copy, [dead.key])
+        queue.stats.discarded += 1
+        self.stats.dead_lettered += 1
+        dead.put(copy)
 
     # -- durable subscriptions ----------------------------------------------
 
@@ -209,7 +260,7 @@ class Broker:
             lsn = self._drop_durable(durable)
             durable = None
         if durable is None:
-            queue = Queue(pattern, store=self.store, key=key, resident=self.settings.resident_messages)
+            queue = self._arm(Queue(pattern, store=self.store, key=key, resident=self.settings.resident_messages))
             durable = self.durables[key] = DurableSubscription(client_id, name, pattern, queue)
             self._trees[pattern.kind].add(pattern.segments, durable)
             lsn = self.store.add_subscription(key, pattern.text)
@@ -232,7 +283,7 @@ class Broker:
         client id, name, topic) and the messages of every stored queue, in
         their order.  Called once, before any client connects."""
         for key, (client_id, name, pattern) in subscriptions.items():
-            queue = Queue(pattern, store=self.store, key=key, resident=self.settings.resident_messages)
+            queue = self._arm(Queue(pattern, store=self.store, key=key, resident=self.settings.resident_messages))
             durable = self.durables[key] = DurableSubscription(client_id, name, pattern, queue)
             self._trees[pattern.kind].add(pattern.segments, durable)
         for key, messages in queues.items():
@@ -285,6 +336,7 @@ class Broker:
             "messages_in": self.stats.messages_in,
             "messages_discarded": self.stats.messages_discarded,
             "producer_holds": self.stats.producer_holds,
+            "dead_lettered": self.stats.dead_lettered,
             "queues": {q.address.text: (q.depth, len(q.consumers)) for q in self.queues.values()},
             "durable_subscriptions": {d.key: (d.queue.depth, d.active is not None) for d in self.durables.values()},
         }
@@ -392,7 +444,9 @@ class Client:
             subscription = Subscription(token, address, queue, self.sink, ack_mode, window, private=False, owner=self)
         else:
             settings = self.broker.settings
-            queue = Queue(address, owner=self, limit=settings.topic_buffer_limit, high_water=settings.topic_high_water)
+            queue = self.broker._arm(
+                Queue(address, owner=self, limit=settings.topic_buffer_limit, high_water=settings.topic_high_water)
+            )
             subscription = Subscription(token, address, queue, self.sink, ack_mode, window, private=True, owner=self)
             self.broker._trees[address.kind].add(address.segments, subscription)
         self.subscriptions[token] = subscription

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from core.messages import MAX_PRIORITY, Message
@@ -128,7 +128,7 @@ class Queue:
 
     __slots__ = (
         "address", "pending", "consumers", "_rr", "stats", "owner", "limit", "high_water", "waiters", "slow",
-        "store", "key", "resident",
+        "store", "key", "resident", "dead_letter", "max_redeliveries",
     )
 
     def __init__(
@@ -148,6 +148,10 @@ class Queue:
         self.store = store
         self.key = key
         self.resident = resident
+        # Where a message redelivered more than max_redeliveries times goes
+        # (the broker's dead-letter routing); None: redeliver forever.
+        self.dead_letter: Callable[[Queue, Message, str], None] | None = None
+        self.max_redeliveries = 0
         self.pending = PriorityBuffer()
         self.consumers: list[Subscription] = []
         self._rr = 0
@@ -193,9 +197,15 @@ class Queue:
             self.waiters = []
 
     def requeue(self, messages: Iterable[Message]) -> None:
-        """Put messages back at the head, marked redelivered, in their original order."""
+        """Put messages back at the head, marked redelivered, in their original
+        order; one delivered too often goes to ``dead_letter`` instead."""
+        dead_letter = self.dead_letter
         for message in reversed(list(messages)):
-            self.pending.push_front(message.redelivery())
+            again = message.redelivery()
+            if dead_letter is not None and again.redeliveries > self.max_redeliveries:
+                dead_letter(self, message, f"delivered {again.redeliveries} times, more than {self.max_redeliveries + 1}")
+                continue
+            self.pending.push_front(again)
             self.stats.redelivered += 1
         self.dispatch()
 

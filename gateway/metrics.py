@@ -74,6 +74,8 @@ def render(broker: Any, server: Any, store: Any, writes: Histogram) -> str:
                [("", stats.messages_discarded)])
     out.family("gateway_producer_holds_total", "counter", "Times flow control held a producer back.",
                [("", stats.producer_holds)])
+    out.family("gateway_dead_letters_total", "counter", "Messages moved to a dead-letter queue.",
+               [("", stats.dead_lettered)])
     queues = [(q.address.text, q) for q in broker.queues.values()]
     queues += [(d.key, d.queue) for d in broker.durables.values()]
     fields = (

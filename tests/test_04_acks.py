@@ -308,3 +308,42 @@ def test_ack_of_an_already_acked_message_is_an_error(broker, raw_client, stomp_c
     raw.send_frame("ACK", {"id": message.headers["ack"], "receipt": "again"})
     error = raw.expect_error_and_close()
     assert error.headers["receipt-id"] == "again"
+
+
+# -- dead letters ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["transient", "persistent"])
+def test_a_poison_message_reaches_the_dlq_after_exactly_max_redeliveries(broker_factory, stomp_client, persistent):
+    broker = broker_factory(broker={"max_redeliveries": 2})
+    queue = qname()
+    producer = stomp_client(broker)
+    producer.send(queue, b"poison", **({"persistent": "true"} if persistent else {}), **{"x-app": "1"})
+    producer.send(queue, b"fine")
+    consumer = stomp_client(broker)
+    consumer.subscribe(queue, "s", ack="client-individual", **{"activemq.prefetchSize": "1"})
+    deliveries = 0
+    while True:
+        message = consumer.wait_messages(deliveries + 1)[deliveries]
+        deliveries += 1
+        if message.body != b"poison":
+            consumer.conn.ack(message.headers["ack"])
+            break
+        consumer.conn.nack(message.headers["ack"])
+    assert deliveries == 1 + 3 + 0  # delivered 3 times (1 + max_redeliveries 2), then "fine"
+    dlq = stomp_client(broker)
+    dlq.subscribe("/queue/DLQ", ack="client-individual")  # looked at, not consumed
+    dead = dlq.wait_messages(1)[0]
+    assert dead.body == b"poison" and dead.headers["x-app"] == "1"
+    assert dead.headers["originalDestination"] == queue
+    assert "delivered 3 times" in dead.headers["dlqDeliveryFailureCause"]
+    assert (dead.headers.get("persistent") == "true") is persistent
+    if persistent:  # the move is stored: after a restart it is on the DLQ, not back on its queue
+        broker.stop()
+        broker = broker_factory(broker={"max_redeliveries": 2})
+        again = stomp_client(broker)
+        again.subscribe("/queue/DLQ")
+        again.subscribe(queue)
+        again.wait_messages(1)
+        again.barrier()
+        assert [(m.headers["destination"], m.body) for m in again.messages] == [("/queue/DLQ", b"poison")]

@@ -61,7 +61,9 @@ class QueueMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.log: list[tuple[RecordingSink, Any, Message]] = []
-        self.broker = Broker(FakeClock(), BrokerSettings(), node="model")
+        # The model tracks every message within one queue; dead-lettering (a
+        # policy proven in test_04_acks) would move one out of its sight.
+        self.broker = Broker(FakeClock(), BrokerSettings(max_redeliveries=10**9), node="model")
         self.producer = self.broker.open_client(RecordingSink())
         self.consumers = []
         for i in range(N_CONSUMERS):
