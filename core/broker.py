@@ -52,6 +52,9 @@ class BrokerSettings:
     dead_letter_queue: str = "/queue/DLQ"
     # True: each queue's dead letters go to DLQ.<its name> instead.
     dead_letter_per_destination: bool = False
+    # Expired persistent messages go to the dead-letter queue (non-persistent
+    # ones are dropped); false drops both.  Counted either way.
+    expired_to_dlq: bool = True
     max_destinations: int = 10_000
     max_subscriptions_per_client: int = 1_000
     max_transactions_per_client: int = 64
@@ -207,8 +210,10 @@ class Broker:
         return queue
 
     def _arm(self, queue: Queue) -> Queue:
-        """Give a queue its dead-letter routing (not the dead-letter queues
-        themselves: what fails there stays there)."""
+        """Give a queue the broker's clock (for expiry) and its dead-letter
+        routing (not the dead-letter queues: what fails there stays there)."""
+        queue.clock = self.clock
+        queue.expired_to_dlq = self.settings.expired_to_dlq
         if not queue.address.text.startswith(self.settings.dead_letter_queue):
             queue.dead_letter = self._dead_letter
             queue.max_redeliveries = self.settings.max_redeliveries
@@ -232,7 +237,7 @@ class Broker:
         # A new id: the store knows the original by its id until the move commits.
         copy = Message(
             self._id_prefix + str(next(self._seq)), target, headers, message.body, persistent=message.persistent,
-            priority=message.priority, expires=message.expires, timestamp=message.timestamp,
+            priority=message.priority, expires=0, timestamp=message.timestamp,  # a dead letter does not expire
             redeliveries=message.redeliveries + 1, qos=message.qos,
         )
         if copy.body is None and message.location >= 0:
@@ -318,6 +323,11 @@ class Broker:
             queue.stats.discarded += len(queue.pending.clear())
             self.stats.messages_discarded += queue.stats.discarded
             queue.relieve()
+
+    def sweep_expired(self) -> int:
+        """Remove expired messages from every queue; returns how many."""
+        queues = list(self.queues.values()) + [d.queue for d in self.durables.values()]
+        return sum(queue.sweep() for queue in queues)
 
     def remove_queue(self, address: Address) -> int:
         """Delete an unused queue and its messages; returns how many went."""

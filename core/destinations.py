@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from core.messages import MAX_PRIORITY, Message
 from core.names import Address
-from core.ports import Store
+from core.ports import Clock, Store
 from core.subscriptions import AckMode, Subscription
 
 
@@ -97,9 +97,10 @@ class Waiter(Protocol):
 
 
 class QueueStatistics:
-    __slots__ = ("enqueued", "delivered", "dequeued", "redelivered", "discarded")
+    __slots__ = ("enqueued", "delivered", "dequeued", "redelivered", "discarded", "expired")
 
     def __init__(self) -> None:
+        self.expired = 0
         self.enqueued = 0
         self.delivered = 0  # handed to a consumer (acked or not)
         self.dequeued = 0
@@ -128,7 +129,7 @@ class Queue:
 
     __slots__ = (
         "address", "pending", "consumers", "_rr", "stats", "owner", "limit", "high_water", "waiters", "slow",
-        "store", "key", "resident", "dead_letter", "max_redeliveries",
+        "store", "key", "resident", "dead_letter", "max_redeliveries", "clock", "expiring", "expired_to_dlq",
     )
 
     def __init__(
@@ -152,6 +153,12 @@ class Queue:
         # (the broker's dead-letter routing); None: redeliver forever.
         self.dead_letter: Callable[[Queue, Message, str], None] | None = None
         self.max_redeliveries = 0
+        # Expiry: the broker's clock (None: never expire), how many pending
+        # messages carry an expiry (0: the sweep skips this queue), and
+        # whether expired persistent messages go to the dead-letter queue.
+        self.clock: Clock | None = None
+        self.expiring = 0
+        self.expired_to_dlq = True
         self.pending = PriorityBuffer()
         self.consumers: list[Subscription] = []
         self._rr = 0
@@ -178,6 +185,10 @@ class Queue:
 
     def put(self, message: Message) -> None:
         self.stats.enqueued += 1
+        if message.expires:
+            if self._expired(message):
+                return
+            self.expiring += 1
         if not self.pending and self.consumers:
             consumer = self._pick()
             if consumer is not None:
@@ -215,7 +226,10 @@ class Queue:
             consumer = self._pick()
             if consumer is None:
                 break
-            self._deliver(consumer, pending.pop())
+            message = pending.pop()
+            if message.expires and self._expired(message):
+                continue  # never delivered once past its time
+            self._deliver(consumer, message)
         if len(pending) <= self.high_water // 2:
             self.slow = False
             if self.waiters is not None:
@@ -290,6 +304,35 @@ class Queue:
                 break
             out.append(message)
         return out
+
+    def sweep(self) -> int:
+        """Remove every expired pending message; returns how many.  Cheap for
+        a queue that held no message with an expiry since the last sweep."""
+        if not self.expiring or self.clock is None:
+            return 0
+        now = self.clock.wall_ms()
+        before = self.stats.expired
+        self.expiring = 0
+        for message in self.pending.clear():  # in delivery order, so pushing back keeps it
+            if message.expires and message.expires <= now:
+                self._expired(message)
+            else:
+                self.pending.push(message)
+                if message.expires:
+                    self.expiring += 1
+        return self.stats.expired - before
+
+    def _expired(self, message: Message) -> bool:
+        """If ``message`` is past its expiry: count it, dead-letter a stored
+        one (or forget it), and say so."""
+        if self.clock is None or message.expires > self.clock.wall_ms():
+            return False
+        self.stats.expired += 1
+        if self.expired_to_dlq and message.persistent and self.dead_letter is not None:
+            self.dead_letter(self, message, "expired")
+        else:
+            self._forget(message)
+        return True
 
     def _forget(self, message: Message) -> None:
         """A discarded message is done with here, in the store too."""

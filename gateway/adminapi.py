@@ -271,6 +271,7 @@ class AdminApi:
             "dequeued": stats.dequeued,
             "redelivered": stats.redelivered,
             "discarded": stats.discarded,
+            "expired": stats.expired,
         }
 
     def _message(self, message: Any) -> dict[str, Any]:

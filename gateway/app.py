@@ -124,7 +124,7 @@ async def serve(
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_commit, store, server, commit_lot, log, writes)
-            nursery.start_soon(_maintain, store, config.store.maintenance_interval_s, commit_lot, log)
+            nursery.start_soon(_maintain, store, broker, config.store.maintenance_interval_s, commit_lot, log)
             if handle_signals:
                 nursery.start_soon(_stop_on_signal, server, log)
             ports = await nursery.start(run_server)
@@ -173,11 +173,17 @@ async def _commit(
             await trio.sleep(STORE_RETRY_S)
 
 
-async def _maintain(store: Store, interval_s: float, commit_lot: trio.lowlevel.ParkingLot, log: Any) -> None:
-    """Checkpoint, delete dead segments and compact, a bounded step at a time."""
+async def _maintain(
+    store: Store, broker: Broker, interval_s: float, commit_lot: trio.lowlevel.ParkingLot, log: Any
+) -> None:
+    """Sweep expired messages; checkpoint, delete dead segments and compact,
+    a bounded step at a time."""
     next_stats = trio.current_time() + STATS_INTERVAL_S
     while True:
         await trio.sleep(interval_s)
+        expired = broker.sweep_expired()
+        if expired:
+            log.info("messages_expired", count=expired)
         commit_lot.unpark_all()  # acks made outside any client call get written too
         if store.checkpoint_due():
             store.checkpoint()  # prepared here; the next batch writes it

@@ -85,8 +85,10 @@ def render(broker: Any, server: Any, store: Any, writes: Histogram) -> str:
         ("gateway_destination_dequeued_total", "counter", "Messages consumed (acked).", lambda q: q.stats.dequeued),
         ("gateway_destination_redelivered_total", "counter", "Messages put back for redelivery.",
          lambda q: q.stats.redelivered),
-        ("gateway_destination_discarded_total", "counter", "Messages dropped (limits, purges).",
+        ("gateway_destination_discarded_total", "counter", "Messages dropped (limits, purges, dead letters).",
          lambda q: q.stats.discarded),
+        ("gateway_destination_expired_total", "counter", "Messages that expired before delivery.",
+         lambda q: q.stats.expired),
     )
     for name, kind, help_text, value in fields:
         out.family(name, kind, help_text, ((f'{{destination="{_label(text)}"}}', value(q)) for text, q in queues))

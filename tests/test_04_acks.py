@@ -347,3 +347,28 @@ def test_a_poison_message_reaches_the_dlq_after_exactly_max_redeliveries(broker_
         again.wait_messages(1)
         again.barrier()
         assert [(m.headers["destination"], m.body) for m in again.messages] == [("/queue/DLQ", b"poison")]
+
+
+# -- expiry ------------------------------------------------------------------------
+
+
+def test_expired_messages_are_never_delivered_whichever_dialect(broker, stomp_client):
+    import time as _time
+
+    queue = qname()
+    producer = stomp_client(broker)
+    now_ms = int(_time.time() * 1000)
+    producer.send(queue, b"activemq-past", expires=str(now_ms - 1))
+    producer.send(queue, b"rabbitmq-short", expiration="50")
+    producer.send(queue, b"activemq-future", expires=str(now_ms + 60_000))
+    producer.send(queue, b"rabbitmq-long", expiration="60000")
+    _time.sleep(0.1)
+    consumer = stomp_client(broker)
+    consumer.subscribe(queue)
+    consumer.wait_messages(2)
+    consumer.barrier()
+    assert consumer.bodies == [b"activemq-future", b"rabbitmq-long"]
+    assert "expiration" not in consumer.messages[1].headers
+    assert int(consumer.messages[1].headers["expires"]) >= now_ms + 60_000
+    assert broker.call(lambda: broker.running.broker.queues[next(
+        a for a in broker.running.broker.queues if a.text == queue)].stats.expired) == 2

@@ -31,7 +31,7 @@ ACK_MODES = {mode.value: mode for mode in AckMode}
 _SEND_OWN_HEADERS = frozenset(
     {
         "destination", "receipt", "transaction", "content-length",
-        "persistent", "priority", "expires",
+        "persistent", "priority", "expires", "expiration",
         "message-id", "subscription", "ack", "redelivered", "timestamp", "x-delivery-count",
     }
 )
@@ -400,6 +400,11 @@ class StompSession:
                     raise FrameRejected(f"priority must be 0 to {MAX_PRIORITY}")
             elif name == "expires":
                 expires = _int_value(name, value, 0)
+            elif name == "expiration":  # RabbitMQ: milliseconds to live
+                ttl = _int_value(name, value, 0)
+                if ttl < 0:
+                    raise FrameRejected("expiration must not be negative")
+                expires = self.clock.wall_ms() + ttl
             elif name == "transaction":
                 transaction = value
         reply_to = headers.get("reply-to")
