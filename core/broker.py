@@ -136,6 +136,8 @@ class Broker:
         A ``producer`` is held back if the message landed in congested queues."""
         self.stats.messages_in += 1
         targets = self._targets(message.address)
+        if not message.address.is_queue:
+            targets = self._selected(targets, message)
         lsn = 0
         if message.persistent:
             keys = [queue.key for queue in targets if queue.key is not None]
@@ -181,6 +183,13 @@ class Broker:
                 queue = self._create_queue(address)
             return [queue]
         return [target.queue for target in self._trees[address.kind].match(address.segments)]
+
+    @staticmethod
+    def _selected(targets: list[Queue], message: Message) -> list[Queue]:
+        """The topic subscriptions whose selector (if any) takes ``message``."""
+        if all(queue.selector is None for queue in targets):
+            return targets
+        return [q for q in targets if q.selector is None or q.selector.matches(message)]
 
     @staticmethod
     def _put(message: Message, targets: list[Queue], producer: Client | None) -> None:
@@ -430,6 +439,7 @@ class Client:
         prefetch: int | None = None,
         *,
         durable: tuple[str, str] | None = None,
+        selector: Any = None,
     ) -> Subscription:
         """Start consuming.  With ``durable`` = (client id, subscription name)
         a topic subscription outlives the connection.  The LSN that makes a
@@ -448,15 +458,17 @@ class Client:
             self.broker._claim(address, self)
         window = prefetch if prefetch and prefetch > 0 else self.broker.settings.default_prefetch
         if durable is not None:
-            return self._subscribe_durable(token, address, ack_mode, window, durable)
+            return self._subscribe_durable(token, address, ack_mode, window, durable, selector)
         if address.is_queue:
             queue = self.broker.queues.get(address) or self.broker._create_queue(address)
             subscription = Subscription(token, address, queue, self.sink, ack_mode, window, private=False, owner=self)
+            subscription.selector = selector  # consumers of one queue may each filter
         else:
             settings = self.broker.settings
             queue = self.broker._arm(
                 Queue(address, owner=self, limit=settings.topic_buffer_limit, high_water=settings.topic_high_water)
             )
+            queue.selector = selector  # filtered as the topic fans out
             subscription = Subscription(token, address, queue, self.sink, ack_mode, window, private=True, owner=self)
             self.broker._trees[address.kind].add(address.segments, subscription)
         self.subscriptions[token] = subscription
@@ -464,7 +476,7 @@ class Client:
         return subscription
 
     def _subscribe_durable(
-        self, token: Any, address: Address, ack_mode: AckMode, window: int, owner: tuple[str, str]
+        self, token: Any, address: Address, ack_mode: AckMode, window: int, owner: tuple[str, str], selector: Any = None
     ) -> Subscription:
         client_id, name = owner
         if address.kind is not Kind.TOPIC:
@@ -473,6 +485,7 @@ class Client:
         if existing is not None and existing.active is not None:
             raise DuplicateSubscription(f"durable subscription {name!r} of client {client_id!r} is already active")
         durable, self.last_lsn = self.broker._durable(client_id, name, address)
+        durable.queue.selector = selector  # what is kept from now on
         subscription = Subscription(token, address, durable.queue, self.sink, ack_mode, window, private=False, owner=self)
         subscription.durable = durable
         durable.active = subscription
@@ -568,7 +581,10 @@ class Client:
         if len(broker.queues) + len(missing) > broker.settings.max_destinations:
             raise LimitExceeded(f"too many destinations (limit {broker.settings.max_destinations})")
         del self.transactions[transaction]
-        routed = [(message, broker._targets(address)) for address, message in tx.sends]
+        routed = [
+            (message, broker._targets(address) if address.is_queue else broker._selected(broker._targets(address), message))
+            for address, message in tx.sends
+        ]
         # One store record for all of it, so a crash keeps all or none.
         adds = []
         for message, targets in routed:

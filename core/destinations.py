@@ -130,6 +130,7 @@ class Queue:
     __slots__ = (
         "address", "pending", "consumers", "_rr", "stats", "owner", "limit", "high_water", "waiters", "slow",
         "store", "key", "resident", "dead_letter", "max_redeliveries", "clock", "expiring", "expired_to_dlq",
+        "selective", "selector",
     )
 
     def __init__(
@@ -159,6 +160,11 @@ class Queue:
         self.clock: Clock | None = None
         self.expiring = 0
         self.expired_to_dlq = True
+        # Selectors: how many consumers have one (0: the plain, fast dispatch),
+        # and, for a topic subscription's own queue, the filter applied as the
+        # topic fans out (a message it rejects never enters).
+        self.selective = 0
+        self.selector: Any = None
         self.pending = PriorityBuffer()
         self.consumers: list[Subscription] = []
         self._rr = 0
@@ -189,7 +195,14 @@ class Queue:
             if self._expired(message):
                 return
             self.expiring += 1
-        if not self.pending and self.consumers:
+        if self.selective:
+            # Waiting messages are ones no consumer with room selects, so a
+            # newcomer some consumer takes does not jump ahead of its own kind.
+            consumer = self._pick_for(message)
+            if consumer is not None:
+                self._deliver(consumer, message)
+                return
+        elif not self.pending and self.consumers:
             consumer = self._pick()
             if consumer is not None:
                 self._deliver(consumer, message)
@@ -222,7 +235,9 @@ class Queue:
 
     def dispatch(self) -> None:
         pending = self.pending
-        while pending:
+        if self.selective:
+            self._dispatch_selective()
+        while pending and not self.selective:
             consumer = self._pick()
             if consumer is None:
                 break
@@ -253,10 +268,14 @@ class Queue:
 
     def add_consumer(self, subscription: Subscription) -> None:
         self.consumers.append(subscription)
+        if subscription.selector is not None:
+            self.selective += 1
         self.dispatch()
 
     def remove_consumer(self, subscription: Subscription) -> None:
         self.consumers.remove(subscription)
+        if subscription.selector is not None:
+            self.selective -= 1
         if self._rr >= len(self.consumers):
             self._rr = 0
 
@@ -270,6 +289,39 @@ class Queue:
                 if message.location >= 0:
                     lsn = self.store.ack(self.key, message)
         return lsn
+
+    def _dispatch_selective(self) -> None:
+        """Dispatch when some consumer filters: each message in delivery order
+        goes to the next consumer with room whose selector takes it; one that
+        no consumer takes stays, in its place, for later consumers."""
+        pending = self.pending
+        if not pending or not any(c.has_room for c in self.consumers):
+            return
+        kept = []
+        for message in pending.clear():
+            if message.expires and self._expired(message):
+                continue
+            consumer = self._pick_for(message) if any(c.has_room for c in self.consumers) else None
+            if consumer is None:
+                kept.append(message)
+            else:
+                self._deliver(consumer, message)
+        for message in kept:
+            pending.push(message)
+
+    def _pick_for(self, message: Message) -> Subscription | None:
+        """Round robin over the consumers with room that select ``message``."""
+        if message.headers is None and self.store is not None:
+            self.store.load(message)  # a selector reads headers: bring them in
+        consumers = self.consumers
+        n = len(consumers)
+        start = self._rr
+        for i in range(n):
+            candidate = consumers[(start + i) % n]
+            if candidate.has_room and (candidate.selector is None or candidate.selector.matches(message)):
+                self._rr = (start + i + 1) % n
+                return candidate
+        return None
 
     def _pick(self) -> Subscription | None:
         consumers = self.consumers

@@ -32,7 +32,9 @@ class Subscription:
     protocol session's own handle (a STOMP subscription id, say).
     """
 
-    __slots__ = ("token", "address", "queue", "sink", "ack_mode", "prefetch", "unacked", "private", "owner", "durable")
+    __slots__ = (
+        "token", "address", "queue", "sink", "ack_mode", "prefetch", "unacked", "private", "owner", "durable", "selector",
+    )
 
     def __init__(
         self,
@@ -56,6 +58,7 @@ class Subscription:
         self.private = private
         self.owner = owner
         self.durable: Any = None  # the DurableSubscription this consumes, if any
+        self.selector: Any = None  # a core.selectors.Selector, or None: every message
 
     @property
     def has_room(self) -> bool:

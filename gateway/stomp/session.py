@@ -18,6 +18,7 @@ from core.broker import Broker, Client
 from core.errors import CoreError, InvalidDestination, UnknownMessage, UnknownSubscription
 from core.messages import DEFAULT_PRIORITY, MAX_PRIORITY, Message
 from core.ports import Clock
+from core.selectors import Selector, SelectorError, compile_selector
 from core.subscriptions import AckMode, Subscription
 from gateway.liveness import Liveness
 from gateway.outbox import Outbox
@@ -103,6 +104,18 @@ class _SubscriptionState:
         self.prefix = prefix
         self.ack_prefix = ack_prefix
         self.core: Subscription | None = None
+
+
+def _selector(frame: frames.Frame) -> Selector | None:
+    """The SUBSCRIBE's JMS selector, compiled once; an invalid one is refused
+    with where it failed."""
+    text = frame.headers.get("selector")
+    if text is None or not text.strip():
+        return None
+    try:
+        return compile_selector(text)
+    except SelectorError as exc:
+        raise FrameRejected(f"invalid selector at character {exc.position}: {exc.reason}") from None
 
 
 def _require(frame: frames.Frame, name: str) -> str:
@@ -445,7 +458,8 @@ class StompSession:
         self._subs_by_number[number] = state
         try:
             state.core = self.client.subscribe(  # type: ignore[union-attr]
-                state, address, mode, prefetch, durable=self._durable_owner(frame, sub_id)
+                state, address, mode, prefetch, durable=self._durable_owner(frame, sub_id),
+                selector=_selector(frame),
             )
         except CoreError:
             del self._subs[sub_id]

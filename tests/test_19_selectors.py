@@ -1,0 +1,61 @@
+"""JMS selectors on SUBSCRIBE, through stomp.py: on topics, on queues beside a
+plain consumer, messages matching nobody staying, and invalid selectors."""
+
+from __future__ import annotations
+
+from tests.helpers import unique
+
+
+def test_a_topic_subscriber_gets_only_what_its_selector_takes(broker, stomp_client):
+    topic = f"/topic/{unique('sel')}"
+    picky = stomp_client(broker)
+    picky.subscribe(topic, selector="region = 'eu' AND \"x-price\" > 100")
+    everyone = stomp_client(broker)
+    everyone.subscribe(topic)
+    producer = stomp_client(broker)
+    for region, price in (("eu", "150"), ("us", "150"), ("eu", "99"), ("eu", "1e3")):
+        producer.send(topic, f"{region}-{price}".encode(), region=region, **{"x-price": price})
+    everyone.wait_messages(4)
+    picky.barrier()
+    assert picky.bodies == [b"eu-150", b"eu-1e3"]  # numbers held in string headers compare as numbers
+
+
+def test_a_selector_consumer_beside_a_plain_one_on_a_queue(broker, stomp_client):
+    queue = f"/queue/{unique('sel')}"
+    urgent = stomp_client(broker)
+    urgent.subscribe(queue, selector="JMSPriority >= 7")
+    plain = stomp_client(broker)
+    plain.subscribe(queue)
+    producer = stomp_client(broker)
+    for i in range(6):
+        producer.send(queue, f"m{i}".encode(), priority="9" if i % 2 else "4")
+    urgent.wait_messages(3)
+    plain.wait_messages(1)
+    urgent.barrier()
+    plain.barrier()
+    assert urgent.bodies == [b"m1", b"m3", b"m5"]
+    assert all(m.headers["priority"] == "4" for m in plain.messages)  # plain ones never reach the selector
+    assert sorted(urgent.bodies + plain.bodies) == sorted(f"m{i}".encode() for i in range(6))
+
+
+def test_messages_matching_no_consumer_stay_for_a_later_one(broker, stomp_client):
+    queue = f"/queue/{unique('sel')}"
+    red = stomp_client(broker)
+    red.subscribe(queue, selector="color = 'red'")
+    producer = stomp_client(broker)
+    for color in ("blue", "red", "blue"):
+        producer.send(queue, color.encode(), color=color)
+    red.wait_messages(1)
+    red.barrier()
+    assert red.bodies == [b"red"]
+    blue = stomp_client(broker)
+    blue.subscribe(queue, selector="color IN ('blue', 'green')")
+    blue.wait_messages(2)
+    assert blue.bodies == [b"blue", b"blue"]
+
+
+def test_an_invalid_selector_gets_an_error_saying_where(broker, stomp_client):
+    client = stomp_client(broker)
+    client.conn.subscribe(f"/queue/{unique('bad')}", "1", headers={"selector": "color == 'red'"})
+    error = client.wait_error()
+    assert "invalid selector at character 7" in error.headers["message"]
