@@ -440,6 +440,8 @@ class Client:
         *,
         durable: tuple[str, str] | None = None,
         selector: Any = None,
+        priority: int = 0,
+        exclusive: bool = False,
     ) -> Subscription:
         """Start consuming.  With ``durable`` = (client id, subscription name)
         a topic subscription outlives the connection.  The LSN that makes a
@@ -463,6 +465,8 @@ class Client:
             queue = self.broker.queues.get(address) or self.broker._create_queue(address)
             subscription = Subscription(token, address, queue, self.sink, ack_mode, window, private=False, owner=self)
             subscription.selector = selector  # consumers of one queue may each filter
+            subscription.priority = priority
+            subscription.exclusive = exclusive
         else:
             settings = self.broker.settings
             queue = self.broker._arm(

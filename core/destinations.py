@@ -12,6 +12,12 @@ from core.ports import Clock, Store
 from core.subscriptions import AckMode, Subscription
 
 
+# JMS message groups: messages with the same value go to the same consumer.
+GROUP_HEADER = "JMSXGroupID"
+# Group assignments a queue remembers (ActiveMQ bounds its map the same way).
+MAX_GROUPS = 65_536
+
+
 class PriorityBuffer:
     """Messages by priority (0-9), FIFO within a priority.
 
@@ -130,7 +136,7 @@ class Queue:
     __slots__ = (
         "address", "pending", "consumers", "_rr", "stats", "owner", "limit", "high_water", "waiters", "slow",
         "store", "key", "resident", "dead_letter", "max_redeliveries", "clock", "expiring", "expired_to_dlq",
-        "selective", "selector",
+        "selective", "selector", "ranked", "groups",
     )
 
     def __init__(
@@ -165,6 +171,12 @@ class Queue:
         # topic fans out (a message it rejects never enters).
         self.selective = 0
         self.selector: Any = None
+        # True once consumers differ in priority or one is exclusive: picking
+        # then ranks them (the plain round robin stays the fast path).
+        self.ranked = False
+        # Message groups (JMSXGroupID): which consumer owns each group.  None
+        # until a grouped message arrives; then dispatch is message-aware.
+        self.groups: dict[str, Subscription] | None = None
         self.pending = PriorityBuffer()
         self.consumers: list[Subscription] = []
         self._rr = 0
@@ -195,7 +207,9 @@ class Queue:
             if self._expired(message):
                 return
             self.expiring += 1
-        if self.selective:
+        if self.groups is None and message.headers and GROUP_HEADER in message.headers:
+            self.groups = {}
+        if self.selective or self.groups is not None:
             # Waiting messages are ones no consumer with room selects, so a
             # newcomer some consumer takes does not jump ahead of its own kind.
             consumer = self._pick_for(message)
@@ -235,9 +249,10 @@ class Queue:
 
     def dispatch(self) -> None:
         pending = self.pending
-        if self.selective:
+        message_aware = self.selective or self.groups is not None
+        if message_aware:
             self._dispatch_selective()
-        while pending and not self.selective:
+        while pending and not message_aware:
             consumer = self._pick()
             if consumer is None:
                 break
@@ -270,12 +285,17 @@ class Queue:
         self.consumers.append(subscription)
         if subscription.selector is not None:
             self.selective += 1
+        self._rerank()
         self.dispatch()
 
     def remove_consumer(self, subscription: Subscription) -> None:
         self.consumers.remove(subscription)
+        if self.groups:  # its groups move on to whoever takes their next message
+            for group in [g for g, owner in self.groups.items() if owner is subscription]:
+                del self.groups[group]
         if subscription.selector is not None:
             self.selective -= 1
+        self._rerank()
         if self._rr >= len(self.consumers):
             self._rr = 0
 
@@ -313,17 +333,56 @@ class Queue:
         """Round robin over the consumers with room that select ``message``."""
         if message.headers is None and self.store is not None:
             self.store.load(message)  # a selector reads headers: bring them in
-        consumers = self.consumers
+        group = message.headers.get(GROUP_HEADER) if self.groups is not None and message.headers else None
+        if group is not None:
+            owner = self.groups.get(group)  # type: ignore[union-attr]
+            if owner is not None:
+                # The group stays with its consumer while it lives, room or not.
+                return owner if owner.has_room else None
+        consumers = self._eligible() if self.ranked else self.consumers
         n = len(consumers)
-        start = self._rr
+        start = self._rr % n if n else 0
         for i in range(n):
             candidate = consumers[(start + i) % n]
             if candidate.has_room and (candidate.selector is None or candidate.selector.matches(message)):
                 self._rr = (start + i + 1) % n
+                if group is not None:
+                    groups = self.groups
+                    assert groups is not None
+                    if len(groups) >= MAX_GROUPS:
+                        del groups[next(iter(groups))]  # the oldest assignment is forgotten first
+                    groups[group] = candidate
                 return candidate
         return None
 
+    def _rerank(self) -> None:
+        consumers = self.consumers
+        self.ranked = any(c.exclusive for c in consumers) or len({c.priority for c in consumers}) > 1
+
+    def _eligible(self) -> list[Subscription]:
+        """The consumers that may be picked now, by rank: the first exclusive
+        consumer alone if there is one (ActiveMQ's exclusive consumer), else
+        the highest priority that has room, else all."""
+        consumers = self.consumers
+        for consumer in consumers:
+            if consumer.exclusive:
+                return [consumer]
+        for level in sorted({c.priority for c in consumers}, reverse=True):
+            group = [c for c in consumers if c.priority == level]
+            if any(c.has_room for c in group):
+                return group
+        return consumers
+
     def _pick(self) -> Subscription | None:
+        if self.ranked:
+            group = self._eligible()
+            n = len(group)
+            for i in range(n):
+                candidate = group[(self._rr + i) % n]
+                if candidate.has_room:
+                    self._rr = (self._rr + i + 1) % max(len(self.consumers), 1)
+                    return candidate
+            return None
         consumers = self.consumers
         n = len(consumers)
         if n == 1:

@@ -34,6 +34,7 @@ class Subscription:
 
     __slots__ = (
         "token", "address", "queue", "sink", "ack_mode", "prefetch", "unacked", "private", "owner", "durable", "selector",
+        "priority", "exclusive",
     )
 
     def __init__(
@@ -59,6 +60,8 @@ class Subscription:
         self.owner = owner
         self.durable: Any = None  # the DurableSubscription this consumes, if any
         self.selector: Any = None  # a core.selectors.Selector, or None: every message
+        self.priority = 0  # consumer priority: higher is served first while it has room
+        self.exclusive = False  # an exclusive consumer gets the whole queue while it lives
 
     @property
     def has_room(self) -> bool:

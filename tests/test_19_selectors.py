@@ -59,3 +59,59 @@ def test_an_invalid_selector_gets_an_error_saying_where(broker, stomp_client):
     client.conn.subscribe(f"/queue/{unique('bad')}", "1", headers={"selector": "color == 'red'"})
     error = client.wait_error()
     assert "invalid selector at character 7" in error.headers["message"]
+
+
+# -- consumer priority and exclusive consumers (the other ways a queue picks) -------
+
+
+def test_higher_priority_consumers_are_served_first_while_they_have_room(broker, stomp_client):
+    queue = f"/queue/{unique('prio')}"
+    high = stomp_client(broker)
+    high.subscribe(queue, "h", ack="client-individual", **{"activemq.priority": "9", "activemq.prefetchSize": "2"})
+    low = stomp_client(broker)
+    low.subscribe(queue, "l", ack="client-individual", **{"x-priority": "1", "prefetch-count": "10"})
+    producer = stomp_client(broker)
+    for i in range(5):
+        producer.send(queue, f"m{i}".encode())
+    high.wait_messages(2)
+    low.wait_messages(3)
+    assert high.bodies == [b"m0", b"m1"]  # first, up to its prefetch
+    assert low.bodies == [b"m2", b"m3", b"m4"]
+
+
+def test_an_exclusive_consumer_gets_everything_and_the_next_takes_over(broker, stomp_client):
+    queue = f"/queue/{unique('excl')}"
+    first = stomp_client(broker)
+    first.subscribe(queue, "a", **{"activemq.exclusive": "true"})
+    second = stomp_client(broker)
+    second.subscribe(queue, "b", **{"activemq.exclusive": "true"})
+    producer = stomp_client(broker)
+    for i in range(4):
+        producer.send(queue, f"m{i}".encode())
+    first.wait_messages(4)
+    second.barrier()
+    assert second.bodies == []
+    first.close()
+    producer.send(queue, b"after")
+    assert second.wait_messages(1)[0].body == b"after"
+
+
+def test_a_message_group_sticks_to_one_consumer_until_it_leaves(broker, stomp_client):
+    queue = f"/queue/{unique('group')}"
+    a = stomp_client(broker)
+    a.subscribe(queue, "a")
+    b = stomp_client(broker)
+    b.subscribe(queue, "b")
+    producer = stomp_client(broker)
+    for i in range(8):
+        producer.send(queue, f"{'xy'[i % 2]}{i}".encode(), JMSXGroupID="xy"[i % 2], JMSXGroupSeq=str(i // 2 + 1))
+    a.wait_messages(4)
+    b.wait_messages(4)
+    groups_a = {m.headers["JMSXGroupID"] for m in a.messages}
+    groups_b = {m.headers["JMSXGroupID"] for m in b.messages}
+    assert len(groups_a) == 1 and len(groups_b) == 1 and groups_a != groups_b
+    assert [m.headers["JMSXGroupSeq"] for m in a.messages] == ["1", "2", "3", "4"]
+    (moving,) = groups_a
+    a.close()
+    producer.send(queue, b"later", JMSXGroupID=moving)
+    assert b.wait_messages(5)[-1].body == b"later"  # the group moved to the consumer still there

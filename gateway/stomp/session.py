@@ -446,7 +446,10 @@ class StompSession:
         mode = ACK_MODES.get(mode_name)
         if mode is None:
             raise FrameRejected(f"unknown ack mode {mode_name[:40]!r}; use auto, client or client-individual")
-        prefetch = _int_header(frame, "activemq.prefetchSize", 0)
+        # ActiveMQ's names, and RabbitMQ's beside them.
+        prefetch = _int_header(frame, "activemq.prefetchSize", _int_header(frame, "prefetch-count", 0))
+        priority = _int_header(frame, "activemq.priority", _int_header(frame, "x-priority", 0))
+        exclusive = frame.headers.get("activemq.exclusive") == "true"
         if prefetch < 0:
             raise FrameRejected("activemq.prefetchSize must not be negative")
         self._sub_numbers += 1
@@ -459,7 +462,7 @@ class StompSession:
         try:
             state.core = self.client.subscribe(  # type: ignore[union-attr]
                 state, address, mode, prefetch, durable=self._durable_owner(frame, sub_id),
-                selector=_selector(frame),
+                selector=_selector(frame), priority=priority, exclusive=exclusive,
             )
         except CoreError:
             del self._subs[sub_id]
