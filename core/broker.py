@@ -52,6 +52,11 @@ class BrokerSettings:
     dead_letter_queue: str = "/queue/DLQ"
     # True: each queue's dead letters go to DLQ.<its name> instead.
     dead_letter_per_destination: bool = False
+    # A queue this deep holds its producers back (their connections stop
+    # reading) until consumers bring it down to half; 0 = no limit.  With
+    # send_fail_if_no_space the SEND is refused with an error instead.
+    queue_high_water: int = 100_000
+    send_fail_if_no_space: bool = False
     # Expired persistent messages go to the dead-letter queue (non-persistent
     # ones are dropped); false drops both.  Counted either way.
     expired_to_dlq: bool = True
@@ -134,15 +139,19 @@ class Broker:
         subscriber, storing it first if it is persistent and anything that
         keeps messages gets it.  Returns the LSN that makes it durable.
         A ``producer`` is held back if the message landed in congested queues."""
-        self.stats.messages_in += 1
         targets = self._targets(message.address)
         if not message.address.is_queue:
             targets = self._selected(targets, message)
+        elif targets and targets[0].waiters is not None and self.settings.send_fail_if_no_space:
+            raise LimitExceeded(f"destination {message.address.text!r} is full (send_fail_if_no_space)")
+        self.stats.messages_in += 1
         lsn = 0
         if message.persistent:
             keys = [queue.key for queue in targets if queue.key is not None]
             if keys:
                 lsn = self.store.add_message(message, keys)
+        if message.address.is_queue and self.settings.send_fail_if_no_space:
+            producer = None  # a full queue refuses the next SEND instead of holding this one
         self._put(message, targets, producer)
         return lsn
 
@@ -213,7 +222,8 @@ class Broker:
         # Temporary queues are never stored: they die with their connection.
         key = None if address.is_temporary else address.text
         queue = self.queues[address] = Queue(
-            address, owner=owner, store=self.store, key=key, resident=self.settings.resident_messages
+            address, owner=owner, store=self.store, key=key, resident=self.settings.resident_messages,
+            high_water=self.settings.queue_high_water,
         )
         self._arm(queue)
         return queue
@@ -420,7 +430,10 @@ class Client:
             return []
         slow = []
         for queue, delivered in list(self.blocked_on.items()):
-            if queue.stats.delivered == delivered:
+            # Only a topic subscription's own queue can cut a slow consumer
+            # loose (it may drop its oldest); a shared queue holds producers
+            # for as long as it is full, or the broker would grow without bound.
+            if queue.stats.delivered == delivered and queue.limit:
                 queue.slow = True
                 slow.append(queue)
                 queue.relieve()  # may unblock us (and others) right here

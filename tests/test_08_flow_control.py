@@ -47,3 +47,36 @@ def test_a_slow_reader_slows_the_topic_producer_and_loses_nothing(broker_factory
                     for q in [s.queue])
     )
     assert discarded == 0
+
+
+def test_a_full_queue_holds_its_producer_until_consumers_make_room(broker_factory, raw_client, stomp_client):
+    broker = broker_factory(broker={"queue_high_water": 10})
+    queue = f"/queue/{unique('full')}"
+    producer = raw_client(broker)
+    producer.connect(heart_beat="0,0")
+    for i in range(30):
+        producer.send_frame("SEND", {"destination": queue, "receipt": f"r{i}"}, f"m{i}".encode())
+    receipts = [f.headers["receipt-id"] for f in producer.quiet_for(0.5)]
+    assert receipts == [f"r{i}" for i in range(10)], "the producer was not held at the high-water mark"
+    assert broker.call(lambda: broker.running.broker.stats.producer_holds) >= 1
+    consumer = stomp_client(broker)
+    consumer.subscribe(queue)
+    consumer.wait_messages(30)
+    assert consumer.bodies == [f"m{i}".encode() for i in range(30)]
+    rest = []
+    while len(rest) < 20:
+        rest.append(producer.expect("RECEIPT").headers["receipt-id"])
+    assert rest == [f"r{i}" for i in range(10, 30)]
+
+
+def test_with_send_fail_if_no_space_a_full_queue_refuses_the_send(broker_factory, raw_client):
+    broker = broker_factory(broker={"queue_high_water": 5, "send_fail_if_no_space": True})
+    queue = f"/queue/{unique('refuse')}"
+    producer = raw_client(broker)
+    producer.connect(heart_beat="0,0")
+    for i in range(5):
+        producer.send_frame("SEND", {"destination": queue, "receipt": f"r{i}"}, b"x")
+        producer.receipt(f"r{i}")
+    producer.send_frame("SEND", {"destination": queue, "receipt": "over"}, b"x")
+    error = producer.expect_error_and_close()
+    assert error.headers["receipt-id"] == "over" and "full" in error.headers["message"]
