@@ -115,3 +115,26 @@ def test_a_message_group_sticks_to_one_consumer_until_it_leaves(broker, stomp_cl
     a.close()
     producer.send(queue, b"later", JMSXGroupID=moving)
     assert b.wait_messages(5)[-1].body == b"later"  # the group moved to the consumer still there
+
+
+def test_a_ten_thousand_message_backlog_of_mixed_priorities_drains_in_priority_order(broker_factory, raw_client):
+    broker = broker_factory(broker={"resident_messages": 1000})  # most of it paged out to the store
+    queue = f"/queue/{unique('prio')}"
+    producer = raw_client(broker)
+    producer.connect(heart_beat="0,0")
+    frames = []
+    for i in range(10_000):
+        headers = {"destination": queue, "priority": str(i % 10), "persistent": "true", "seq": str(i)}
+        if i == 9_999:
+            headers["receipt"] = "last"
+        frames.append(("SEND", headers, b"x"))
+    from tests.helpers import encode_frame
+
+    producer.send(b"".join(encode_frame(c, h, b) for c, h, b in frames))
+    producer.receipt("last", timeout=30)
+    consumer = raw_client(broker)
+    consumer.connect(heart_beat="0,0")
+    consumer.send_frame("SUBSCRIBE", {"destination": queue, "id": "1"})
+    got = [consumer.expect("MESSAGE", timeout=30) for _ in range(10_000)]
+    order = [(int(m.headers["priority"]), int(m.headers["seq"])) for m in got]
+    assert order == sorted(order, key=lambda ps: (-ps[0], ps[1]))  # higher first, FIFO within
