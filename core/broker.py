@@ -24,6 +24,7 @@ from core.matching import SubscriptionTree
 from core.messages import DEFAULT_PRIORITY, Message
 from core import names
 from core.names import Address, Kind, matches
+from core.policies import Policies, check_entries
 from core.ports import Clock, NoStore, Sink, Store
 from core.subscriptions import AckMode, Subscription
 from core.transactions import Transaction
@@ -64,6 +65,11 @@ class BrokerSettings:
     max_subscriptions_per_client: int = 1_000
     max_transactions_per_client: int = 64
     max_transaction_messages: int = 100_000
+    # Per-destination overrides of the settings above (core/policies.py).
+    policies: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        check_entries(self, self.policies)  # a bad entry fails at start-up, named
 
 
 class BrokerStatistics:
@@ -86,6 +92,7 @@ class Broker:
         self.clock = clock
         self.settings = settings or BrokerSettings()
         self.store: Store = store if store is not None else NoStore()
+        self.policies = Policies(self.settings)
         self.queues: dict[Address, Queue] = {}
         self.durables: dict[str, DurableSubscription] = {}
         # The last retained message of each topic (MQTT's retain flag), by name.
@@ -142,7 +149,7 @@ class Broker:
         targets = self._targets(message.address)
         if not message.address.is_queue:
             targets = self._selected(targets, message)
-        elif targets and targets[0].waiters is not None and self.settings.send_fail_if_no_space:
+        elif targets and targets[0].waiters is not None and self.policies.for_address(message.address).send_fail_if_no_space:
             raise LimitExceeded(f"destination {message.address.text!r} is full (send_fail_if_no_space)")
         self.stats.messages_in += 1
         lsn = 0
@@ -150,7 +157,7 @@ class Broker:
             keys = [queue.key for queue in targets if queue.key is not None]
             if keys:
                 lsn = self.store.add_message(message, keys)
-        if message.address.is_queue and self.settings.send_fail_if_no_space:
+        if message.address.is_queue and self.policies.for_address(message.address).send_fail_if_no_space:
             producer = None  # a full queue refuses the next SEND instead of holding this one
         self._put(message, targets, producer)
         return lsn
@@ -221,9 +228,10 @@ class Broker:
             raise LimitExceeded(f"too many destinations (limit {self.settings.max_destinations})")
         # Temporary queues are never stored: they die with their connection.
         key = None if address.is_temporary else address.text
+        policy = self.policies.for_address(address)
         queue = self.queues[address] = Queue(
-            address, owner=owner, store=self.store, key=key, resident=self.settings.resident_messages,
-            high_water=self.settings.queue_high_water,
+            address, owner=owner, store=self.store, key=key, resident=policy.resident_messages,
+            high_water=policy.queue_high_water,
         )
         self._arm(queue)
         return queue
@@ -231,17 +239,18 @@ class Broker:
     def _arm(self, queue: Queue) -> Queue:
         """Give a queue the broker's clock (for expiry) and its dead-letter
         routing (not the dead-letter queues: what fails there stays there)."""
+        policy = self.policies.for_address(queue.address)
         queue.clock = self.clock
-        queue.expired_to_dlq = self.settings.expired_to_dlq
-        if not queue.address.text.startswith(self.settings.dead_letter_queue):
+        queue.expired_to_dlq = policy.expired_to_dlq
+        if not queue.address.text.startswith(policy.dead_letter_queue):
             queue.dead_letter = self._dead_letter
-            queue.max_redeliveries = self.settings.max_redeliveries
+            queue.max_redeliveries = policy.max_redeliveries
         return queue
 
     def _dead_letter(self, queue: Queue, message: Message, reason: str) -> None:
         """Move a message that keeps failing to the dead-letter queue, saying
         where it came from and why; one store record for the move."""
-        settings = self.settings
+        settings = self.policies.for_address(queue.address)
         name = settings.dead_letter_queue
         if settings.dead_letter_per_destination:
             name = f"{name}.{queue.address.name}"
@@ -284,7 +293,8 @@ class Broker:
             lsn = self._drop_durable(durable)
             durable = None
         if durable is None:
-            queue = self._arm(Queue(pattern, store=self.store, key=key, resident=self.settings.resident_messages))
+            resident = self.policies.for_address(pattern).resident_messages
+            queue = self._arm(Queue(pattern, store=self.store, key=key, resident=resident))
             durable = self.durables[key] = DurableSubscription(client_id, name, pattern, queue)
             self._trees[pattern.kind].add(pattern.segments, durable)
             lsn = self.store.add_subscription(key, pattern.text)
@@ -307,7 +317,8 @@ class Broker:
         client id, name, topic) and the messages of every stored queue, in
         their order.  Called once, before any client connects."""
         for key, (client_id, name, pattern) in subscriptions.items():
-            queue = self._arm(Queue(pattern, store=self.store, key=key, resident=self.settings.resident_messages))
+            resident = self.policies.for_address(pattern).resident_messages
+            queue = self._arm(Queue(pattern, store=self.store, key=key, resident=resident))
             durable = self.durables[key] = DurableSubscription(client_id, name, pattern, queue)
             self._trees[pattern.kind].add(pattern.segments, durable)
         for key, messages in queues.items():
@@ -471,7 +482,8 @@ class Client:
                 # A wildcard would reach into other connections' private replies.
                 raise InvalidDestination("wildcards are not allowed on temporary destinations")
             self.broker._claim(address, self)
-        window = prefetch if prefetch and prefetch > 0 else self.broker.settings.default_prefetch
+        policy = self.broker.policies.for_address(address)
+        window = prefetch if prefetch and prefetch > 0 else policy.default_prefetch
         if durable is not None:
             return self._subscribe_durable(token, address, ack_mode, window, durable, selector)
         if address.is_queue:
@@ -481,9 +493,8 @@ class Client:
             subscription.priority = priority
             subscription.exclusive = exclusive
         else:
-            settings = self.broker.settings
             queue = self.broker._arm(
-                Queue(address, owner=self, limit=settings.topic_buffer_limit, high_water=settings.topic_high_water)
+                Queue(address, owner=self, limit=policy.topic_buffer_limit, high_water=policy.topic_high_water)
             )
             queue.selector = selector  # filtered as the topic fans out
             subscription = Subscription(token, address, queue, self.sink, ack_mode, window, private=True, owner=self)
