@@ -61,6 +61,11 @@ class BrokerSettings:
     # Expired persistent messages go to the dead-letter queue (non-persistent
     # ones are dropped); false drops both.  Counted either way.
     expired_to_dlq: bool = True
+    # Redelivery delay: the first redelivery waits this long (0: at once),
+    # each later one backoff times longer, up to the maximum.
+    redelivery_delay_ms: int = 0
+    redelivery_backoff: float = 1.0
+    max_redelivery_delay_ms: int = 60_000
     max_destinations: int = 10_000
     max_subscriptions_per_client: int = 1_000
     max_transactions_per_client: int = 64
@@ -93,6 +98,7 @@ class Broker:
         self.settings = settings or BrokerSettings()
         self.store: Store = store if store is not None else NoStore()
         self.policies = Policies(self.settings)
+        self._delaying: list[Queue] = []  # queues that hold redeliveries back
         self.queues: dict[Address, Queue] = {}
         self.durables: dict[str, DurableSubscription] = {}
         # The last retained message of each topic (MQTT's retain flag), by name.
@@ -245,7 +251,21 @@ class Broker:
         if not queue.address.text.startswith(policy.dead_letter_queue):
             queue.dead_letter = self._dead_letter
             queue.max_redeliveries = policy.max_redeliveries
+        if policy.redelivery_delay_ms:
+            first, backoff, cap = policy.redelivery_delay_ms, policy.redelivery_backoff, policy.max_redelivery_delay_ms
+            queue.redelivery_delay = lambda n: int(min(cap, first * backoff ** max(0, n - 1)))
+            self._delaying.append(queue)
         return queue
+
+    def next_redelivery_ms(self) -> int | None:
+        """When the earliest held redelivery is due (epoch ms), if any."""
+        dues = [q.delayed[0][0] for q in self._delaying if q.delayed]
+        return min(dues) if dues else None
+
+    def release_redeliveries(self, now_ms: int) -> int:
+        """Put back every held redelivery that is due; returns how many."""
+        self._delaying = [q for q in self._delaying if q.delayed or q.consumers or q.address in self.queues]
+        return sum(q.release_delayed(now_ms) for q in self._delaying)
 
     def _dead_letter(self, queue: Queue, message: Message, reason: str) -> None:
         """Move a message that keeps failing to the dead-letter queue, saying

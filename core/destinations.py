@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
@@ -11,6 +13,9 @@ from core.names import Address
 from core.ports import Clock, Store
 from core.subscriptions import AckMode, Subscription
 
+
+# Ties between redeliveries due at the same millisecond keep their order.
+_DELAY_ORDER = itertools.count()
 
 # JMS message groups: messages with the same value go to the same consumer.
 GROUP_HEADER = "JMSXGroupID"
@@ -136,7 +141,7 @@ class Queue:
     __slots__ = (
         "address", "pending", "consumers", "_rr", "stats", "owner", "limit", "high_water", "waiters", "slow",
         "store", "key", "resident", "dead_letter", "max_redeliveries", "clock", "expiring", "expired_to_dlq",
-        "selective", "selector", "ranked", "groups",
+        "selective", "selector", "ranked", "groups", "redelivery_delay", "delayed",
     )
 
     def __init__(
@@ -177,6 +182,10 @@ class Queue:
         # Message groups (JMSXGroupID): which consumer owns each group.  None
         # until a grouped message arrives; then dispatch is message-aware.
         self.groups: dict[str, Subscription] | None = None
+        # Redelivery delay: ms to hold a message back given its redelivery
+        # count (None: put it back at once), and the held ones by due time.
+        self.redelivery_delay: Callable[[int], int] | None = None
+        self.delayed: list[tuple[int, int, Message]] = []
         self.pending = PriorityBuffer()
         self.consumers: list[Subscription] = []
         self._rr = 0
@@ -243,9 +252,27 @@ class Queue:
             if dead_letter is not None and again.redeliveries > self.max_redeliveries:
                 dead_letter(self, message, f"delivered {again.redeliveries} times, more than {self.max_redeliveries + 1}")
                 continue
-            self.pending.push_front(again)
             self.stats.redelivered += 1
+            delay = self.redelivery_delay(again.redeliveries) if self.redelivery_delay is not None else 0
+            if delay and self.clock is not None:
+                # Held back a while (a failing consumer gets time to recover);
+                # the broker's timer puts it back at the head when due.
+                heapq.heappush(self.delayed, (self.clock.wall_ms() + delay, next(_DELAY_ORDER), again))
+                continue
+            self.pending.push_front(again)
         self.dispatch()
+
+    def release_delayed(self, now_ms: int) -> int:
+        """Put back the held redeliveries that are due; returns how many."""
+        delayed = self.delayed
+        due = []
+        while delayed and delayed[0][0] <= now_ms:
+            due.append(heapq.heappop(delayed)[2])
+        for message in reversed(due):
+            self.pending.push_front(message)
+        if due:
+            self.dispatch()
+        return len(due)
 
     def dispatch(self) -> None:
         pending = self.pending

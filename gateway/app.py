@@ -81,11 +81,14 @@ async def serve(
     server = Server(log, durable_lsn=lambda: store.durable_lsn, grace_s=config.shutdown_grace_s)
     commit_lot = trio.lowlevel.ParkingLot()
 
-    def kick_committer() -> None:
+    redelivery = _RedeliveryTimer(broker)
+
+    def after_input() -> None:
         if store.appended_lsn > store.durable_lsn:
             commit_lot.unpark_all()
+        redelivery.reschedule()
 
-    server.after_input = kick_committer
+    server.after_input = after_input
 
     def stomp_session(conn_id: str, conn_log: Any) -> StompSession:
         return StompSession(broker, clock, config.stomp, conn_id=conn_id, log=conn_log, authenticate=allow_anonymous)
@@ -124,6 +127,7 @@ async def serve(
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_commit, store, server, commit_lot, log, writes)
+            nursery.start_soon(redelivery.run)
             nursery.start_soon(_maintain, store, broker, config.store.maintenance_interval_s, commit_lot, log)
             if handle_signals:
                 nursery.start_soon(_stop_on_signal, server, log)
@@ -196,6 +200,30 @@ async def _maintain(
         if trio.current_time() >= next_stats:
             next_stats = trio.current_time() + STATS_INTERVAL_S
             log.info("store_stats", **store.stats())
+
+
+class _RedeliveryTimer:
+    """Sleeps until the core's earliest held redelivery is due, then releases
+    what is due; woken early when a session's call made an earlier one."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._scope: trio.CancelScope | None = None
+        self._scheduled: int | None = None
+
+    def reschedule(self) -> None:
+        due = self.broker.next_redelivery_ms()
+        if due is not None and (self._scheduled is None or due < self._scheduled) and self._scope is not None:
+            self._scope.cancel()
+
+    async def run(self) -> None:
+        while True:
+            due = self._scheduled = self.broker.next_redelivery_ms()
+            with trio.CancelScope() as self._scope:
+                if due is None:
+                    await trio.sleep_forever()
+                await trio.sleep(max(0.0, (due - time.time() * 1000) / 1000))
+            self.broker.release_redeliveries(int(time.time() * 1000))
 
 
 def run(config: Config, log: Any) -> None:

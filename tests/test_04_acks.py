@@ -372,3 +372,26 @@ def test_expired_messages_are_never_delivered_whichever_dialect(broker, stomp_cl
     assert int(consumer.messages[1].headers["expires"]) >= now_ms + 60_000
     assert broker.call(lambda: broker.running.broker.queues[next(
         a for a in broker.running.broker.queues if a.text == queue)].stats.expired) == 2
+
+
+def test_redelivery_waits_the_policys_delay_with_backoff(broker_factory, stomp_client):
+    import time as _time
+
+    policy = {"destination": "/queue/slow.>", "redelivery_delay_ms": 300, "redelivery_backoff": 2.0}
+    broker = broker_factory(broker={"policies": [policy]})
+    queue = f"/queue/slow.{unique('d')}"
+    stomp_client(broker).send(queue, b"retry me")
+    consumer = stomp_client(broker)
+    consumer.subscribe(queue, "s", ack="client-individual")
+    times = []
+    for attempt in range(3):
+        message = consumer.wait_messages(attempt + 1, timeout=5)[attempt]
+        times.append(_time.monotonic())
+        if attempt < 2:
+            consumer.conn.nack(message.headers["ack"])
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    # Not before the delay (300 ms, then 600 ms); the upper bounds only catch a
+    # delay that is never released, not a slow machine.
+    assert 0.28 <= gaps[0] < 3.0, gaps
+    assert 0.58 <= gaps[1] < 4.0, gaps
+    assert consumer.messages[2].headers["redelivered"] == "true"
