@@ -80,3 +80,30 @@ def test_with_send_fail_if_no_space_a_full_queue_refuses_the_send(broker_factory
     producer.send_frame("SEND", {"destination": queue, "receipt": "over"}, b"x")
     error = producer.expect_error_and_close()
     assert error.headers["receipt-id"] == "over" and "full" in error.headers["message"]
+
+
+def test_an_mqtt_publisher_is_held_back_by_a_slow_subscriber_too(broker_factory, raw_client, raw_mqtt):
+    from gateway.mqtt import packets
+
+    broker = broker_factory(broker={"topic_high_water": 20, "topic_buffer_limit": 40},
+                            stomp={"outbox_high_water_bytes": 8192})
+    name = unique("mqttflow")
+    reader = raw_client(broker, rcvbuf=4096)
+    reader.connect(heart_beat="0,0")
+    reader.send_frame("SUBSCRIBE", {"destination": f"/topic/{name}", "id": "1", "receipt": "s"})
+    reader.receipt("s")
+    publisher = raw_mqtt(broker, "publisher")
+    publisher.sock.settimeout(30)  # held back for a while by design
+    count = 1500
+    wire = b"".join(publisher.codec.send(packets.Publish(name, f"{i:05d}".encode() + b"x" * 1000)) for i in range(count))
+    sender = threading.Thread(target=publisher.send_raw, args=(wire,))
+    sender.start()
+    received = []
+    while len(received) < count:
+        received.append(reader.expect("MESSAGE").body)
+        if len(received) % 8 == 0:
+            time.sleep(0.002)
+    sender.join(10)
+    assert not sender.is_alive()
+    assert received == [f"{i:05d}".encode() + b"x" * 1000 for i in range(count)]
+    assert broker.call(lambda: broker.running.broker.stats.producer_holds) > 0
