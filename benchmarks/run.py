@@ -700,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, SystemExit) as exc:
         # Scenario.run's finally has already stopped the broker and workers.
         code = 130 if isinstance(exc, KeyboardInterrupt) else exc.code
-        print(f"\ninterrupted (signal); every process this run started has been stopped", file=sys.stderr)
+        print("\ninterrupted (signal); every process this run started has been stopped", file=sys.stderr)
         if results:
             print_summary(results)
         return code if isinstance(code, int) else 1
