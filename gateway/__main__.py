@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 def _passwd(name: str, role: str) -> int:
     import getpass
 
-    from gateway.adminapi import hash_password
+    from gateway.auth import hash_password
 
     password = getpass.getpass("password: ") if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")
     if not password:

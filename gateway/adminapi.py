@@ -24,11 +24,8 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-import hashlib
-import hmac
 import json
 import os
-import secrets
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -39,9 +36,8 @@ from core import names
 from core.broker import Broker
 from core.errors import CoreError
 from gateway import console
+from gateway.auth import verify_password
 
-HASH_SCHEME = "pbkdf2_sha256"
-HASH_ITERATIONS = 200_000
 ROLES = ("read", "write")
 USERS_FILE_ENV = "GATEWAY_ADMIN_USERS_FILE"
 
@@ -54,24 +50,6 @@ class AdminSettings:
     users_file: str = ""  # a TOML file with the same `users` list (a Secret)
     max_request_bytes: int = 1024 * 1024
     request_timeout_s: float = 10.0
-
-
-def hash_password(password: str, *, iterations: int = HASH_ITERATIONS) -> str:
-    salt = secrets.token_bytes(16)
-    digest = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
-    return f"{HASH_SCHEME}${iterations}${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}"
-
-
-def verify_password(password: str, stored: str) -> bool:
-    try:
-        scheme, iterations, salt, digest = stored.split("$")
-        if scheme != HASH_SCHEME:
-            return False
-        expected = base64.b64decode(digest)
-        actual = hashlib.pbkdf2_hmac("sha256", password.encode(), base64.b64decode(salt), int(iterations))
-    except (ValueError, binascii.Error):
-        return False
-    return hmac.compare_digest(actual, expected)
 
 
 def load_users(settings: AdminSettings) -> dict[str, tuple[str, str]]:

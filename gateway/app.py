@@ -12,7 +12,7 @@ from typing import Any
 import trio
 
 from core.broker import Broker
-from gateway.auth import allow_anonymous
+from gateway.auth import UserAuthenticator
 from gateway import metrics
 from gateway.admin import serve_admin
 from gateway.adminapi import AdminApi, load_users
@@ -90,14 +90,18 @@ async def serve(
 
     server.after_input = after_input
 
+    authenticate = UserAuthenticator(config.auth)
+    if authenticate.users and authenticate.anonymous:
+        log.warning("anonymous_access_enabled", users=len(authenticate.users))
+
     def stomp_session(conn_id: str, conn_log: Any) -> StompSession:
-        return StompSession(broker, clock, config.stomp, conn_id=conn_id, log=conn_log, authenticate=allow_anonymous)
+        return StompSession(broker, clock, config.stomp, conn_id=conn_id, log=conn_log, authenticate=authenticate)
 
     registry = mqtt_session.Registry()
 
     def mqtt_connection(conn_id: str, conn_log: Any) -> mqtt_session.MqttSession:
         return mqtt_session.MqttSession(
-            broker, clock, config.mqtt, registry, conn_id=conn_id, log=conn_log, authenticate=allow_anonymous
+            broker, clock, config.mqtt, registry, conn_id=conn_id, log=conn_log, authenticate=authenticate
         )
 
     specs = [

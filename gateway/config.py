@@ -9,6 +9,7 @@ from typing import Any
 
 from core.broker import BrokerSettings
 from gateway.adminapi import AdminSettings
+from gateway.auth import AuthSettings
 from gateway.mqtt.session import MqttSettings
 from gateway.stomp.session import StompSettings
 from gateway.storage import StoreSettings
@@ -39,6 +40,7 @@ class Config:
     broker: BrokerSettings = BrokerSettings()
     store: StoreSettings = StoreSettings()
     admin: AdminSettings = AdminSettings()
+    auth: AuthSettings = AuthSettings()
 
     def __post_init__(self) -> None:
         if self.log_format not in LOG_FORMATS:
@@ -53,6 +55,7 @@ class Config:
 
 _SECTIONS = {
     "stomp": StompSettings, "mqtt": MqttSettings, "broker": BrokerSettings, "store": StoreSettings, "admin": AdminSettings,
+    "auth": AuthSettings,
 }
 
 

@@ -17,6 +17,7 @@ from hypothesis import settings as hypothesis_settings
 from core.broker import BrokerSettings
 from gateway import app, logs
 from gateway.adminapi import AdminSettings
+from gateway.auth import AuthSettings
 from gateway.config import Config
 from gateway.mqtt.session import MqttSettings
 from gateway.stomp.session import StompSettings
@@ -24,7 +25,7 @@ from gateway.stomp.session import StompSettings
 
 # Generated-input tests check behaviour, not speed: on a loaded CI machine
 # generation may be slow, which is no failure of the code under test.
-hypothesis_settings.register_profile("gateway", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+hypothesis_settings.register_profile("gateway", deadline=None, suppress_health_check=list(HealthCheck))
 hypothesis_settings.load_profile("gateway")
 
 
@@ -99,6 +100,7 @@ def make_config(
     broker: dict[str, Any] | None = None,
     mqtt: dict[str, Any] | None = None,
     admin: dict[str, Any] | None = None,
+    auth: dict[str, Any] | None = None,
     **top: Any,
 ) -> Config:
     return Config(
@@ -113,6 +115,7 @@ def make_config(
         broker=BrokerSettings(**(broker or {})),
         mqtt=MqttSettings(**(mqtt or {})),
         admin=AdminSettings(**(admin or {})),
+        auth=AuthSettings(**(auth or {})),
         **top,
     )
 

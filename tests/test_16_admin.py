@@ -12,7 +12,7 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.adminapi import hash_password
+from gateway.auth import hash_password
 from tests.helpers import unique, wait_for
 
 WRITER = ("ops", "s3cret")

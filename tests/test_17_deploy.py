@@ -497,7 +497,8 @@ def _get(url: str, auth: tuple[str, str] | None = None) -> tuple[int, str]:
 def test_broker_with_the_configmap_answers_the_probes(rendered: list[dict[str, Any]], tmp_path: Path) -> None:
     if not (ROOT / "gateway" / "admin.py").exists():
         pytest.skip("gateway/admin.py (the admin HTTP server with /healthz and /readyz) is not there yet")
-    from gateway.adminapi import USERS_FILE_ENV, hash_password
+    from gateway.adminapi import USERS_FILE_ENV
+    from gateway.auth import hash_password
 
     ctr = container(rendered)
     pod = _pod_spec(the(rendered, "StatefulSet"))

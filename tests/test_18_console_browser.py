@@ -9,7 +9,7 @@ import shutil
 import pytest
 from selenium import webdriver
 
-from gateway.adminapi import hash_password
+from gateway.auth import hash_password
 from tests.helpers import unique
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

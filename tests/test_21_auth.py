@@ -1,0 +1,62 @@
+"""Users for STOMP and MQTT clients: anonymous access ends once a user is
+defined (unless turned back on), wrong credentials are refused the way each
+protocol refuses them."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.auth import hash_password
+from gateway.mqtt import packets as p
+from tests.helpers import RawClient
+
+USERS = [{"name": "app", "password_hash": hash_password("s3cret", iterations=1000)}]
+
+
+@pytest.fixture
+def secured(broker_factory):
+    return broker_factory(auth={"users": USERS})
+
+
+def stomp_connect(broker, **headers):
+    client = RawClient(broker.stomp_address)
+    client.send_frame("CONNECT", {"accept-version": "1.2", "host": "h", **headers})
+    frame = client.next_frame()
+    client.close()
+    return frame
+
+
+@pytest.mark.parametrize(
+    ("headers", "command"),
+    [({}, "ERROR"), ({"login": "app", "passcode": "wrong"}, "ERROR"), ({"login": "nobody", "passcode": "s3cret"}, "ERROR"),
+     ({"login": "app", "passcode": "s3cret"}, "CONNECTED")],
+    ids=["anonymous", "wrong-password", "unknown-user", "right"],
+)
+def test_stomp_connect_needs_a_user_once_one_is_defined(secured, headers, command):
+    frame = stomp_connect(secured, **headers)
+    assert frame.command == command
+    if command == "ERROR":
+        assert "authentication failed" in frame.headers["message"]
+
+
+@pytest.mark.parametrize(
+    ("username", "password", "code"),
+    [(None, None, p.NOT_AUTHORIZED), ("app", b"wrong", p.BAD_USERNAME_OR_PASSWORD), ("app", b"s3cret", p.ACCEPTED)],
+    ids=["anonymous", "wrong-password", "right"],
+)
+def test_mqtt_connect_needs_a_user_once_one_is_defined(secured, raw_mqtt, username, password, code):
+    raw = raw_mqtt(secured)
+    raw.send(p.Connect("device", username=username, password=password))
+    assert raw.next() == p.ConnAck(False, code)
+    if code:
+        raw.wait_closed()
+
+
+def test_anonymous_access_can_be_turned_back_on_beside_users(broker_factory):
+    broker = broker_factory(auth={"users": USERS, "anonymous": "true"})
+    assert stomp_connect(broker).command == "CONNECTED"
+    assert stomp_connect(broker, login="app", passcode="wrong").command == "ERROR"
+
+
+def test_without_users_anyone_connects(broker):
+    assert stomp_connect(broker).command == "CONNECTED"
