@@ -14,7 +14,7 @@ import pytest
 
 from gateway.mqtt import packets as p
 from tests.helpers import unique, wait_for
-from tests.mqtt_helpers import RawMqtt
+from tests.mqtt_helpers import RawMqtt, run_amqtt
 from tests.test_07_cli import free_port
 
 needs_mosquitto = pytest.mark.skipif(
@@ -123,11 +123,11 @@ def test_amqtt_persistent_session(broker, paho):
         await client.disconnect()
         return got
 
-    assert asyncio.run(subscribe_and_leave())
+    assert run_amqtt(subscribe_and_leave())
     publisher = paho(broker)
     publisher.publish(topic, b"one", qos=1)
     publisher.publish(topic, b"two", qos=2)
-    assert asyncio.run(come_back()) == [(b"one", 1), (b"two", 1)]
+    assert run_amqtt(come_back()) == [(b"one", 1), (b"two", 1)]
 
 
 def test_a_subacked_subscription_and_a_pubacked_retained_message_survive_sigkill(gateway, tmp_path):

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.mqtt import packets as p
 from tests.helpers import unique, wait_for
-from tests.mqtt_helpers import Paho, RawMqtt
+from tests.mqtt_helpers import Paho, RawMqtt, run_amqtt
 from tests.test_07_cli import free_port
 
 needs_mosquitto = pytest.mark.skipif(
@@ -89,7 +89,7 @@ def test_the_amqtt_client_publishes_and_subscribes(broker):
         await subscriber.disconnect()
         return got
 
-    got = asyncio.run(scenario())
+    got = run_amqtt(scenario())
     assert sorted(got) == [(topic, b"qos 0", 0), (topic, b"qos 1", 1), (topic, b"qos 2", 2)]
 
 
