@@ -206,7 +206,7 @@ class Connection:
         # close its side, then end the connection.
         if not self._reader_done.is_set():
             try:
-                if isinstance(stream, trio.SocketStream):
+                if isinstance(stream, trio.abc.HalfCloseableStream):
                     await stream.send_eof()
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass  # the peer is already gone; nothing left to tell it
@@ -302,21 +302,26 @@ class Server:
         )
 
     async def _handle(self, spec: ListenerSpec, stream: trio.SocketStream) -> None:
-        conn_id = f"{spec.name}-{next(self._conn_ids)}"
         try:
             host, port = stream.socket.getpeername()[:2]
             peer = f"{host}:{port}"
         except OSError:
             peer = "unknown"
+        await self.serve_stream(spec.name, spec.factory, stream, peer)
+
+    async def serve_stream(self, name: str, factory: SessionFactory, stream: trio.abc.Stream, peer: str) -> None:
+        """Run one connection over any byte stream (a socket, TLS, a
+        WebSocket's messages) until it closes; ``name`` is its protocol label."""
+        conn_id = f"{name}-{next(self._conn_ids)}"
         log = self.log.bind(conn_id=conn_id, peer=peer)
-        session = spec.factory(conn_id, log)
+        session = factory(conn_id, log)
         connection = Connection(stream, session, log, self._durable_lsn, self._gated, self.after_input)
-        connection.protocol = spec.name
+        connection.protocol = name
         connection.peer = peer
-        self.accepted[spec.name] = self.accepted.get(spec.name, 0) + 1
+        self.accepted[name] = self.accepted.get(name, 0) + 1
         self.connections[conn_id] = connection
         self._idle = trio.Event() if self._idle.is_set() else self._idle
-        log.info("connection_opened", protocol=spec.name)
+        log.info("connection_opened", protocol=name)
         try:
             await connection.run()
         finally:
