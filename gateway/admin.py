@@ -9,6 +9,7 @@ import h11
 import trio
 
 from gateway.adminapi import AdminApi, AdminSettings, Request, Response, error
+from gateway.websocket import Upgrades
 
 MAX_HEAD_BYTES = 16 * 1024
 RECEIVE_BYTES = 64 * 1024
@@ -16,16 +17,29 @@ SERVER_HEADER = b"gateway-admin"
 
 
 async def serve_admin(
-    api: AdminApi, settings: AdminSettings, host: str, port: int, log: Any, *, task_status: Any = trio.TASK_STATUS_IGNORED
+    api: AdminApi, settings: AdminSettings, host: str, port: int, log: Any, *,
+    upgrades: Upgrades | None = None, task_status: Any = trio.TASK_STATUS_IGNORED
 ) -> None:
+    """``upgrades``: the WebSocket endpoints (STOMP, MQTT) this port also serves."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
     log.info("listener_started", protocol="admin", host=host, port=bound)
     task_status.started(bound)
-    await trio.serve_listeners(lambda stream: _connection(api, settings, stream, log), listeners)
+    await trio.serve_listeners(lambda stream: _connection(api, settings, stream, log, upgrades, _peer(stream)), listeners)
 
 
-async def _connection(api: AdminApi, settings: AdminSettings, stream: trio.SocketStream, log: Any) -> None:
+def _peer(stream: trio.SocketStream) -> str:
+    try:
+        host, port = stream.socket.getpeername()[:2]
+    except OSError:
+        return "unknown"
+    return f"{host}:{port}"
+
+
+async def _connection(
+    api: AdminApi, settings: AdminSettings, stream: trio.abc.Stream, log: Any, upgrades: Upgrades | None = None,
+    peer: str = "unknown",
+) -> None:
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
     try:
         while True:
@@ -43,6 +57,12 @@ async def _connection(api: AdminApi, settings: AdminSettings, stream: trio.Socke
                 return
             if isinstance(request, Response):  # refused before routing
                 await _send(conn, stream, request, close=True)
+                return
+            endpoint = upgrades.route(request) if upgrades is not None else None
+            if endpoint is not None:  # /stomp, /mqtt: the connection becomes a WebSocket, or is refused
+                refused = await upgrades.serve(endpoint, request, conn.trailing_data[0], stream, peer)
+                if refused is not None:
+                    await _send(conn, stream, refused, close=True)
                 return
             response = api.handle(request)
             if response.status >= 500:
@@ -66,7 +86,7 @@ async def _connection(api: AdminApi, settings: AdminSettings, stream: trio.Socke
 
 
 async def _read_request(
-    conn: h11.Connection, stream: trio.SocketStream, settings: AdminSettings, progress: list[int]
+    conn: h11.Connection, stream: trio.abc.Stream, settings: AdminSettings, progress: list[int]
 ) -> Request | Response | None:
     head: h11.Request | None = None
     body = bytearray()
@@ -99,7 +119,7 @@ async def _read_request(
             return Request(head.method.decode("ascii", "replace"), head.target.decode("ascii", "replace"), headers, bytes(body))
 
 
-async def _send(conn: h11.Connection, stream: trio.SocketStream, response: Response, *, close: bool) -> None:
+async def _send(conn: h11.Connection, stream: trio.abc.Stream, response: Response, *, close: bool) -> None:
     headers = [
         (b"content-type", response.content_type.encode()),
         (b"content-length", str(len(response.body)).encode()),

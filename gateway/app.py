@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from gateway.config import Config
 from gateway.mqtt import session as mqtt_session
 from gateway.server import ListenerSpec, Server, TrioClock
 from gateway.stomp.session import StompSession
+from gateway.websocket import Upgrades
 from gateway.storage import BrokerStore, open_store, restored, restored_retained
 from persistence.store import Store
 
@@ -136,7 +138,10 @@ async def serve(
             if handle_signals:
                 nursery.start_soon(_stop_on_signal, server, log)
             ports = await nursery.start(run_server)
-            ports["admin"] = await nursery.start(serve_admin, api, config.admin, config.bind, config.admin_port, log)
+            upgrades = Upgrades.for_broker(server, config, stomp_session, mqtt_connection)  # /stomp, /mqtt
+            ports["admin"] = await nursery.start(
+                partial(serve_admin, upgrades=upgrades), api, config.admin, config.bind, config.admin_port, log
+            )
             listening = True
             log.info("broker_started", ports=ports, data_dir=config.data_dir)
             task_status.started(Running(ports, server, broker, store))

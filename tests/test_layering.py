@@ -45,7 +45,12 @@ CORE = files("core/**/*.py")
 PERSISTENCE = files("persistence/**/*.py")
 SESSIONS = files("gateway/stomp/session.py", "gateway/mqtt/session.py", "gateway/outbox.py")
 IO_MODULES = {"server.py", "admin.py", "app.py"}
-NON_IO_GATEWAY = [p for p in files("gateway/**/*.py") if p.name not in IO_MODULES and p.parent.name != "spark"]
+# Trio stream adapters: they read and write a stream they are given (so they
+# import trio) but open no socket and start no task or thread.
+STREAM_ADAPTERS = {"websocket.py"}
+NON_IO_GATEWAY = [p for p in files("gateway/**/*.py")
+                  if p.name not in IO_MODULES | STREAM_ADAPTERS and p.parent.name != "spark"]
+ADAPTERS = [p for p in files("gateway/*.py") if p.name in STREAM_ADAPTERS]
 
 
 def test_there_is_something_to_check() -> None:
@@ -73,6 +78,13 @@ def test_persistence_imports_no_trio_gateway_or_core(path: Path) -> None:
 @pytest.mark.parametrize("path", NON_IO_GATEWAY, ids=lambda p: str(p.relative_to(ROOT)))
 def test_only_server_admin_and_app_own_sockets_and_tasks(path: Path) -> None:
     assert offending(path, ("trio", "socket", "threading", "asyncio")) == []
+
+
+@pytest.mark.parametrize("path", ADAPTERS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_stream_adapters_own_no_sockets_or_threads(path: Path) -> None:
+    assert offending(path, ("socket", "threading", "asyncio")) == []
+    # ...nor tasks: no nursery of their own.
+    assert "open_nursery" not in path.read_text()
 
 
 def test_the_contract_catches_a_violation(tmp_path: Path) -> None:
