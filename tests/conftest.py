@@ -186,13 +186,17 @@ def raw_client(broker_factory: Callable[..., BrokerHandle]) -> Iterator[Callable
 
 @pytest.fixture
 def paho(broker_factory: Callable[..., BrokerHandle]) -> Iterator[Callable[..., Any]]:
-    """Connected paho-mqtt clients: ``paho(broker, client_id, clean=..., will=...)``."""
+    """Connected paho-mqtt clients: ``paho(broker, client_id, clean=..., will=...)``;
+    ``websocket=True`` connects over WebSocket (the admin port's ``/mqtt``)."""
     from tests.mqtt_helpers import Paho
 
     made: list[Paho] = []
 
-    def factory(target: BrokerHandle, *args: Any, **kwargs: Any) -> Paho:
-        client = Paho(target.mqtt_port, *args, **kwargs)
+    def factory(target: BrokerHandle, *args: Any, websocket: bool = False, **kwargs: Any) -> Paho:
+        if websocket:  # over WebSocket: the admin port's /mqtt
+            client = Paho(target.admin_port, *args, websocket_path="/mqtt", **kwargs)
+        else:
+            client = Paho(target.mqtt_port, *args, **kwargs)
         made.append(client)
         return client
 

@@ -64,13 +64,18 @@ class RawClient:
     each is kept in :attr:`heartbeats`.
     """
 
-    def __init__(self, address: tuple[str, int], timeout: float = TIMEOUT, *, rcvbuf: int | None = None) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        if rcvbuf is not None:  # a small window makes a slow reader's backlog stay in the broker
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        self.sock.settimeout(timeout)
-        self.sock.connect(address)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def __init__(self, address: tuple[str, int] | None, timeout: float = TIMEOUT, *, rcvbuf: int | None = None,
+                 sock: Any = None) -> None:
+        if sock is not None:  # already connected, e.g. a WebSocket (tests/ws_helpers.py)
+            self.sock = sock
+        else:
+            assert address is not None
+            self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            if rcvbuf is not None:  # a small window makes a slow reader's backlog stay in the broker
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+            self.sock.settimeout(timeout)
+            self.sock.connect(address)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.codec = codec.StompConnection(codec.Role.CLIENT, max_frame_bytes=256 * 1024 * 1024)
         self.frames: deque[frames.Frame] = deque()
         self.heartbeats: list[float] = []

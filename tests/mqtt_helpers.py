@@ -22,8 +22,12 @@ class Paho:
     """A connected paho client whose messages and CONNACK are recorded."""
 
     def __init__(self, port: int, client_id: str = "", *, clean: bool = True, keepalive: int = 30,
-                 will: tuple[str, bytes, int, bool] | None = None, username: str | None = None) -> None:
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=clean)
+                 will: tuple[str, bytes, int, bool] | None = None, username: str | None = None,
+                 websocket_path: str | None = None) -> None:
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=clean,
+                                  transport="websockets" if websocket_path else "tcp")
+        if websocket_path:  # MQTT over WebSocket on the admin port
+            self.client.ws_set_options(path=websocket_path)
         self.messages: list[mqtt.MQTTMessage] = []
         self.connacks: list[tuple[bool, int]] = []
         self.subacks: dict[int, list[int]] = {}
@@ -35,7 +39,12 @@ class Paho:
             self.client.will_set(*will)
         if username is not None:
             self.client.username_pw_set(username, "secret")
-        self.client.connect("127.0.0.1", port, keepalive=keepalive)
+        with warnings.catch_warnings():
+            # paho's WebSocket handshake reads the response headers with
+            # str(bytearray) (paho-mqtt 2.x client.py), a BytesWarning under
+            # -bb that is paho's own and harmless: ignored for paho only.
+            warnings.filterwarnings("ignore", category=BytesWarning, module=r"paho\.mqtt\.client")
+            self.client.connect("127.0.0.1", port, keepalive=keepalive)
         self.client.loop_start()
         wait_for(lambda: self.connacks, what="CONNACK")
 
@@ -80,8 +89,9 @@ class Paho:
 class RawMqtt:
     """A socket speaking MQTT through the project's codec (client role)."""
 
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+    def __init__(self, port: int, *, sock: Any = None) -> None:
+        # ``sock``: already connected, e.g. a WebSocket (tests/ws_helpers.py)
+        self.sock = sock if sock is not None else socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
         self.codec = MqttConnection(Role.CLIENT)
         self.packets: list[p.Packet] = []
         self.eof = False
