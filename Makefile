@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: run test bench clean system-packages
+.PHONY: run test bench clean system-packages js-bundles
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,8 +14,14 @@ $(BIN)/.installed: pyproject.toml
 run: $(BIN)/.installed  ## the broker on its defaults (STOMP 61613, data in ./data)
 	$(BIN)/gateway serve $(ARGS)
 
-test: $(BIN)/.installed system-packages  ## the whole test suite
+test: $(BIN)/.installed system-packages js-bundles  ## the whole test suite
 	$(BIN)/python -X dev -bb -m pytest $(PYTEST_ARGS)
+
+# The WebSocket browser tests load stomp.js and MQTT.js from the npm registry at
+# pinned versions, checked against their sha512 (tests/npm_bundles.py), into
+# build/npm; when that is impossible (offline) those tests skip and say why.
+js-bundles: $(BIN)/.installed
+	@$(BIN)/python tests/npm_bundles.py >/dev/null || echo "npm bundles could not be fetched: the WebSocket browser tests will be skipped"
 
 # The interop tests drive Debian's mosquitto_pub/mosquitto_sub, the console
 # test Debian's chromium through chromedriver; install them when missing and

@@ -247,3 +247,12 @@ def gateway(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     yield start
     for process in made:
         process.kill()
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """Headless chromium (selenium); tests using it are marked ``requires_chromium`` (tests/browser.py)."""
+    from tests.browser import chromium
+
+    with chromium() as driver:
+        yield driver

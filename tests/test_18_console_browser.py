@@ -4,35 +4,11 @@ and its purge button empties it."""
 
 from __future__ import annotations
 
-import shutil
-
-import pytest
-from selenium import webdriver
-
 from gateway.auth import hash_password
+from tests.browser import requires_chromium
 from tests.helpers import unique
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None or CHROMEDRIVER is None, reason="chromium and chromedriver not installed (make test installs them)"
-)
-
-
-@pytest.fixture
-def browser():
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(20)
-    yield driver
-    driver.quit()
+pytestmark = requires_chromium
 
 
 def test_the_console_shows_a_queue_and_purges_it(broker_factory, stomp_client, browser):
