@@ -3,11 +3,13 @@ request bounded in size and time.  What a request means is adminapi's job."""
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import h11
 import trio
 
+from gateway.server import close_stream
 from gateway.adminapi import AdminApi, AdminSettings, Request, Response, error
 
 MAX_HEAD_BYTES = 16 * 1024
@@ -16,16 +18,27 @@ SERVER_HEADER = b"gateway-admin"
 
 
 async def serve_admin(
-    api: AdminApi, settings: AdminSettings, host: str, port: int, log: Any, *, task_status: Any = trio.TASK_STATUS_IGNORED
+    api: AdminApi,
+    settings: AdminSettings,
+    host: str,
+    port: int,
+    log: Any,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    listeners: list[Any] = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
-    log.info("listener_started", protocol="admin", host=host, port=bound)
+    if ssl_context is not None:
+        # The handshake happens on the first read, inside the request's time
+        # bound; a failed one is a broken stream like any other.
+        listeners = [trio.SSLListener(listener, ssl_context) for listener in listeners]
+    log.info("listener_started", protocol="admin", host=host, port=bound, tls=ssl_context is not None)
     task_status.started(bound)
     await trio.serve_listeners(lambda stream: _connection(api, settings, stream, log), listeners)
 
 
-async def _connection(api: AdminApi, settings: AdminSettings, stream: trio.SocketStream, log: Any) -> None:
+async def _connection(api: AdminApi, settings: AdminSettings, stream: trio.abc.Stream, log: Any) -> None:
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
     try:
         while True:
@@ -61,12 +74,11 @@ async def _connection(api: AdminApi, settings: AdminSettings, stream: trio.Socke
             except (trio.BrokenResourceError, trio.ClosedResourceError, h11.LocalProtocolError):
                 pass
     finally:
-        with trio.CancelScope(shield=True):
-            await stream.aclose()
+        await close_stream(stream)
 
 
 async def _read_request(
-    conn: h11.Connection, stream: trio.SocketStream, settings: AdminSettings, progress: list[int]
+    conn: h11.Connection, stream: trio.abc.Stream, settings: AdminSettings, progress: list[int]
 ) -> Request | Response | None:
     head: h11.Request | None = None
     body = bytearray()
@@ -99,7 +111,7 @@ async def _read_request(
             return Request(head.method.decode("ascii", "replace"), head.target.decode("ascii", "replace"), headers, bytes(body))
 
 
-async def _send(conn: h11.Connection, stream: trio.SocketStream, response: Response, *, close: bool) -> None:
+async def _send(conn: h11.Connection, stream: trio.abc.Stream, response: Response, *, close: bool) -> None:
     headers = [
         (b"content-type", response.content_type.encode()),
         (b"content-length", str(len(response.body)).encode()),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import socket
+import ssl
 import threading
 import warnings
 import time
@@ -22,7 +23,8 @@ class Paho:
     """A connected paho client whose messages and CONNACK are recorded."""
 
     def __init__(self, port: int, client_id: str = "", *, clean: bool = True, keepalive: int = 30,
-                 will: tuple[str, bytes, int, bool] | None = None, username: str | None = None) -> None:
+                 will: tuple[str, bytes, int, bool] | None = None, username: str | None = None,
+                 password: str = "secret", tls: ssl.SSLContext | None = None) -> None:
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=clean)
         self.messages: list[mqtt.MQTTMessage] = []
         self.connacks: list[tuple[bool, int]] = []
@@ -34,7 +36,9 @@ class Paho:
         if will is not None:
             self.client.will_set(*will)
         if username is not None:
-            self.client.username_pw_set(username, "secret")
+            self.client.username_pw_set(username, password)
+        if tls is not None:
+            self.client.tls_set_context(tls)
         self.client.connect("127.0.0.1", port, keepalive=keepalive)
         self.client.loop_start()
         wait_for(lambda: self.connacks, what="CONNACK")
