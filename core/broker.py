@@ -7,6 +7,7 @@ import itertools
 import os
 from typing import Any
 
+from core.authorization import ANONYMOUS_PRINCIPAL, DECISION_CACHE, Authorizer, Principal
 from core.destinations import Queue
 from core.durables import DurableSubscription, durable_key
 from core.errors import (
@@ -92,9 +93,17 @@ class Broker:
     """Destinations and routing.  Clients act on it through :class:`Client`."""
 
     def __init__(
-        self, clock: Clock, settings: BrokerSettings | None = None, *, node: str | None = None, store: Store | None = None
+        self,
+        clock: Clock,
+        settings: BrokerSettings | None = None,
+        *,
+        node: str | None = None,
+        store: Store | None = None,
+        authorizer: Authorizer | None = None,
     ) -> None:
         self.clock = clock
+        # None: no authorization map, every client may do everything.
+        self.authorizer = authorizer
         self.settings = settings or BrokerSettings()
         self.store: Store = store if store is not None else NoStore()
         self.policies = Policies(self.settings)
@@ -119,9 +128,11 @@ class Broker:
     def durable_lsn(self) -> int:
         return self.store.durable_lsn
 
-    def open_client(self, sink: Sink, *, client_id: str | None = None) -> Client:
+    def open_client(
+        self, sink: Sink, *, client_id: str | None = None, principal: Principal = ANONYMOUS_PRINCIPAL
+    ) -> Client:
         self.stats.clients += 1
-        return Client(self, sink, next(self._client_seq), client_id)
+        return Client(self, sink, next(self._client_seq), client_id, principal)
 
     def message(
         self,
@@ -406,11 +417,15 @@ class Client:
     """One connected client's view of the broker: its subscriptions,
     transactions and temporary destinations, all released by :meth:`close`."""
 
-    def __init__(self, broker: Broker, sink: Sink, number: int, client_id: str | None) -> None:
+    def __init__(
+        self, broker: Broker, sink: Sink, number: int, client_id: str | None, principal: Principal = ANONYMOUS_PRINCIPAL
+    ) -> None:
         self.broker = broker
         self.sink = sink
         self.number = number
         self.client_id = client_id
+        self.principal = principal
+        self._decisions: dict[tuple[str, Address], bool] = {}
         self.subscriptions: dict[Any, Subscription] = {}
         self.transactions: dict[str, Transaction] = {}
         self.temporaries: set[Address] = set()
@@ -427,12 +442,34 @@ class Client:
     def send(self, message: Message, transaction: str | None = None) -> int:
         """Publish, or hold until COMMIT when in a transaction.  Returns the LSN
         a durability promise (a receipt) must wait for."""
+        if self.broker.authorizer is not None:
+            self.authorize("write", message.address)
         if transaction is None:
             return self.broker.route(message, self)
         tx = self._transaction(transaction)
         self._grow(tx)
         tx.sends.append((message.address, message))
         return 0
+
+    def authorize(self, operation: str, address: Address) -> None:
+        """Refuse (:class:`NotAuthorized`) what the authorization map does not
+        grant this client.  Reading from or writing to a queue that does not
+        exist yet creates it, which takes ``admin`` too, as in ActiveMQ.
+        Temporary destinations are their owner's (see :meth:`Broker._claim`)."""
+        authorizer = self.broker.authorizer
+        if authorizer is None or address.is_temporary:
+            return
+        key = (operation, address)
+        allowed = self._decisions.get(key)
+        if allowed is None:
+            allowed = authorizer.allows(self.principal, operation, address)
+            if len(self._decisions) >= DECISION_CACHE:
+                self._decisions.clear()
+            self._decisions[key] = allowed
+        if not allowed:
+            raise NotAuthorized(f"user {self.principal.name!r} may not {operation} {address.text!r}")
+        if address.is_queue and address not in self.broker.queues and operation != "admin":
+            self.authorize("admin", address)
 
     def declare_temporary(self, address: Address) -> None:
         """Claim a temporary destination named in a reply-to before it is subscribed."""
@@ -497,6 +534,8 @@ class Client:
             raise LimitExceeded(f"too many subscriptions (limit {self.broker.settings.max_subscriptions_per_client})")
         if address.is_pattern and address.is_queue:
             raise InvalidDestination("wildcards are supported on topic subscriptions only")
+        if self.broker.authorizer is not None:
+            self.authorize("read", address)
         if address.is_temporary:
             if address.is_pattern:
                 # A wildcard would reach into other connections' private replies.

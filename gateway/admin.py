@@ -3,11 +3,13 @@ request bounded in size and time.  What a request means is adminapi's job."""
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import h11
 import trio
 
+from gateway.server import close_stream, peer_address
 from gateway.adminapi import AdminApi, AdminSettings, Request, Response, error
 from gateway.websocket import Upgrades
 
@@ -17,23 +19,26 @@ SERVER_HEADER = b"gateway-admin"
 
 
 async def serve_admin(
-    api: AdminApi, settings: AdminSettings, host: str, port: int, log: Any, *,
-    upgrades: Upgrades | None = None, task_status: Any = trio.TASK_STATUS_IGNORED
+    api: AdminApi,
+    settings: AdminSettings,
+    host: str,
+    port: int,
+    log: Any,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    upgrades: Upgrades | None = None,
+    task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """``upgrades``: the WebSocket endpoints (STOMP, MQTT) this port also serves."""
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    listeners: list[Any] = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
-    log.info("listener_started", protocol="admin", host=host, port=bound)
+    if ssl_context is not None:
+        # The handshake happens on the first read, inside the request's time
+        # bound; a failed one is a broken stream like any other.
+        listeners = [trio.SSLListener(listener, ssl_context) for listener in listeners]
+    log.info("listener_started", protocol="admin", host=host, port=bound, tls=ssl_context is not None)
     task_status.started(bound)
-    await trio.serve_listeners(lambda stream: _connection(api, settings, stream, log, upgrades, _peer(stream)), listeners)
-
-
-def _peer(stream: trio.SocketStream) -> str:
-    try:
-        host, port = stream.socket.getpeername()[:2]
-    except OSError:
-        return "unknown"
-    return f"{host}:{port}"
+    await trio.serve_listeners(lambda stream: _connection(api, settings, stream, log, upgrades, peer_address(stream)), listeners)
 
 
 async def _connection(
@@ -81,8 +86,7 @@ async def _connection(
             except (trio.BrokenResourceError, trio.ClosedResourceError, h11.LocalProtocolError):
                 pass
     finally:
-        with trio.CancelScope(shield=True):
-            await stream.aclose()
+        await close_stream(stream)
 
 
 async def _read_request(

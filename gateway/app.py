@@ -12,17 +12,19 @@ from typing import Any
 
 import trio
 
+from core.authorization import Authorizer, parse_entries
 from core.broker import Broker
-from gateway.auth import UserAuthenticator
+from gateway.auth import Gatekeeper, Transport
 from gateway import metrics
 from gateway.admin import serve_admin
 from gateway.adminapi import AdminApi, load_users
 from gateway.config import Config
 from gateway.mqtt import session as mqtt_session
-from gateway.server import ListenerSpec, Server, TrioClock
+from gateway.server import Limits, ListenerSpec, Server, TrioClock
 from gateway.stomp.session import StompSession
 from gateway.websocket import Upgrades
 from gateway.storage import BrokerStore, open_store, restored, restored_retained
+from gateway.tls import CertificateUsers, server_context
 from persistence.store import Store
 
 # After a failed write (disk full, I/O error) wait this long before the next
@@ -62,7 +64,8 @@ async def serve(
         log.warning("store_sync_never", detail="persistent messages are NOT safe from a crash; for tests only")
     clock = TrioClock()
     adapter = BrokerStore(store)
-    broker = Broker(clock, config.broker, store=adapter)
+    acl = parse_entries(config.auth.acl)
+    broker = Broker(clock, config.broker, store=adapter, authorizer=Authorizer(acl) if acl else None)
     subscriptions, queues, skipped = restored(recovered)
     broker.restore(subscriptions, queues, restored_retained(recovered))
     adapter.forget_redeliveries(recovered)
@@ -80,7 +83,13 @@ async def serve(
         skipped=skipped,
         seconds=round(time.monotonic() - started, 3),
     )
-    server = Server(log, durable_lsn=lambda: store.durable_lsn, grace_s=config.shutdown_grace_s)
+    server = Server(
+        log,
+        durable_lsn=lambda: store.durable_lsn,
+        grace_s=config.shutdown_grace_s,
+        limits=Limits(config.max_connections, config.max_connections_per_address, config.tls.handshake_timeout_s),
+        certificate_user=CertificateUsers(config.tls).user,
+    )
     commit_lot = trio.lowlevel.ParkingLot()
 
     redelivery = _RedeliveryTimer(broker)
@@ -92,24 +101,36 @@ async def serve(
 
     server.after_input = after_input
 
-    authenticate = UserAuthenticator(config.auth)
-    if authenticate.users and authenticate.anonymous:
-        log.warning("anonymous_access_enabled", users=len(authenticate.users))
+    gatekeeper = Gatekeeper(config.auth)
+    if gatekeeper.users and gatekeeper.anonymous:
+        log.warning("anonymous_access_enabled", users=len(gatekeeper.users))
 
-    def stomp_session(conn_id: str, conn_log: Any) -> StompSession:
-        return StompSession(broker, clock, config.stomp, conn_id=conn_id, log=conn_log, authenticate=authenticate)
+    def stomp_session(conn_id: str, conn_log: Any, transport: Transport) -> StompSession:
+        return StompSession(
+            broker, clock, config.stomp, conn_id=conn_id, log=conn_log,
+            admit=lambda login, passcode: gatekeeper.admit(login, passcode, transport),
+        )
 
     registry = mqtt_session.Registry()
 
-    def mqtt_connection(conn_id: str, conn_log: Any) -> mqtt_session.MqttSession:
+    def mqtt_connection(conn_id: str, conn_log: Any, transport: Transport) -> mqtt_session.MqttSession:
         return mqtt_session.MqttSession(
-            broker, clock, config.mqtt, registry, conn_id=conn_id, log=conn_log, authenticate=authenticate
+            broker, clock, config.mqtt, registry, conn_id=conn_id, log=conn_log,
+            admit=lambda login, passcode: gatekeeper.admit(login, passcode, transport),
         )
 
-    specs = [
-        ListenerSpec("stomp", config.bind, config.stomp_port, stomp_session),
-        ListenerSpec("mqtt", config.bind, config.mqtt_port, mqtt_connection),
-    ]
+    tls = server_context(config.tls) if config.tls.enabled else None
+    specs = []
+    if config.tls.plain:
+        specs += [
+            ListenerSpec("stomp", config.bind, config.stomp_port, stomp_session),
+            ListenerSpec("mqtt", config.bind, config.mqtt_port, mqtt_connection),
+        ]
+    if tls is not None:
+        specs += [
+            ListenerSpec("stomp-tls", config.bind, config.stomp_tls_port, stomp_session, tls),
+            ListenerSpec("mqtt-tls", config.bind, config.mqtt_tls_port, mqtt_connection, tls),
+        ]
     finished = trio.Event()
     writes = metrics.Histogram()
     listening = False
@@ -139,9 +160,15 @@ async def serve(
                 nursery.start_soon(_stop_on_signal, server, log)
             ports = await nursery.start(run_server)
             upgrades = Upgrades.for_broker(server, config, stomp_session, mqtt_connection)  # /stomp, /mqtt
-            ports["admin"] = await nursery.start(
-                partial(serve_admin, upgrades=upgrades), api, config.admin, config.bind, config.admin_port, log
-            )
+            if config.tls.plain:
+                ports["admin"] = await nursery.start(
+                    partial(serve_admin, upgrades=upgrades), api, config.admin, config.bind, config.admin_port, log
+                )
+            if tls is not None:
+                ports["admin-tls"] = await nursery.start(
+                    partial(serve_admin, ssl_context=tls, upgrades=upgrades), api, config.admin, config.bind,
+                    config.admin_tls_port, log,
+                )
             listening = True
             log.info("broker_started", ports=ports, data_dir=config.data_dir)
             task_status.started(Running(ports, server, broker, store))

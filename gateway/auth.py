@@ -1,8 +1,14 @@
 """Users and the authentication hook every protocol's CONNECT goes through
-(STOMP login/passcode, MQTT username/password); the admin API checks the
-same kind of hash.  With no user defined the broker admits anyone, as a fresh
-ActiveMQ does; as soon as one is defined anonymous access is off unless the
-config turns it back on."""
+(STOMP login/passcode, MQTT username/password, or a TLS client certificate);
+the admin API checks the same kind of hash.  With no user defined the broker
+admits anyone, as a fresh ActiveMQ does; as soon as one is defined anonymous
+access is off unless the config turns it back on.
+
+Wrong credentials cost the caller, not the broker: after a few failures from
+one address within a window, further attempts from it are refused before any
+password hash is computed (PBKDF2 is slow on purpose, and runs on the loop).
+The same gate refuses connections the server admitted past a limit, so each
+protocol can say so the way it says "no" to a login."""
 
 from __future__ import annotations
 
@@ -12,7 +18,12 @@ import dataclasses
 import hashlib
 import hmac
 import secrets
-from typing import Any, Protocol
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from core.authorization import ANONYMOUS_PRINCIPAL, Principal, parse_entries
 
 HASH_SCHEME = "pbkdf2_sha256"
 HASH_ITERATIONS = 200_000
@@ -20,14 +31,31 @@ ANONYMOUS = ("auto", "true", "false")
 # Verified credentials remembered (as digests), so a reconnecting client does
 # not cost a PBKDF2 run each time.
 VERIFIED_CACHE = 4096
+# Addresses whose failed logins are remembered at once; the oldest is
+# forgotten first, so a spray from many addresses cannot grow the table.
+TRACKED_ADDRESSES = 10_000
 
 
-class Authenticator(Protocol):
-    def __call__(self, login: str | None, passcode: str | None) -> bool: ...
+class AccessDenied(Exception):
+    """A CONNECT refused; ``reason`` is what the client is told.  ``kind`` is
+    ``credentials`` (wrong or missing), ``rate_limited`` (too many failures
+    from its address) or ``unavailable`` (a connection limit)."""
+
+    def __init__(self, reason: str, kind: str = "credentials") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.kind = kind
 
 
-def allow_anonymous(login: str | None, passcode: str | None) -> bool:
-    return True
+@dataclasses.dataclass(frozen=True)
+class Transport:
+    """What the server knows about a connection before it speaks."""
+
+    peer: str = "unknown"  # host:port
+    host: str = "unknown"
+    tls: bool = False
+    certificate_user: str | None = None  # a verified client certificate's user
+    refused: str | None = None  # why the server will not serve it (a limit)
 
 
 def hash_password(password: str, *, iterations: int = HASH_ITERATIONS) -> str:
@@ -52,8 +80,16 @@ def verify_password(password: str, stored: str) -> bool:
 class AuthSettings:
     # [{name = "app", password_hash = "pbkdf2_sha256$..."}] (gateway passwd makes one)
     users: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # and optional groups = ["producers"], named by [[auth.acl]] grants.
     # auto: anonymous clients are let in only while no user is defined.
     anonymous: str = "auto"
+    # [{destination = "/queue/orders.>", read = ["consumers"], write = ["app"],
+    #   admin = ["admins"]}]: see core/authorization.py.  Empty: no checks.
+    acl: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # Failed logins from one address within the window before its further
+    # attempts are refused unchecked until the window has passed.
+    max_failed_logins: int = 5
+    failed_login_window_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.anonymous not in ANONYMOUS:
@@ -61,17 +97,60 @@ class AuthSettings:
         for entry in self.users:
             if not isinstance(entry, dict) or not entry.get("name") or not entry.get("password_hash"):
                 raise ValueError("auth.users entries need a name and a password_hash")
+            groups = entry.get("groups", [])
+            if not isinstance(groups, list) or not all(isinstance(g, str) and g for g in groups):
+                raise ValueError(f"auth.users {entry['name']!r}: groups must be a list of names")
+        parse_entries(self.acl)
+        if self.max_failed_logins < 1 or self.failed_login_window_s <= 0:
+            raise ValueError("auth.max_failed_logins must be >= 1 and auth.failed_login_window_s > 0")
 
 
-class UserAuthenticator:
-    """Checks CONNECT credentials against the configured users."""
+class Gatekeeper:
+    """Admits a CONNECT: a principal for the core, or :class:`AccessDenied`."""
 
-    def __init__(self, settings: AuthSettings) -> None:
+    def __init__(self, settings: AuthSettings, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
         self.users = {entry["name"]: entry["password_hash"] for entry in settings.users}
+        self.groups = {entry["name"]: frozenset(entry.get("groups", ())) for entry in settings.users}
         self.anonymous = settings.anonymous == "true" or (settings.anonymous == "auto" and not self.users)
         self._verified: set[tuple[str, bytes]] = set()
+        self._clock = clock
+        self._failures: OrderedDict[str, tuple[float, int]] = OrderedDict()  # host -> (window start, count)
 
-    def __call__(self, login: str | None, passcode: str | None) -> bool:
+    def admit(self, login: str | None, passcode: str | None, transport: Transport) -> Principal:
+        if transport.refused is not None:
+            raise AccessDenied(transport.refused, "unavailable")
+        if transport.certificate_user is not None:
+            # The TLS handshake proved who this is; a login in the CONNECT
+            # cannot make it someone else.
+            return self.principal(transport.certificate_user)
+        now = self._clock()
+        entry = self._failures.get(transport.host)
+        if entry is not None and now - entry[0] >= self.settings.failed_login_window_s:
+            del self._failures[transport.host]
+            entry = None
+        if entry is not None and entry[1] >= self.settings.max_failed_logins:
+            raise AccessDenied(
+                f"too many failed logins from {transport.host}; try again in "
+                f"{max(1, round(entry[0] + self.settings.failed_login_window_s - now))} s",
+                "rate_limited",
+            )
+        if not self.check(login, passcode):
+            start, count = entry if entry is not None else (now, 0)
+            self._failures[transport.host] = (start, count + 1)
+            self._failures.move_to_end(transport.host)
+            while len(self._failures) > TRACKED_ADDRESSES:
+                self._failures.popitem(last=False)
+            raise AccessDenied("authentication failed")
+        if entry is not None:
+            del self._failures[transport.host]
+        return ANONYMOUS_PRINCIPAL if login is None or login not in self.users else self.principal(login)
+
+    def principal(self, name: str) -> Principal:
+        return Principal(name, self.groups.get(name, frozenset()))
+
+    def check(self, login: str | None, passcode: str | None) -> bool:
+        """Whether these credentials (or their absence) are acceptable."""
         if not self.users:
             # Nobody to check against: whatever a client sends (many send a
             # default login) is let in, as by a broker with no security set up.

@@ -12,6 +12,7 @@ from gateway.adminapi import AdminSettings
 from gateway.auth import AuthSettings
 from gateway.mqtt.session import MqttSettings
 from gateway.stomp.session import StompSettings
+from gateway.tls import TlsSettings, server_context
 from gateway.storage import StoreSettings
 
 LOG_FORMATS = ("console", "json")
@@ -30,6 +31,15 @@ class Config:
     stomp_port: int = 61613  # ActiveMQ's default ports
     mqtt_port: int = 1883
     admin_port: int = 8161
+    # TLS listeners, started when [tls] names a certificate (ActiveMQ's 61614,
+    # MQTT's 8883, ActiveMQ's https console 8162).
+    stomp_tls_port: int = 61614
+    mqtt_tls_port: int = 8883
+    admin_tls_port: int = 8162
+    # Connections served at once, in all and from one source address (0: no
+    # limit); one past a limit is refused at CONNECT with the reason.
+    max_connections: int = 20000
+    max_connections_per_address: int = 0
     data_dir: str = "./data"
     log_format: str = "console"
     log_level: str = "info"
@@ -41,21 +51,29 @@ class Config:
     store: StoreSettings = StoreSettings()
     admin: AdminSettings = AdminSettings()
     auth: AuthSettings = AuthSettings()
+    tls: TlsSettings = TlsSettings()
 
     def __post_init__(self) -> None:
         if self.log_format not in LOG_FORMATS:
             raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)}, not {self.log_format!r}")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
-        for name in ("stomp_port", "mqtt_port", "admin_port"):
+        for name in ("stomp_port", "mqtt_port", "admin_port", "stomp_tls_port", "mqtt_tls_port", "admin_tls_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{name} must be 0-65535, not {port}")
+        if self.max_connections < 0 or self.max_connections_per_address < 0:
+            raise ConfigError("max_connections and max_connections_per_address must be >= 0 (0: no limit)")
+        if self.tls.enabled:
+            try:
+                server_context(self.tls)  # a wrong path or key fails here, at start-up
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
 
 
 _SECTIONS = {
     "stomp": StompSettings, "mqtt": MqttSettings, "broker": BrokerSettings, "store": StoreSettings, "admin": AdminSettings,
-    "auth": AuthSettings,
+    "auth": AuthSettings, "tls": TlsSettings,
 }
 
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import trio
 
+from gateway.auth import Transport
 from gateway.liveness import Liveness
 from gateway.outbox import Outbox
 
@@ -33,6 +35,8 @@ CLOSING_TIMEOUT_S = 5.0
 # discarding) so that unread input does not make the kernel answer with a
 # reset that destroys the ERROR frame before the client reads it.
 LINGER_S = 1.0
+# How long closing a stream may take (a TLS close_notify to a stuck peer).
+CLOSE_NOTIFY_S = 1.0
 
 
 class Session(Protocol):
@@ -77,8 +81,13 @@ class TrioClock:
         return time.time_ns() // 1_000_000
 
 
-# Builds a session for a new connection: (connection id, bound logger) -> session.
-SessionFactory = Callable[[str, Any], Session]
+# Builds a session for a new connection: (connection id, bound logger,
+# what the server knows of its transport) -> session.
+SessionFactory = Callable[[str, Any, Transport], Session]
+# Connections over a limit still get a session, which refuses their CONNECT
+# the protocol's way; past this many such connections at once, more are
+# closed at accept without a word (a flood must not buy sessions).
+REFUSAL_SLOTS = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +96,14 @@ class ListenerSpec:
     host: str
     port: int
     factory: SessionFactory
+    ssl_context: ssl.SSLContext | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    max_connections: int = 0  # 0: no limit
+    max_connections_per_address: int = 0
+    tls_handshake_timeout_s: float = 10.0
 
 
 class Connection:
@@ -230,9 +247,23 @@ class Connection:
 class Server:
     """Runs listeners and every connection they accept; drains on :meth:`stop`."""
 
-    def __init__(self, log: Any, *, durable_lsn: Callable[[], int], grace_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        log: Any,
+        *,
+        durable_lsn: Callable[[], int],
+        grace_s: float = 10.0,
+        limits: Limits = Limits(),
+        certificate_user: Callable[[dict[str, Any] | None], str | None] = lambda certificate: None,
+    ) -> None:
         self.log = log
         self.grace_s = grace_s
+        self.limits = limits
+        self.certificate_user = certificate_user
+        # Connections served (not refused), in all and by source host.
+        self.admitted = 0
+        self.by_host: dict[str, int] = {}
+        self.refusing = 0
         self.connections: dict[str, Connection] = {}
         self._durable_lsn = durable_lsn
         self._conn_ids = itertools.count(1)
@@ -291,9 +322,11 @@ class Server:
             handlers.cancel_scope.cancel()
 
     async def _listen(self, spec: ListenerSpec, handlers: trio.Nursery, *, task_status: Any) -> None:
-        listeners = await trio.open_tcp_listeners(spec.port, host=spec.host)
+        listeners: list[Any] = await trio.open_tcp_listeners(spec.port, host=spec.host)
         port = listeners[0].socket.getsockname()[1]
-        self.log.info("listener_started", protocol=spec.name, host=spec.host, port=port)
+        if spec.ssl_context is not None:
+            listeners = [trio.SSLListener(listener, spec.ssl_context) for listener in listeners]
+        self.log.info("listener_started", protocol=spec.name, host=spec.host, port=port, tls=spec.ssl_context is not None)
         task_status.started(port)
         # Connection tasks go in the server-wide handler nursery, not this one,
         # so closing the listeners stops accepting without cutting connections.
@@ -301,37 +334,120 @@ class Server:
             lambda stream: self._handle(spec, stream), listeners, handler_nursery=handlers
         )
 
-    async def _handle(self, spec: ListenerSpec, stream: trio.SocketStream) -> None:
-        try:
-            host, port = stream.socket.getpeername()[:2]
-            peer = f"{host}:{port}"
-        except OSError:
-            peer = "unknown"
+    async def _handle(self, spec: ListenerSpec, stream: trio.abc.Stream) -> None:
+        peer = peer_address(stream)
+        if isinstance(stream, trio.SSLStream):
+            # Handshake before the session exists, so a client certificate's
+            # user is known at CONNECT; a peer that stalls it is cut off.
+            failure: str | None = "handshake timed out"
+            with trio.move_on_after(self.limits.tls_handshake_timeout_s):
+                try:
+                    await stream.do_handshake()
+                    failure = None
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    failure = str(exc.__cause__ or exc)
+            if failure is not None:
+                self.log.info("tls_handshake_failed", protocol=spec.name, peer=peer, reason=failure[:200])
+                with trio.CancelScope(shield=True):
+                    await trio.aclose_forcefully(stream)
+                return
         await self.serve_stream(spec.name, spec.factory, stream, peer)
+
+    def _admission(self, host: str) -> str | None:
+        """Why a new connection from ``host`` is over a limit, or None."""
+        limits = self.limits
+        if limits.max_connections and self.admitted >= limits.max_connections:
+            return f"too many connections (limit {limits.max_connections})"
+        if limits.max_connections_per_address and self.by_host.get(host, 0) >= limits.max_connections_per_address:
+            return f"too many connections from {host} (limit {limits.max_connections_per_address})"
+        return None
 
     async def serve_stream(self, name: str, factory: SessionFactory, stream: trio.abc.Stream, peer: str) -> None:
         """Run one connection over any byte stream (a socket, TLS, a
         WebSocket's messages) until it closes; ``name`` is its protocol label."""
+        host = peer.rsplit(":", 1)[0] if ":" in peer else peer
+        refused = self._admission(host)
+        if refused is not None and self.refusing >= REFUSAL_SLOTS:
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+            return
         conn_id = f"{name}-{next(self._conn_ids)}"
         log = self.log.bind(conn_id=conn_id, peer=peer)
-        session = factory(conn_id, log)
+        transport = Transport(
+            peer=peer, host=host, tls=_tls_stream(stream) is not None, refused=refused,
+            certificate_user=self._certificate_user(stream, log),
+        )
+        session = factory(conn_id, log, transport)
         connection = Connection(stream, session, log, self._durable_lsn, self._gated, self.after_input)
         connection.protocol = name
         connection.peer = peer
         self.accepted[name] = self.accepted.get(name, 0) + 1
         self.connections[conn_id] = connection
+        if refused is None:
+            self.admitted += 1
+            self.by_host[host] = self.by_host.get(host, 0) + 1
+        else:
+            self.refusing += 1
         self._idle = trio.Event() if self._idle.is_set() else self._idle
-        log.info("connection_opened", protocol=name)
+        log.info("connection_opened", protocol=name, tls=transport.tls)
         try:
             await connection.run()
         finally:
             session.close("broker is shutting down")
             del self.connections[conn_id]
+            if refused is None:
+                self.admitted -= 1
+                if self.by_host[host] == 1:
+                    del self.by_host[host]
+                else:
+                    self.by_host[host] -= 1
+            else:
+                self.refusing -= 1
             self._gated.discard(connection)
             self.closed_bytes_in += connection.bytes_in
             self.closed_bytes_out += session.outbox.sent_bytes
             if not self.connections:
                 self._idle.set()
             log.info("connection_closed", reason=session.close_reason)
-            with trio.CancelScope(shield=True):
-                await stream.aclose()
+            await close_stream(stream)
+
+    def _certificate_user(self, stream: trio.abc.Stream, log: Any) -> str | None:
+        tls = _tls_stream(stream)
+        if tls is None:
+            return None
+        certificate = tls.getpeercert()
+        user = self.certificate_user(certificate)
+        if certificate and user is None:
+            log.info("client_certificate_unmapped", detail="verified, but no user for its subject; CONNECT credentials apply")
+        return user
+
+
+def peer_address(stream: trio.abc.Stream) -> str:
+    """``host:port`` of the client on an accepted socket or TLS stream."""
+    socket_stream = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+    try:
+        host, port = socket_stream.socket.getpeername()[:2]  # type: ignore[attr-defined]
+    except OSError:
+        return "unknown"
+    return f"{host}:{port}"
+
+
+async def close_stream(stream: trio.abc.Stream) -> None:
+    """Close ``stream`` even while being cancelled; a TLS close_notify gets
+    a moment, not forever, from a peer that stopped reading."""
+    with trio.CancelScope(shield=True):
+        with trio.move_on_after(CLOSE_NOTIFY_S):
+            await stream.aclose()
+            return
+        await trio.aclose_forcefully(stream)
+
+
+def _tls_stream(stream: Any) -> trio.SSLStream | None:
+    """The TLS layer under ``stream`` (itself, or under a WebSocket), if any."""
+    for _ in range(4):  # transports nest a few deep at most
+        if isinstance(stream, trio.SSLStream):
+            return stream
+        stream = getattr(stream, "transport_stream", None)
+        if stream is None:
+            return None
+    return None

@@ -153,7 +153,7 @@ class WebSocketStream(trio.abc.HalfCloseableStream):
 
     def __init__(self, transport: trio.abc.Stream, connection: wsproto.Connection, endpoint: Endpoint,
                  trailing: bytes = b"") -> None:
-        self.transport = transport
+        self.transport_stream = transport
         self.endpoint = endpoint
         self._ws = connection
         self._send_lock = trio.StrictFIFOLock()
@@ -173,7 +173,7 @@ class WebSocketStream(trio.abc.HalfCloseableStream):
             await self._handle_events()
             if self._pending or self._eof or self._failure is not None:
                 continue
-            data = await self.transport.receive_some(RECEIVE_BYTES)
+            data = await self.transport_stream.receive_some(RECEIVE_BYTES)
             # b"" is the transport's EOF: wsproto reports it as close 1006.
             self._ws.receive_data(data if data else None)
         size = len(self._pending) if max_bytes is None else min(max_bytes, len(self._pending))
@@ -222,7 +222,7 @@ class WebSocketStream(trio.abc.HalfCloseableStream):
                 return
             data = self._ws.send(event)
             try:
-                await self.transport.send_all(data)
+                await self.transport_stream.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self._eof = True  # the peer is gone; the reader sees it next
 
@@ -239,10 +239,10 @@ class WebSocketStream(trio.abc.HalfCloseableStream):
         async with self._send_lock:
             if self._ws.state is not ConnectionState.OPEN:
                 raise trio.ClosedResourceError("the WebSocket is closing")
-            await self.transport.send_all(self._ws.send(message))
+            await self.transport_stream.send_all(self._ws.send(message))
 
     async def wait_send_all_might_not_block(self) -> None:
-        await self.transport.wait_send_all_might_not_block()
+        await self.transport_stream.wait_send_all_might_not_block()
 
     async def send_eof(self) -> None:
         await self._send_event(ws.CloseConnection(code=CloseReason.NORMAL_CLOSURE))
@@ -250,6 +250,8 @@ class WebSocketStream(trio.abc.HalfCloseableStream):
     async def aclose(self) -> None:
         # A close frame if none was sent yet, bounded: a peer that does not
         # read cannot hold the connection open.
-        with trio.move_on_after(CLOSE_TIMEOUT_S):
-            await self._send_event(ws.CloseConnection(code=CloseReason.NORMAL_CLOSURE))
-        await self.transport.aclose()
+        try:
+            with trio.move_on_after(CLOSE_TIMEOUT_S):
+                await self._send_event(ws.CloseConnection(code=CloseReason.NORMAL_CLOSURE))
+        finally:  # closed even when cancelled (aclose_forcefully)
+            await self.transport_stream.aclose()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import socket
+import ssl
 import threading
 import warnings
 import time
@@ -23,6 +24,7 @@ class Paho:
 
     def __init__(self, port: int, client_id: str = "", *, clean: bool = True, keepalive: int = 30,
                  will: tuple[str, bytes, int, bool] | None = None, username: str | None = None,
+                 password: str = "secret", tls: ssl.SSLContext | None = None,
                  websocket_path: str | None = None) -> None:
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=clean,
                                   transport="websockets" if websocket_path else "tcp")
@@ -38,7 +40,9 @@ class Paho:
         if will is not None:
             self.client.will_set(*will)
         if username is not None:
-            self.client.username_pw_set(username, "secret")
+            self.client.username_pw_set(username, password)
+        if tls is not None:
+            self.client.tls_set_context(tls)
         with warnings.catch_warnings():
             # paho's WebSocket handshake reads the response headers with
             # str(bytearray) (paho-mqtt 2.x client.py), a BytesWarning under

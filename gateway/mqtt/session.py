@@ -21,12 +21,14 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from core.authorization import ANONYMOUS_PRINCIPAL, Principal
 from core.broker import Broker, Client
-from core.errors import CoreError, UnknownMessage, UnknownSubscription
+from core.errors import CoreError, NotAuthorized, UnknownMessage, UnknownSubscription
 from core.messages import Message
 from core.ports import Clock
 from core.subscriptions import AckMode, Subscription
 from gateway.mqtt import codec, packets, topics
+from gateway.auth import AccessDenied
 from gateway.liveness import Liveness
 from gateway.outbox import Outbox
 
@@ -34,6 +36,8 @@ from gateway.outbox import Outbox
 # prefix, named "<granted qos>:<filter>".
 OWNER_PREFIX = "mqtt:"
 MAX_PACKET_ID = 65535
+# Denied publishes are logged once per topic, for at most this many topics.
+DENIED_LOGGED = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +118,7 @@ class MqttSession:
         *,
         conn_id: str,
         log: Any,
-        authenticate: Callable[[str | None, str | None], bool] = lambda login, passcode: True,
+        admit: Callable[[str | None, str | None], Principal] = lambda login, passcode: ANONYMOUS_PRINCIPAL,
     ) -> None:
         self.broker = broker
         self.clock = clock
@@ -122,7 +126,8 @@ class MqttSession:
         self.registry = registry
         self.conn_id = conn_id
         self.log = log
-        self.authenticate = authenticate
+        self.admit = admit
+        self._denied_logged: set[str] = set()
         self.codec = codec.MqttConnection(codec.Role.SERVER, max_packet_bytes=settings.preconnect_max_packet_bytes)
         self.outbox = Outbox(settings.outbox_high_water_bytes)
         self.state = State.AWAITING_CONNECT
@@ -290,9 +295,17 @@ class MqttSession:
 
     def _on_connect(self, packet: packets.Connect) -> None:
         password = packet.password.decode("utf-8", "replace") if packet.password is not None else None
-        if not self.authenticate(packet.username, password):
-            code = packets.BAD_USERNAME_OR_PASSWORD if packet.username is not None else packets.NOT_AUTHORIZED
-            self._refuse(code, "authentication failed")
+        try:
+            principal = self.admit(packet.username, password)
+        except AccessDenied as exc:
+            self.log.warning("login_refused", login=(packet.username or "")[:80], kind=exc.kind, reason=exc.reason)
+            if exc.kind == "unavailable":
+                code = packets.SERVER_UNAVAILABLE
+            elif exc.kind == "credentials" and packet.username is not None:
+                code = packets.BAD_USERNAME_OR_PASSWORD
+            else:
+                code = packets.NOT_AUTHORIZED
+            self._refuse(code, exc.reason)
             return
         client_id = packet.client_id
         if not client_id:
@@ -308,7 +321,7 @@ class MqttSession:
         self.will = packet.will
         self.live.silence_s = packet.keep_alive * self.settings.keepalive_grace  # [MQTT-3.1.2-24]
         self.codec.max_packet_bytes = self.settings.max_packet_bytes
-        self.client = self.broker.open_client(self, client_id=client_id)
+        self.client = self.broker.open_client(self, client_id=client_id, principal=principal)
         self.registry.active[client_id] = self
         self.state = State.CONNECTED
         owner = OWNER_PREFIX + client_id
@@ -354,8 +367,19 @@ class MqttSession:
             return
         message = self.broker.message(address, {}, packet.payload, persistent=packet.qos > 0)
         message.qos = packet.qos
-        lsn = self.broker.retain(message) if packet.retain else 0
-        lsn = max(lsn, client.send(message))
+        try:
+            lsn = client.send(message)
+        except NotAuthorized as exc:
+            # [MQTT-3.3.5-2]: 3.1.1 has no way to tell a publisher no; the
+            # publish is acknowledged as usual and dropped.  Logged once per
+            # topic, so a device retrying in a loop cannot flood the log.
+            if packet.topic not in self._denied_logged and len(self._denied_logged) < DENIED_LOGGED:
+                self._denied_logged.add(packet.topic)
+                self.log.warning("publish_denied", topic=packet.topic[:200], reason=exc.reason)
+            lsn = 0
+        else:
+            if packet.retain:
+                lsn = max(lsn, self.broker.retain(message))
         if packet.qos == 1:
             self.outbox.append(self.codec.send(packets.PubAck(packet.packet_id)), lsn)
         elif packet.qos == 2:

@@ -14,12 +14,14 @@ from collections.abc import Callable
 from typing import Any
 
 from core import names
+from core.authorization import ANONYMOUS_PRINCIPAL, Principal
 from core.broker import Broker, Client
 from core.errors import CoreError, InvalidDestination, UnknownMessage, UnknownSubscription
 from core.messages import DEFAULT_PRIORITY, MAX_PRIORITY, Message
 from core.ports import Clock
 from core.selectors import Selector, SelectorError, compile_selector
 from core.subscriptions import AckMode, Subscription
+from gateway.auth import AccessDenied
 from gateway.liveness import Liveness
 from gateway.outbox import Outbox
 from gateway.stomp import codec, frames
@@ -149,14 +151,14 @@ class StompSession:
         *,
         conn_id: str,
         log: Any,
-        authenticate: Callable[[str | None, str | None], bool] = lambda login, passcode: True,
+        admit: Callable[[str | None, str | None], Principal] = lambda login, passcode: ANONYMOUS_PRINCIPAL,
     ) -> None:
         self.broker = broker
         self.clock = clock
         self.settings = settings
         self.conn_id = conn_id
         self.log = log
-        self.authenticate = authenticate
+        self.admit = admit
         self.codec = codec.StompConnection(
             codec.Role.SERVER,
             max_frame_bytes=settings.preconnect_max_frame_bytes,
@@ -355,8 +357,11 @@ class StompSession:
                 "supported protocol versions are " + ",".join(codec.SUPPORTED_VERSIONS),
                 version=",".join(codec.SUPPORTED_VERSIONS),
             )
-        if not self.authenticate(headers.get("login"), headers.get("passcode")):
-            raise FrameRejected("authentication failed")
+        try:
+            principal = self.admit(headers.get("login"), headers.get("passcode"))
+        except AccessDenied as exc:
+            self.log.warning("login_refused", login=(headers.get("login") or "")[:80], kind=exc.kind, reason=exc.reason)
+            raise FrameRejected(exc.reason) from None
         client_beat = headers.get("heart-beat", "0,0")
         try:
             cx, cy = (int(part) for part in client_beat.split(","))
@@ -377,7 +382,7 @@ class StompSession:
         self.codec.max_frame_bytes = self.settings.max_frame_bytes
         self.codec.max_headers = self.settings.max_headers
         self.codec.max_header_bytes = self.settings.max_header_bytes
-        self.client = self.broker.open_client(self, client_id=headers.get("client-id"))
+        self.client = self.broker.open_client(self, client_id=headers.get("client-id"), principal=principal)
         self.state = State.CONNECTED
         reply = {"version": version, "session": self.conn_id, "server": SERVER_NAME, "heart-beat": f"{sx},{sy}"}
         self.outbox.append(self.codec.send(frames.Connected(reply)))
@@ -385,7 +390,7 @@ class StompSession:
             "stomp_connected",
             version=version,
             client_id=headers.get("client-id"),
-            login=headers.get("login"),
+            user=principal.name,
             heartbeat=f"{send_ms},{receive_ms}",
         )
 

@@ -1,0 +1,101 @@
+"""TLS for every listener: one server context from the configured certificate
+and key, optional client certificates verified against a CA and mapped to
+users.  Only configuration and certificate reading live here; the server
+wraps its listeners with the context."""
+
+from __future__ import annotations
+
+import dataclasses
+import ssl
+from typing import Any
+
+CLIENT_CERTS = ("none", "optional", "required")
+
+
+@dataclasses.dataclass(frozen=True)
+class TlsSettings:
+    cert: str = ""  # PEM certificate chain; TLS listeners start only when set
+    key: str = ""  # PEM private key (may be the cert file itself)
+    # Client certificates: "optional" verifies one when offered, "required"
+    # refuses a handshake without one; both need `ca`.
+    client_certs: str = "none"
+    ca: str = ""
+    # Certificate subject -> user: [{subject = "CN=sensor-1", user = "sensors"}].
+    # `subject` is a whole RFC 4514 subject ("CN=sensor-1,O=Plant") or one
+    # attribute of it ("CN=sensor-1").  With `cn_as_user`, a certificate no
+    # entry names logs in as the user its common name names.
+    cert_users: list[dict[str, str]] = dataclasses.field(default_factory=list)
+    cn_as_user: bool = False
+    # false: only the TLS listeners run (the plain STOMP, MQTT and admin ports stay closed).
+    plain: bool = True
+    handshake_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.client_certs not in CLIENT_CERTS:
+            raise ValueError(f"tls.client_certs must be one of {', '.join(CLIENT_CERTS)}, not {self.client_certs!r}")
+        if self.client_certs != "none" and not self.ca:
+            raise ValueError("tls.client_certs needs tls.ca, the authority client certificates are checked against")
+        if bool(self.cert) != bool(self.key):
+            raise ValueError("tls.cert and tls.key go together")
+        if not self.plain and not self.cert:
+            raise ValueError("tls.plain = false needs tls.cert and tls.key: no listener would be left")
+        for entry in self.cert_users:
+            if not isinstance(entry, dict) or not entry.get("subject") or not entry.get("user"):
+                raise ValueError("tls.cert_users entries need a subject and a user")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert)
+
+
+def server_context(settings: TlsSettings) -> ssl.SSLContext:
+    """The listeners' context; a missing or unreadable file raises ValueError naming it."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(settings.cert, settings.key)
+        if settings.client_certs != "none":
+            context.load_verify_locations(cafile=settings.ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"tls: cannot load the certificate, key or CA: {exc}") from None
+    context.verify_mode = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}[
+        settings.client_certs
+    ]
+    return context
+
+
+def subject_text(certificate: dict[str, Any]) -> str:
+    """A peer certificate's subject as RFC 4514 text, most specific first."""
+    parts = []
+    for rdn in reversed(certificate.get("subject", ())):
+        parts.append("+".join(f"{_SHORT.get(name, name)}={value}" for name, value in rdn))
+    return ",".join(parts)
+
+
+_SHORT = {
+    "commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU", "countryName": "C",
+    "stateOrProvinceName": "ST", "localityName": "L", "domainComponent": "DC", "userId": "UID",
+}
+
+
+class CertificateUsers:
+    """Maps a verified client certificate to a user name (or None)."""
+
+    def __init__(self, settings: TlsSettings) -> None:
+        self.by_subject = {entry["subject"].replace(", ", ","): entry["user"] for entry in settings.cert_users}
+        self.cn_as_user = settings.cn_as_user
+
+    def user(self, certificate: dict[str, Any] | None) -> str | None:
+        if not certificate:
+            return None
+        subject = subject_text(certificate)
+        if subject in self.by_subject:
+            return self.by_subject[subject]
+        for attribute in subject.split(","):
+            if attribute in self.by_subject:
+                return self.by_subject[attribute]
+        if self.cn_as_user:
+            for attribute in subject.split(","):
+                if attribute.startswith("CN="):
+                    return attribute[3:]
+        return None

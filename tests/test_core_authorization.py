@@ -1,0 +1,124 @@
+"""The authorization map and the login gate, without a network."""
+
+from __future__ import annotations
+
+import pytest
+
+from core import names
+from core.authorization import ANONYMOUS_PRINCIPAL, Authorizer, Principal, covers, parse_entries
+from gateway import auth
+from gateway.auth import AccessDenied, AuthSettings, Gatekeeper, Transport, hash_password
+
+
+def seg(text):
+    return tuple(text.split("."))
+
+
+@pytest.mark.parametrize(
+    ("general", "specific", "expected"),
+    [
+        ("a.b", "a.b", True), ("a.b", "a.c", False), ("a.*", "a.b", True), ("a.*", "a.*", True),
+        ("a.*", "a.b.c", False), ("a.>", "a.b.c", True), ("a.>", "a.*", True), ("a.>", "a.>", True),
+        (">", "x.y", True), (">", ">", True), ("a.b", "a.*", False), ("a.*", "a.>", False),
+        ("a.*.c", "a.*.c", True), ("a.*.c", "a.>", False), ("a.b.>", "a.>", False), ("a", "a.b", False),
+    ],
+)
+def test_covers(general, specific, expected):
+    assert covers(seg(general), seg(specific)) is expected
+
+
+ENTRIES = parse_entries([
+    {"destination": "/queue/orders.>", "write": ["producers"], "read": "clerk"},
+    {"destination": "/topic/plant.>", "read": ["*"]},
+    {"destination": "/topic/plant.secret", "read": ["ops"]},
+])
+
+
+@pytest.mark.parametrize(
+    ("principal", "operation", "destination", "allowed"),
+    [
+        (Principal("app", frozenset({"producers"})), "write", "/queue/orders.eu", True),
+        (Principal("app", frozenset({"producers"})), "read", "/queue/orders.eu", False),
+        (Principal("clerk"), "read", "/queue/orders.eu", True),
+        (Principal("clerk"), "read", "/topic/orders.eu", False),  # a queue grant is not a topic grant
+        (ANONYMOUS_PRINCIPAL, "read", "/topic/plant.1.temp", True),  # "*" includes anonymous
+        (ANONYMOUS_PRINCIPAL, "write", "/topic/plant.1.temp", False),
+        (Principal("x"), "read", "/topic/plant.>", True),
+        (Principal("x"), "read", "/topic/>", False),
+        (Principal("x"), "admin", "/queue/orders.eu", False),  # nothing granted: denied
+    ],
+)
+def test_grants_add_up_and_anything_else_is_denied(principal, operation, destination, allowed):
+    address = names.parse(destination)
+    assert Authorizer(ENTRIES).allows(principal, operation, address) is allowed
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"read": ["a"]}, "needs a destination pattern"),
+        ({"destination": "orders"}, r"acl\[0\]\.destination: destination must start with"),
+        ({"destination": "/temp-queue/x", "read": ["a"]}, "temporary destinations"),
+        ({"destination": "/queue/a", "browse": ["a"]}, "unknown key 'browse'"),
+        ({"destination": "/queue/a", "read": [1]}, "list of user or group names"),
+    ],
+)
+def test_bad_entries_are_named(table, message):
+    with pytest.raises(ValueError, match=message):
+        parse_entries([table])
+
+
+class Clock:
+    now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def gate(clock, **settings):
+    users = [{"name": "app", "password_hash": hash_password("pw", iterations=1000), "groups": ["g"]}]
+    return Gatekeeper(AuthSettings(users=users, **settings), clock)
+
+
+def test_the_gate_gives_the_principal_with_its_groups():
+    assert gate(Clock()).admit("app", "pw", Transport(host="h")) == Principal("app", frozenset({"g"}))
+
+
+def test_the_lockout_counts_per_host_and_ends_with_its_window():
+    clock = Clock()
+    keeper = gate(clock, max_failed_logins=2, failed_login_window_s=10)
+    for _ in range(2):
+        with pytest.raises(AccessDenied, match="authentication failed"):
+            keeper.admit("app", "bad", Transport(host="h1"))
+    with pytest.raises(AccessDenied, match="too many failed logins from h1; try again in 10 s") as denied:
+        keeper.admit("app", "pw", Transport(host="h1"))
+    assert denied.value.kind == "rate_limited"
+    assert keeper.admit("app", "pw", Transport(host="h2")).name == "app"  # another address is unaffected
+    clock.now += 10
+    assert keeper.admit("app", "pw", Transport(host="h1")).name == "app"
+
+
+def test_a_success_clears_the_count():
+    keeper = gate(Clock(), max_failed_logins=2)
+    with pytest.raises(AccessDenied):
+        keeper.admit("app", "bad", Transport(host="h"))
+    keeper.admit("app", "pw", Transport(host="h"))
+    with pytest.raises(AccessDenied, match="authentication failed"):
+        keeper.admit("app", "bad", Transport(host="h"))  # one failure again, not two
+
+
+def test_the_table_of_failing_addresses_is_bounded(monkeypatch):
+    monkeypatch.setattr(auth, "TRACKED_ADDRESSES", 50)
+    keeper = gate(Clock())
+    for i in range(200):
+        with pytest.raises(AccessDenied):
+            keeper.admit(None, None, Transport(host=f"10.0.0.{i}"))
+    assert len(keeper._failures) == 50
+
+
+def test_a_certificate_user_needs_no_password_and_a_refused_transport_is_refused():
+    keeper = gate(Clock())
+    assert keeper.admit(None, None, Transport(certificate_user="app")).groups == frozenset({"g"})
+    with pytest.raises(AccessDenied, match="limit 2") as denied:
+        keeper.admit("app", "pw", Transport(refused="too many connections (limit 2)"))
+    assert denied.value.kind == "unavailable"
