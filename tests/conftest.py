@@ -193,8 +193,9 @@ def paho(broker_factory: Callable[..., BrokerHandle]) -> Iterator[Callable[..., 
     made: list[Paho] = []
 
     def factory(target: BrokerHandle, *args: Any, websocket: bool = False, **kwargs: Any) -> Paho:
-        if websocket:  # over WebSocket: the admin port's /mqtt
-            client = Paho(target.admin_port, *args, websocket_path="/mqtt", **kwargs)
+        if websocket:  # over WebSocket: the admin port's /mqtt (wss on admin-tls with tls=context)
+            port = target.running.ports["admin-tls" if kwargs.get("tls") else "admin"]
+            client = Paho(port, *args, websocket_path="/mqtt", **kwargs)
         else:
             client = Paho(target.mqtt_port, *args, **kwargs)
         made.append(client)

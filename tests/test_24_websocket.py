@@ -9,11 +9,15 @@ import base64
 import http.client
 import json
 
+import ssl
+
 import pytest
+import trustme
 
 from gateway.auth import hash_password
 from gateway.mqtt import packets
 from gateway.stomp import frames
+from gateway.tls import TlsSettings
 from tests.helpers import RawClient, encode_frame, unique, wait_for
 from tests.mqtt_helpers import RawMqtt
 from tests.ws_helpers import Refused, WebSocketSocket
@@ -293,3 +297,50 @@ def test_mqtt_oversized_message_closes_with_1009(broker_factory, ws, paho):
     assert sock.wait_closed() == 1009
     other = paho(broker, unique("after-"))
     other.publish("t/big", b"fine", qos=1)
+
+
+# -- over TLS (wss://, the admin-tls listener) ----------------------------
+
+
+@pytest.fixture
+def tls_broker(broker_factory, tmp_path):
+    """A broker with TLS listeners (a trustme CA's certificate for 127.0.0.1)
+    and a client context that trusts it."""
+    ca = trustme.CA()
+    certificate = ca.issue_cert("127.0.0.1")
+    cert, key = tmp_path / "server.pem", tmp_path / "server.key"
+    certificate.cert_chain_pems[0].write_to_path(cert)
+    certificate.private_key_pem.write_to_path(key)
+    broker = broker_factory(tls=TlsSettings(cert=str(cert), key=str(key)),
+                            stomp_tls_port=0, mqtt_tls_port=0, admin_tls_port=0)
+    client = ssl.create_default_context()
+    ca.configure_trust(client)
+    return broker, client
+
+
+def test_stomp_over_wss_meets_stomp_over_tcp(tls_broker, stomp_client):
+    broker, context = tls_broker
+    queue = f"/queue/{unique('wss')}"
+    sock = WebSocketSocket(broker.running.ports["admin-tls"], "/stomp", ["v12.stomp"], text=True, tls=context)
+    try:
+        assert sock.subprotocol == "v12.stomp"
+        client = stomp_over(sock)
+        client.connect()
+        client.send_frame("SUBSCRIBE", {"id": "1", "destination": queue, "receipt": "s"})
+        client.receipt("s")
+        stomp_client(broker).send(queue, b"to the secure side")
+        assert client.expect("MESSAGE").body == b"to the secure side"
+        assert connections(broker)["stomp-ws"] == sock.local_address  # the TLS client's own address
+    finally:
+        sock.close()
+
+
+def test_mqtt_over_wss_with_paho(tls_broker, paho):
+    broker, context = tls_broker
+    topic = f"secure/{unique()}"
+    device = paho(broker, unique("wss-device-"), websocket=True, tls=context)
+    assert device.subscribe((topic, 1)) == [1]
+    paho(broker, unique("tcp-")).publish(topic, b"sealed", qos=1)
+    (message,) = device.wait(1)
+    assert (message.payload, message.qos) == (b"sealed", 1)
+

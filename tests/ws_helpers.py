@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -36,9 +37,11 @@ class Refused(AssertionError):
 
 class WebSocketSocket:
     def __init__(self, port: int, path: str, subprotocols: Sequence[str] = (), *, text: bool = False,
-                 timeout: float = TIMEOUT) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                 timeout: float = TIMEOUT, tls: ssl.SSLContext | None = None) -> None:
+        plain = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        plain.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # wss://: the same WebSocket inside TLS
+        self.sock = tls.wrap_socket(plain, server_hostname="127.0.0.1") if tls is not None else plain
         self.text = text  # send payloads as text messages
         self.ws = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
         self.pending = bytearray()
