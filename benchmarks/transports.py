@@ -1,12 +1,13 @@
-"""STOMP and MQTT over each transport the broker offers: plain TCP next to
-WebSocket (the admin port's ``/stomp`` and ``/mqtt``).
+"""STOMP and MQTT over each transport the broker offers: plain TCP, TLS,
+WebSocket (the admin port's ``/stomp`` and ``/mqtt``) and WebSocket over TLS.
 
     .venv/bin/python benchmarks/transports.py [--messages N] [--rate R] [--seconds S]
-        [--transport tcp,ws] [--protocol stomp,mqtt] [--json FILE]
+        [--transport tcp,tls,ws,wss] [--protocol stomp,mqtt] [--json FILE]
     .venv/bin/python benchmarks/run.py --scenario transports [...]
 
 For every protocol x transport pair, on a fresh ``gateway serve`` (free
-loopback ports, temporary data folder, default settings):
+loopback ports, temporary data folder, default settings; TLS with a throwaway
+trustme certificate for 127.0.0.1, TLS 1.3 as negotiated by default):
 
 flood    one producer -> one consumer (topic, QoS 0 / no receipts), N x 128 B
          (default 100,000) sent as pre-encoded batches of 500 frames per
@@ -32,6 +33,7 @@ import os
 import platform
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -52,7 +54,8 @@ from gateway.stomp import codec as stomp_codec, frames  # noqa: E402
 GATEWAY = str(Path(sys.executable).parent / "gateway")
 BODY = b"x" * 128
 BATCH = 500  # frames per sendall in the flood
-TRANSPORTS = ("tcp", "ws")
+TRANSPORTS = ("tcp", "tls", "ws", "wss")
+LISTENERS = ("stomp", "mqtt", "admin", "stomp-tls", "mqtt-tls", "admin-tls")
 PROTOCOLS = ("stomp", "mqtt")
 WAIT_S = 120.0  # every wait on the broker or a client is bounded by this
 
@@ -66,14 +69,19 @@ def free_port() -> int:
 class Broker:
     """``gateway serve`` on three free loopback ports and a temporary data folder."""
 
-    def __init__(self) -> None:
-        self.ports = {"stomp": free_port(), "mqtt": free_port(), "admin": free_port()}
+    def __init__(self, tls: Certificates) -> None:
+        self.ports = {name: free_port() for name in LISTENERS}
         self.data = tempfile.mkdtemp(prefix="gw-transport-bench-")
         self.log = Path(self.data) / "broker.log"
+        config = Path(self.data) / "gateway.toml"
+        config.write_text(
+            "".join(f"{name.replace('-', '_')}_port = {port}\n" for name, port in self.ports.items())
+            + f'[tls]\ncert = "{tls.cert}"\nkey = "{tls.key}"\n'
+        )
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
-                [GATEWAY, "serve", "--stomp-port", str(self.ports["stomp"]), "--mqtt-port", str(self.ports["mqtt"]),
-                 "--admin-port", str(self.ports["admin"]), "--data-dir", self.data, "--log-level", "warning"],
+                [GATEWAY, "serve", "--config", str(config), "--data-dir", str(Path(self.data) / "data"),
+                 "--log-level", "warning"],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + 15
@@ -107,10 +115,27 @@ class Broker:
 # -- links: a blocking byte pipe to the broker over one transport --------------
 
 
+class Certificates:
+    """A throwaway CA (trustme, a test dependency) and its certificate for 127.0.0.1."""
+
+    def __init__(self, folder: Path) -> None:
+        import trustme
+
+        ca = trustme.CA()
+        issued = ca.issue_cert("127.0.0.1")
+        self.cert, self.key = folder / "server.pem", folder / "server.key"
+        issued.cert_chain_pems[0].write_to_path(self.cert)
+        issued.private_key_pem.write_to_path(self.key)
+        self.cafile = folder / "ca.pem"  # for the consumer process
+        ca.cert_pem.write_to_path(self.cafile)
+        self.client = ssl.create_default_context(cafile=str(self.cafile))
+
+
 class TcpLink:
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def __init__(self, port: int, tls: ssl.SSLContext | None = None) -> None:
+        plain = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
+        plain.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = tls.wrap_socket(plain, server_hostname="127.0.0.1") if tls is not None else plain
 
     def wire(self, chunks: list[bytes]) -> bytes:
         return b"".join(chunks)
@@ -128,8 +153,8 @@ class TcpLink:
 class WebSocketLink(TcpLink):
     """The admin port's /stomp or /mqtt; each chunk is one client message."""
 
-    def __init__(self, port: int, path: str, subprotocol: str, text: bool) -> None:
-        super().__init__(port)
+    def __init__(self, port: int, path: str, subprotocol: str, text: bool, tls: ssl.SSLContext | None) -> None:
+        super().__init__(port, tls)
         self.text = text
         self.ws = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
         self.sock.sendall(self.ws.send(ws.Request(host=f"127.0.0.1:{port}", target=path, subprotocols=[subprotocol])))
@@ -168,12 +193,14 @@ class WebSocketLink(TcpLink):
                 return bytes(out)
 
 
-def open_link(transport: str, protocol: str, ports: dict[str, int]) -> TcpLink:
-    if transport == "tcp":
-        return TcpLink(ports[protocol])
+def open_link(transport: str, protocol: str, ports: dict[str, int], tls: ssl.SSLContext) -> TcpLink:
+    secure = tls if transport in ("tls", "wss") else None
+    suffix = "-tls" if secure is not None else ""
+    if transport in ("tcp", "tls"):
+        return TcpLink(ports[protocol + suffix], secure)
     if protocol == "stomp":
-        return WebSocketLink(ports["admin"], "/stomp", "v12.stomp", text=True)
-    return WebSocketLink(ports["admin"], "/mqtt", "mqtt", text=False)
+        return WebSocketLink(ports["admin" + suffix], "/stomp", "v12.stomp", True, secure)
+    return WebSocketLink(ports["admin" + suffix], "/mqtt", "mqtt", False, secure)
 
 
 # -- the protocols: connect, subscribe, encode, count -------------------------
@@ -246,10 +273,10 @@ class MqttClient:
 CLIENTS: dict[str, Callable[[TcpLink], StompClient | MqttClient]] = {"stomp": StompClient, "mqtt": MqttClient}
 
 
-def consumer(transport: str, protocol: str, ports: dict[str, int], count: int, timed: bool,
+def consumer(transport: str, protocol: str, ports: dict[str, int], cafile: str, count: int, timed: bool,
              ready: multiprocessing.Event, out: multiprocessing.Queue) -> None:
     """Receive ``count`` messages; report (received, first, last, latencies)."""
-    link = open_link(transport, protocol, ports)
+    link = open_link(transport, protocol, ports, ssl.create_default_context(cafile=cafile))
     client = CLIENTS[protocol](link)
     client.subscribe()
     ready.set()
@@ -271,17 +298,17 @@ def consumer(transport: str, protocol: str, ports: dict[str, int], count: int, t
     link.close()
 
 
-def run_pair(transport: str, protocol: str, count: int, timed: bool, rate: int) -> dict:
-    broker = Broker()
+def run_pair(transport: str, protocol: str, count: int, timed: bool, rate: int, tls: Certificates) -> dict:
+    broker = Broker(tls)
     try:
         out: multiprocessing.Queue = multiprocessing.Queue()
         ready = multiprocessing.Event()
-        proc = multiprocessing.Process(target=consumer, args=(transport, protocol, broker.ports, count, timed, ready, out),
-                                       daemon=True)
+        proc = multiprocessing.Process(target=consumer, daemon=True, args=(
+            transport, protocol, broker.ports, str(tls.cafile), count, timed, ready, out))
         proc.start()
         if not ready.wait(15):
             raise SystemExit("the consumer did not subscribe")
-        link = open_link(transport, protocol, broker.ports)
+        link = open_link(transport, protocol, broker.ports, tls.client)
         client = CLIENTS[protocol](link)
         start = time.monotonic()
         if timed:
@@ -325,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=100_000, help="flood messages per pair (default 100,000)")
     parser.add_argument("--rate", type=int, default=2000, help="latency run send rate, msgs/s (default 2,000)")
     parser.add_argument("--seconds", type=float, default=3.0, help="latency run length (default 3)")
-    parser.add_argument("--transport", default=",".join(TRANSPORTS), help="comma-separated: tcp,ws")
+    parser.add_argument("--transport", default=",".join(TRANSPORTS), help="comma-separated: tcp,tls,ws,wss")
     parser.add_argument("--protocol", default=",".join(PROTOCOLS), help="comma-separated: stomp,mqtt")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args, _ = parser.parse_known_args(argv)
@@ -336,17 +363,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'protocol':<8} {'transport':<9} {'msgs/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
           f"{'RSS MiB':>8} {'peak MiB':>9}  delivered")
     results, ok = [], True
-    for protocol in args.protocol.split(","):
-        for transport in args.transport.split(","):
-            flood = run_pair(transport, protocol, count, False, args.rate)
-            latency = run_pair(transport, protocol, int(args.rate * args.seconds), True, args.rate)
-            ok = ok and flood["delivered"] == flood["expected"] and latency["delivered"] == latency["expected"]
-            results.append({"flood": flood, "latency": latency})
-            print(f"{protocol:<8} {transport:<9} {flood['msgs_per_s']:>10,.0f} {latency['p50_ms']:>8.2f} "
-                  f"{latency['p99_ms']:>8.2f} {latency['max_ms']:>8.2f} {flood['rss_mib']:>8.1f} "
-                  f"{flood['peak_rss_mib']:>9.1f}  {flood['delivered']:,}/{flood['expected']:,}, "
-                  f"{latency['delivered']:,}/{latency['expected']:,}")
-            sys.stdout.flush()
+    folder = Path(tempfile.mkdtemp(prefix="gw-transport-certs-"))
+    try:
+        tls = Certificates(folder)
+        for protocol in args.protocol.split(","):
+            for transport in args.transport.split(","):
+                flood = run_pair(transport, protocol, count, False, args.rate, tls)
+                latency = run_pair(transport, protocol, int(args.rate * args.seconds), True, args.rate, tls)
+                ok = ok and flood["delivered"] == flood["expected"] and latency["delivered"] == latency["expected"]
+                results.append({"flood": flood, "latency": latency})
+                print(f"{protocol:<8} {transport:<9} {flood['msgs_per_s']:>10,.0f} {latency['p50_ms']:>8.2f} "
+                      f"{latency['p99_ms']:>8.2f} {latency['max_ms']:>8.2f} {flood['rss_mib']:>8.1f} "
+                      f"{flood['peak_rss_mib']:>9.1f}  {flood['delivered']:,}/{flood['expected']:,}, "
+                      f"{latency['delivered']:,}/{latency['expected']:,}")
+                sys.stdout.flush()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"python": platform.python_version(), "results": results}, indent=2) + "\n")
     return 0 if ok else 1
