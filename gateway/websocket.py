@@ -38,8 +38,9 @@ from gateway.server import SessionFactory
 # bytes that carried it, so this also bounds what one read can leave pending.
 RECEIVE_BYTES = 64 * 1024
 # A peer that neither answers our close frame nor closes its side gets this
-# long before the transport is closed under it.
-CLOSE_TIMEOUT_S = 2.0
+# long before the transport is closed under it (as long as a TLS close_notify
+# gets in server.close_stream).
+CLOSE_TIMEOUT_S = 1.0
 # A message may carry one maximal frame plus a few small ones (a client
 # batching a SEND with its heart-beat, say); more is refused with 1009.
 MESSAGE_SLACK_BYTES = 64 * 1024
@@ -248,10 +249,26 @@ class WebSocketStream(trio.abc.HalfCloseableStream):
         await self._send_event(ws.CloseConnection(code=CloseReason.NORMAL_CLOSURE))
 
     async def aclose(self) -> None:
-        # A close frame if none was sent yet, bounded: a peer that does not
-        # read cannot hold the connection open.
+        # Our close frame if none was sent yet, then the peer's answer, all
+        # bounded in time: a peer that neither reads nor answers cannot hold
+        # the connection open.
         try:
             with trio.move_on_after(CLOSE_TIMEOUT_S):
                 await self._send_event(ws.CloseConnection(code=CloseReason.NORMAL_CLOSURE))
+                await self._wait_peer_close()
         finally:  # closed even when cancelled (aclose_forcefully)
             await self.transport_stream.aclose()
+
+    async def _wait_peer_close(self) -> None:
+        """Read (and drop) until the peer answers our close (RFC 6455 §7.1.1:
+        the server closes TCP after the closing handshake).  Closing with its
+        data unread would make the kernel reset the connection, which can
+        destroy our close frame (its 1009, say) before the peer reads it."""
+        while self._ws.state is ConnectionState.LOCAL_CLOSING:
+            try:
+                data = await self.transport_stream.receive_some(RECEIVE_BYTES)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            self._ws.receive_data(data if data else None)
+            for _ in self._ws.events():
+                pass  # only the state matters now: the peer's close makes it CLOSED

@@ -8,8 +8,8 @@ from __future__ import annotations
 import base64
 import http.client
 import json
-
 import ssl
+import time
 
 import pytest
 import trustme
@@ -249,6 +249,17 @@ def test_an_abrupt_disconnect_leaves_the_broker_serving(broker, ws, stomp_client
     consumer = stomp_client(broker)
     consumer.subscribe(queue)  # the unacknowledged message goes to the next consumer
     assert consumer.wait_messages(1)[0].body == b"unacked"
+
+
+def test_a_stopping_broker_tells_websocket_clients_and_closes_them(broker, ws):
+    client = stomp_over(ws(broker, "/stomp", ["v12.stomp"], text=True))
+    client.connect()
+    started = time.monotonic()
+    broker.stop()  # the client reads nothing meanwhile: the broker must not wait on it for long
+    assert time.monotonic() - started < 4.0
+    error = client.next_frame()
+    assert isinstance(error, frames.Error) and "shutting down" in error.headers["message"]
+    assert client.sock.wait_closed() == 1000
 
 
 # -- MQTT over WebSocket ---------------------------------------------------
