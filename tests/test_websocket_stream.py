@@ -1,0 +1,170 @@
+"""WebSocketStream over Trio memory streams, with a wsproto client on the other
+end: what the broker's connection machinery reads and writes through it."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+import wsproto
+from wsproto import events as ws
+
+from gateway.adminapi import Response
+from gateway.websocket import (
+    MQTT_SUBPROTOCOLS, STOMP_SUBPROTOCOLS, Endpoint, WebSocketStream, choose_subprotocol,
+)
+
+
+def endpoint(text: bool = True, max_message_bytes: int = 1000) -> Endpoint:
+    return Endpoint("stomp-ws" if text else "mqtt-ws", lambda *a: None, STOMP_SUBPROTOCOLS if text else MQTT_SUBPROTOCOLS,
+                    max_message_bytes, text=text)
+
+
+class Peer:
+    """The client side: a wsproto client connection over the other memory stream."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.ws = wsproto.Connection(wsproto.ConnectionType.CLIENT)
+
+    async def send(self, event: ws.Event) -> None:
+        await self.stream.send_all(self.ws.send(event))
+
+    async def next_event(self) -> ws.Event:
+        while True:
+            for event in self.ws.events():
+                return event
+            data = await self.stream.receive_some(65536)
+            self.ws.receive_data(data or None)
+
+
+def pair(**kwargs) -> tuple[WebSocketStream, Peer]:
+    server_side, client_side = trio.testing.memory_stream_pair()
+    stream = WebSocketStream(server_side, wsproto.Connection(wsproto.ConnectionType.SERVER), endpoint(**kwargs))
+    return stream, Peer(client_side)
+
+
+@pytest.mark.parametrize(("ep", "offered", "chosen"), [
+    (endpoint(), ["v10.stomp", "v12.stomp", "v11.stomp"], "v12.stomp"),
+    (endpoint(), ["V11.STOMP"], "v11.stomp"),
+    (endpoint(), [], None),
+    (endpoint(text=False), ["mqttv3.1", "mqtt"], "mqtt"),
+])
+def test_the_preferred_offered_subprotocol_is_chosen(ep, offered, chosen):
+    assert choose_subprotocol(ep, offered) == chosen
+
+
+def test_only_unspoken_subprotocols_get_a_400_naming_them():
+    refusal = choose_subprotocol(endpoint(text=False), ["v12.stomp"])
+    assert isinstance(refusal, Response) and refusal.status == 400
+    assert b"v12.stomp" in refusal.body and b"mqtt" in refusal.body
+
+
+async def test_payloads_come_out_in_pieces_of_at_most_max_bytes():
+    stream, peer = pair()
+    await peer.send(ws.TextMessage(data="CONNECT\n\n\x00"))
+    await peer.send(ws.BytesMessage(data=b"SEND\n\n", message_finished=False))
+    await peer.send(ws.BytesMessage(data=b"body\x00"))
+    got = bytearray()
+    while len(got) < len(b"CONNECT\n\n\x00SEND\n\nbody\x00"):
+        piece = await stream.receive_some(4)
+        assert 0 < len(piece) <= 4
+        got += piece
+    assert got == b"CONNECT\n\n\x00SEND\n\nbody\x00"
+
+
+async def test_pings_are_answered_with_their_payload():
+    stream, peer = pair()
+    await peer.send(ws.Ping(payload=b"p1"))
+    await peer.send(ws.BytesMessage(data=b"x"))
+    assert await stream.receive_some() == b"x"
+    assert await peer.next_event() == ws.Pong(payload=b"p1")
+
+
+@pytest.mark.parametrize(("text", "data", "kind"), [
+    (True, "MESSAGE\n\nhé\x00".encode(), ws.TextMessage),
+    (True, b"MESSAGE\n\n\xff\x00", ws.BytesMessage),  # not UTF-8: binary
+    (False, b"\x30\x03\x00\x01t", ws.BytesMessage),  # MQTT: always binary
+])
+async def test_send_all_is_one_message_text_only_when_it_can_be(text, data, kind):
+    stream, peer = pair(text=text)
+    await stream.send_all(data)
+    event = await peer.next_event()
+    assert type(event) is kind and event.message_finished
+    assert (event.data.encode() if kind is ws.TextMessage else event.data) == data
+
+
+async def test_an_oversized_message_is_closed_with_1009_even_in_fragments():
+    stream, peer = pair(max_message_bytes=10)
+    await peer.send(ws.BytesMessage(data=b"123456", message_finished=False))
+    await peer.send(ws.BytesMessage(data=b"789012"))
+    assert await stream.receive_some() == b"123456"
+    with pytest.raises(trio.BrokenResourceError, match="over 10 bytes"):
+        await stream.receive_some()
+    close = await peer.next_event()
+    assert isinstance(close, ws.CloseConnection) and close.code == 1009
+
+
+async def test_message_size_is_counted_per_message():
+    stream, peer = pair(max_message_bytes=10)
+    for _ in range(5):
+        await peer.send(ws.BytesMessage(data=b"12345678"))
+    got = bytearray()
+    while len(got) < 40:
+        got += await stream.receive_some()
+    assert got == b"12345678" * 5
+
+
+async def test_text_on_mqtt_is_closed_with_1003():
+    stream, peer = pair(text=False)
+    await peer.send(ws.TextMessage(data="\xc0\x00"))
+    with pytest.raises(trio.BrokenResourceError):
+        await stream.receive_some()
+    close = await peer.next_event()
+    assert isinstance(close, ws.CloseConnection) and close.code == 1003
+
+
+async def test_the_peers_close_is_answered_and_is_eof():
+    stream, peer = pair()
+    await peer.send(ws.BytesMessage(data=b"last"))
+    await peer.send(ws.CloseConnection(code=1000))
+    assert await stream.receive_some() == b"last"
+    assert await stream.receive_some() == b""
+    assert await stream.receive_some() == b""
+    reply = await peer.next_event()
+    assert isinstance(reply, ws.CloseConnection) and reply.code == 1000
+    with pytest.raises(trio.ClosedResourceError):
+        await stream.send_all(b"too late")
+
+
+async def test_a_lost_transport_is_eof():
+    stream, peer = pair()
+    await peer.stream.aclose()
+    assert await stream.receive_some() == b""
+
+
+async def test_send_eof_is_a_close_after_which_reading_goes_on_until_the_peers():
+    stream, peer = pair()
+    await stream.send_eof()
+    await peer.send(ws.BytesMessage(data=b"in flight"))  # sent before the peer saw our close
+    close = await peer.next_event()
+    assert isinstance(close, ws.CloseConnection) and close.code == 1000
+    await peer.send(close.response())
+    assert await stream.receive_some() == b"in flight"
+    assert await stream.receive_some() == b""
+
+
+async def test_aclose_waits_for_the_peers_close_but_not_forever(autojump_clock):
+    stream, peer = pair()
+    started = trio.current_time()
+    await stream.aclose()  # the peer never answers
+    assert 0.9 <= trio.current_time() - started <= 1.1
+    close = await peer.next_event()
+    assert isinstance(close, ws.CloseConnection)
+    assert await peer.stream.receive_some() == b""  # and the transport is closed
+
+
+async def test_aclose_forcefully_still_closes_the_transport():
+    stream, peer = pair()
+    await trio.aclose_forcefully(stream)
+    assert await peer.stream.receive_some() == b""
