@@ -8,18 +8,16 @@ from __future__ import annotations
 import base64
 import http.client
 import json
-import ssl
 import time
 
 import pytest
-import trustme
 
 from gateway.auth import hash_password
 from gateway.mqtt import packets
 from gateway.stomp import frames
-from gateway.tls import TlsSettings
 from tests.helpers import RawClient, encode_frame, unique, wait_for
 from tests.mqtt_helpers import RawMqtt
+from tests.test_23_tls import CERT_AUTH, ca, client_context, pki, tls_broker  # noqa: F401 (ca, pki: fixtures)
 from tests.ws_helpers import Refused, WebSocketSocket
 
 
@@ -313,24 +311,8 @@ def test_mqtt_oversized_message_closes_with_1009(broker_factory, ws, paho):
 # -- over TLS (wss://, the admin-tls listener) ----------------------------
 
 
-@pytest.fixture
-def tls_broker(broker_factory, tmp_path):
-    """A broker with TLS listeners (a trustme CA's certificate for 127.0.0.1)
-    and a client context that trusts it."""
-    ca = trustme.CA()
-    certificate = ca.issue_cert("127.0.0.1")
-    cert, key = tmp_path / "server.pem", tmp_path / "server.key"
-    certificate.cert_chain_pems[0].write_to_path(cert)
-    certificate.private_key_pem.write_to_path(key)
-    broker = broker_factory(tls=TlsSettings(cert=str(cert), key=str(key)),
-                            stomp_tls_port=0, mqtt_tls_port=0, admin_tls_port=0)
-    client = ssl.create_default_context()
-    ca.configure_trust(client)
-    return broker, client
-
-
-def test_stomp_over_wss_meets_stomp_over_tcp(tls_broker, stomp_client):
-    broker, context = tls_broker
+def test_stomp_over_wss_meets_stomp_over_tcp(broker_factory, pki, stomp_client):
+    broker, context = tls_broker(broker_factory, pki), client_context(pki)
     queue = f"/queue/{unique('wss')}"
     sock = WebSocketSocket(broker.running.ports["admin-tls"], "/stomp", ["v12.stomp"], text=True, tls=context)
     try:
@@ -346,8 +328,8 @@ def test_stomp_over_wss_meets_stomp_over_tcp(tls_broker, stomp_client):
         sock.close()
 
 
-def test_mqtt_over_wss_with_paho(tls_broker, paho):
-    broker, context = tls_broker
+def test_mqtt_over_wss_with_paho(broker_factory, pki, paho):
+    broker, context = tls_broker(broker_factory, pki), client_context(pki)
     topic = f"secure/{unique()}"
     device = paho(broker, unique("wss-device-"), websocket=True, tls=context)
     assert device.subscribe((topic, 1)) == [1]
@@ -355,3 +337,18 @@ def test_mqtt_over_wss_with_paho(tls_broker, paho):
     (message,) = device.wait(1)
     assert (message.payload, message.qos) == (b"sealed", 1)
 
+
+def test_a_client_certificate_over_wss_logs_in_as_its_user(broker_factory, pki):
+    broker = tls_broker(broker_factory, pki, auth=CERT_AUTH, client_certs="optional", ca=pki["ca"],
+                        cert_users=[{"subject": "CN=sensor-1", "user": "sensor"}])
+    port = broker.running.ports["admin-tls"]
+    with_certificate = WebSocketSocket(port, "/stomp", ["v12.stomp"], tls=client_context(pki, certificate=True))
+    without = WebSocketSocket(port, "/stomp", ["v12.stomp"], tls=client_context(pki))
+    try:
+        stomp_over(with_certificate).connect()  # no login, no passcode: the certificate's user
+        refused = stomp_over(without)
+        refused.send_frame("CONNECT", {"accept-version": "1.2", "host": "h"})
+        assert "authentication failed" in refused.expect_error_and_close().headers["message"]
+    finally:
+        with_certificate.close()
+        without.close()
