@@ -137,6 +137,15 @@ def test_the_connection_is_named_and_keyed_by_the_http_client_address(broker_fac
     assert b'gateway_connections_accepted_total{protocol="mqtt-ws"} 1' in body
 
 
+def test_per_address_limits_count_websocket_clients_by_their_address(broker_factory, ws):
+    broker = broker_factory(max_connections_per_address=1)
+    first = stomp_over(ws(broker, "/stomp", ["v12.stomp"], text=True))
+    first.connect()
+    second = stomp_over(ws(broker, "/stomp", ["v12.stomp"], text=True))
+    second.send_frame("CONNECT", {"accept-version": "1.2", "host": "h"})
+    assert "too many connections from 127.0.0.1" in second.expect_error_and_close().headers["message"]
+
+
 # -- STOMP over WebSocket --------------------------------------------------
 
 
