@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+import h11
 import trio
 import wsproto
 from wsproto import events as ws
@@ -78,9 +79,10 @@ def choose_subprotocol(endpoint: Endpoint, offered: Sequence[str]) -> str | None
     with no reason; a 400 with the reason at least tells a human."""
     if not offered:
         return None
-    wanted = {value.strip().lower() for value in offered}
+    # Exact tokens: the accept must echo one the client sent (RFC 6455 §4.1),
+    # which wsproto checks, and which a browser checks again.
     for candidate in endpoint.subprotocols:
-        if candidate in wanted:
+        if candidate in offered:
             return candidate
     return error(400, f"{endpoint.name}: none of the offered subprotocols {', '.join(offered)} is spoken here; "
                       f"offer one of {', '.join(endpoint.subprotocols)}")
@@ -128,6 +130,11 @@ class Upgrades:
             hint = exc.event_hint
             status = hint.status_code if isinstance(hint, ws.RejectConnection) else 400
             return error(status, f"bad WebSocket handshake: {exc}")
+        except (UnicodeError, h11.ProtocolError) as exc:
+            # wsproto reads Host as IDNA ("xn--zz" fails) and re-parses the
+            # request with h11: whatever a client can make fail there is its
+            # bad request, never the admin server's (or the broker's) end.
+            return error(400, f"bad WebSocket handshake: {exc}")
         assert isinstance(opening, ws.Request)
         chosen = choose_subprotocol(endpoint, opening.subprotocols)
         if isinstance(chosen, Response):

@@ -106,6 +106,8 @@ UPGRADE = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Versi
     ("GET", "/mqtt", {"Sec-WebSocket-Key": None}, 400, "Sec-WebSocket-Key"),
     ("GET", "/stomp", {"Sec-WebSocket-Version": "8"}, 426, "Sec-WebSocket-Version"),
     ("GET", "/stomp", {"Connection": "keep-alive"}, 400, "Connection: Upgrade"),
+    ("GET", "/stomp", {"Host": "xn--zz"}, 400, "handshake"),  # not IDNA: wsproto raises UnicodeError
+    ("GET", "/mqtt", {"Host": "\xff"}, 400, "handshake"),
 ])
 def test_bad_upgrades_get_an_http_error_with_a_reason(broker, method, target, change, status, says):
     headers = {name: value for name, value in {**UPGRADE, **change}.items() if value is not None}
