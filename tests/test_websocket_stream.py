@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import trio.testing
 import wsproto
 from wsproto import events as ws
@@ -168,3 +170,66 @@ async def test_aclose_forcefully_still_closes_the_transport():
     stream, peer = pair()
     await trio.aclose_forcefully(stream)
     assert await peer.stream.receive_some() == b""
+
+
+@settings(max_examples=300)
+@given(chunks=st.lists(st.binary(max_size=64), max_size=8), text=st.booleans())
+def test_arbitrary_bytes_from_the_peer_end_only_in_data_eof_or_a_broken_stream(chunks, text):
+    """Fuzz: whatever a client sends, the stream yields payload bytes, EOF or
+    BrokenResourceError (which the server handles), and closes cleanly."""
+
+    async def main() -> None:
+        server_side, client_side = trio.testing.memory_stream_pair()
+        stream = WebSocketStream(server_side, wsproto.Connection(wsproto.ConnectionType.SERVER),
+                                 endpoint(text=text, max_message_bytes=100))
+        for chunk in chunks:
+            await client_side.send_all(chunk)
+        await client_side.send_eof()
+        for _ in range(len(chunks) * 64 + 2):  # each call consumes input or ends the stream
+            try:
+                if not await stream.receive_some(16):
+                    break
+            except trio.BrokenResourceError:
+                break
+        else:
+            raise AssertionError("the stream neither ended nor broke")
+        await stream.aclose()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+@st.composite
+def client_frames(draw) -> bytes:
+    """One masked client frame, legal or not: any FIN, opcode (continuations
+    and unknown ones included), masking key and payload."""
+    fin = draw(st.booleans())
+    opcode = draw(st.sampled_from([0x0, 0x1, 0x2, 0x3, 0x8, 0x9, 0xA]))
+    payload = draw(st.one_of(st.binary(max_size=40), st.text(max_size=20).map(str.encode)))
+    key = draw(st.binary(min_size=4, max_size=4))
+    masked = bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+    return bytes([fin << 7 | opcode, 0x80 | len(payload)]) + key + masked
+
+
+@settings(max_examples=300)
+@given(frames=st.lists(client_frames(), max_size=10), text=st.booleans(), close=st.booleans())
+def test_any_sequence_of_client_frames_ends_only_in_data_eof_or_a_broken_stream(frames, text, close):
+    async def main() -> None:
+        server_side, client_side = trio.testing.memory_stream_pair()
+        stream = WebSocketStream(server_side, wsproto.Connection(wsproto.ConnectionType.SERVER),
+                                 endpoint(text=text, max_message_bytes=60))
+        await client_side.send_all(b"".join(frames))
+        if close:
+            await client_side.send_eof()
+        for _ in range(len(frames) * 64 + 2):
+            try:
+                with trio.move_on_after(1) as idle:
+                    data = await stream.receive_some(16)
+                if idle.cancelled_caught or not data:  # waiting for more, or ended
+                    break
+            except trio.BrokenResourceError:
+                break
+        else:
+            raise AssertionError("the stream neither ended, broke nor waited")
+        await stream.aclose()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
