@@ -233,3 +233,41 @@ def test_any_sequence_of_client_frames_ends_only_in_data_eof_or_a_broken_stream(
         await stream.aclose()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+class RecordingServer:
+    stopping = False
+
+    def __init__(self) -> None:
+        self.served: list[str] = []
+
+    async def serve_stream(self, name, factory, stream, peer) -> None:
+        self.served.append(name)
+
+
+HEADER_NAMES = ("host", "connection", "upgrade", "sec-websocket-key", "sec-websocket-version",
+                "sec-websocket-protocol", "sec-websocket-extensions", "origin")
+GOOD = {"host": "127.0.0.1:8161", "connection": "Upgrade", "upgrade": "websocket",
+        "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ==", "sec-websocket-version": "13",
+        "sec-websocket-protocol": "v12.stomp"}
+
+
+@settings(max_examples=300)
+@given(changes=st.dictionaries(st.sampled_from(HEADER_NAMES),
+                               st.text(st.characters(min_codepoint=0x20, max_codepoint=0xFF), max_size=30),
+                               max_size=4),
+       path=st.sampled_from(["/stomp", "/mqtt"]))
+def test_any_upgrade_request_is_served_or_refused_with_a_4xx(changes, path):
+    """Fuzz the handshake with h11-legal header values: never an exception."""
+    from gateway.adminapi import Request
+    from gateway.websocket import Upgrades
+
+    async def main() -> None:
+        server = RecordingServer()
+        upgrades = Upgrades(server, {"/stomp": endpoint(), "/mqtt": endpoint(text=False)})
+        server_side, _client_side = trio.testing.memory_stream_pair()
+        request = Request("GET", path, {**GOOD, **{k: v.strip() for k, v in changes.items()}})
+        refused = await upgrades.serve(upgrades.route(request), request, b"", server_side, "127.0.0.1:1")
+        assert (refused is None and server.served) or (400 <= refused.status < 500 and not server.served)
+
+    trio.run(main)
