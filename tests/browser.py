@@ -24,7 +24,7 @@ CHROMIUM_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-
 
 
 @contextmanager
-def chromium() -> Iterator[Any]:
+def chromium(*extra_flags: str) -> Iterator[Any]:
     """A headless chromium session (selenium WebDriver), quit on exit."""
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
@@ -32,7 +32,7 @@ def chromium() -> Iterator[Any]:
 
     options = Options()
     options.binary_location = CHROMIUM
-    for flag in CHROMIUM_FLAGS:
+    for flag in CHROMIUM_FLAGS + extra_flags:
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(20)

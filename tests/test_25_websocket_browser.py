@@ -12,8 +12,9 @@ from urllib.parse import urlencode
 import pytest
 
 from tests import npm_bundles
-from tests.browser import requires_chromium, serve_files
+from tests.browser import chromium, requires_chromium, serve_files
 from tests.helpers import unique, wait_for
+from tests.test_23_tls import ca, pki, tls_broker  # noqa: F401 (ca, pki: fixtures)
 
 pytestmark = requires_chromium
 
@@ -87,3 +88,24 @@ def test_mqtt_js_in_the_browser_meets_paho_and_stomp_over_tcp(broker, paho, stom
     browser.execute_script("publish(arguments[0], arguments[1])", f"{plant}/cmd", "heat on")
     (command,) = device.wait(1)
     assert (command.payload, command.qos) == (b"heat on", 1)
+
+
+def test_stomp_js_and_mqtt_js_over_wss(broker_factory, pki, stomp_client, paho, pages):
+    """The same pages over wss:// (the admin-tls port).  The browser cannot be
+    told to trust the tests' throwaway CA, so certificate errors are ignored:
+    the TLS handshake and everything above it are real."""
+    broker = tls_broker(broker_factory, pki)
+    port = broker.running.ports["admin-tls"]
+    topic, plant = f"/topic/{unique('wss')}", unique("plant")
+    with chromium("--ignore-certificate-errors") as browser:
+        browser.get(f"{pages}/stomp.html?{urlencode({'scheme': 'wss', 'port': port, 'subscribe': topic})}")
+        wait_status(browser, "subscribed 1.2 v12.stomp")
+        stomp_client(broker).send(topic, b"over TLS")
+        wait_received(browser, "over TLS")
+
+        browser.get(f"{pages}/mqtt.html?{urlencode({'scheme': 'wss', 'port': port, 'subscribe': f'{plant}/#'})}")
+        wait_status(browser, "subscribed 1")
+        paho(broker, unique("tcp-")).publish(f"{plant}/1/temp", b"20.5", qos=1)
+        wait_received(browser, f"{plant}/1/temp 20.5 qos1")
+    accepted = broker.call(lambda: dict(broker.running.server.accepted))
+    assert accepted.get("stomp-ws") == 1 and accepted.get("mqtt-ws") == 1
