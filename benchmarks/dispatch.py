@@ -1,5 +1,6 @@
 """The core's dispatch cost: messages per second through a queue with plain
-consumers, with a selector, with mixed priorities, and with message groups.
+consumers, with a selector, with mixed priorities, with message groups, and
+with an authorization map in force.
 
     .venv/bin/python benchmarks/dispatch.py [--messages N]
 
@@ -20,12 +21,17 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core import names  # noqa: E402
+from core.authorization import Authorizer, Principal, parse_entries  # noqa: E402
 from core.broker import Broker, BrokerSettings  # noqa: E402
 from core.selectors import compile_selector  # noqa: E402
 from core.subscriptions import AckMode  # noqa: E402
 
 QUEUE = names.parse("/queue/bench.dispatch")
 assert not isinstance(QUEUE, str)
+# An authorization map of a realistic size, the entry that grants last.
+ACL = [{"destination": f"/queue/team{i}.>", "read": [f"team{i}"], "write": [f"team{i}"]} for i in range(20)] + [
+    {"destination": "/queue/bench.>", "read": ["consumers"], "write": ["producers"], "admin": ["producers", "consumers"]}
+]
 
 
 class Clock:
@@ -50,15 +56,16 @@ class CountingSink:
 
 
 def run(name: str, n: int, *, selector: str | None = None, priorities: bool = False, groups: bool = False,
-        backlog: bool = False) -> tuple[str, float]:
-    broker = Broker(Clock(), BrokerSettings(queue_high_water=0), node="bench")
+        backlog: bool = False, acl: bool = False) -> tuple[str, float]:
+    authorizer = Authorizer(parse_entries(ACL)) if acl else None
+    broker = Broker(Clock(), BrokerSettings(queue_high_water=0), node="bench", authorizer=authorizer)
     sinks = [CountingSink() for _ in range(4)]
-    producer = broker.open_client(CountingSink())
+    producer = broker.open_client(CountingSink(), principal=Principal("app", frozenset({"producers"})))
     compiled = compile_selector(selector) if selector else None
 
     def subscribe() -> None:
         for i, sink in enumerate(sinks):
-            client = broker.open_client(sink)
+            client = broker.open_client(sink, principal=Principal("worker", frozenset({"consumers"})))
             # One consumer filters when a selector is asked for; the others take the rest.
             client.subscribe("s", QUEUE, AckMode.AUTO, selector=compiled if i == 0 else None)
 
@@ -93,6 +100,7 @@ def main() -> None:
         run("mixed priorities 0-9, live", n, priorities=True),
         run("mixed priorities 0-9, backlog drained", n, priorities=True, backlog=True),
         run("message groups (32)", n, groups=True),
+        run("authorization map (21 entries)", n, acl=True),
     ]
     base = results[0][1]
     for name, rate in results:

@@ -8,13 +8,14 @@ import signal
 import time
 from functools import partial
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import trio
 
 from core.authorization import Authorizer, parse_entries
 from core.broker import Broker
-from gateway.auth import Gatekeeper, Transport
+from gateway.auth import Gatekeeper, Transport, verify_password
 from gateway import metrics
 from gateway.admin import serve_admin
 from gateway.adminapi import AdminApi, load_users
@@ -32,6 +33,9 @@ from persistence.store import Store
 STORE_RETRY_S = 0.5
 # How often a store_stats line is logged at INFO.
 STATS_INTERVAL_S = 10.0
+# Password checks running at once (threads) and waiting to run.
+VERIFY_WORKERS = 2
+VERIFY_BACKLOG = 256
 
 
 @dataclasses.dataclass
@@ -102,6 +106,19 @@ async def serve(
     server.after_input = after_input
 
     gatekeeper = Gatekeeper(config.auth)
+    # Password hashes (PBKDF2, slow on purpose) are computed in worker threads,
+    # so a burst of logins cannot stall every other client; hashlib releases
+    # the GIL while it works.  The backlog is bounded: past it, "busy".
+    checks_send, checks_receive = trio.open_memory_channel[tuple[str, str, Callable[[bool], None]]](VERIFY_BACKLOG)
+
+    def verifier(passcode: str, stored: str, done: Callable[[bool], None]) -> bool:
+        try:
+            checks_send.send_nowait((passcode, stored, done))
+        except trio.WouldBlock:
+            return False
+        return True
+
+    gatekeeper.verifier = verifier
     if gatekeeper.users and gatekeeper.anonymous:
         log.warning("anonymous_access_enabled", users=len(gatekeeper.users))
 
@@ -155,6 +172,8 @@ async def serve(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_commit, store, server, commit_lot, log, writes)
             nursery.start_soon(redelivery.run)
+            for _ in range(VERIFY_WORKERS):
+                nursery.start_soon(_verify_passwords, checks_receive)
             nursery.start_soon(_maintain, store, broker, config.store.maintenance_interval_s, commit_lot, log)
             if handle_signals:
                 nursery.start_soon(_stop_on_signal, server, log)
@@ -180,6 +199,11 @@ async def serve(
             adapter.remember_redeliveries(list(broker.queues.values()) + [d.queue for d in broker.durables.values()])
             await trio.to_thread.run_sync(store.close)
     log.info("broker_stopped")
+
+
+async def _verify_passwords(checks: trio.MemoryReceiveChannel[tuple[str, str, Callable[[bool], None]]]) -> None:
+    async for passcode, stored, done in checks:
+        done(await trio.to_thread.run_sync(verify_password, passcode, stored))
 
 
 async def _commit(

@@ -36,6 +36,22 @@ VERIFIED_CACHE = 4096
 TRACKED_ADDRESSES = 10_000
 
 
+# Password checks waiting for or running in a worker thread from one address;
+# more attempts from it meanwhile are refused (a burst cannot queue hashes).
+PENDING_PER_ADDRESS = 4
+
+
+class VerificationPending(Exception):
+    """The credentials need a password hash computed off the event loop.
+    ``start(done)`` queues that work and calls ``done()`` once the answer is
+    known (a retried admit then has it); it returns False when too much is
+    queued already."""
+
+    def __init__(self, start: Callable[[Callable[[], None]], bool]) -> None:
+        super().__init__("password check pending")
+        self.start = start
+
+
 class AccessDenied(Exception):
     """A CONNECT refused; ``reason`` is what the client is told.  ``kind`` is
     ``credentials`` (wrong or missing), ``rate_limited`` (too many failures
@@ -114,6 +130,11 @@ class Gatekeeper:
         self.groups = {entry["name"]: frozenset(entry.get("groups", ())) for entry in settings.users}
         self.anonymous = settings.anonymous == "true" or (settings.anonymous == "auto" and not self.users)
         self._verified: set[tuple[str, bytes]] = set()
+        self._rejected: set[tuple[str, bytes]] = set()  # answers waiting for their retried admit
+        self._pending: dict[str, int] = {}  # host -> checks queued or running
+        # Runs verify_password(passcode, stored) off the loop and then calls
+        # back with the result (set by the app); None: verify inline.
+        self.verifier: Callable[[str, str, Callable[[bool], None]], bool] | None = None
         self._clock = clock
         self._failures: OrderedDict[str, tuple[float, int]] = OrderedDict()  # host -> (window start, count)
 
@@ -135,7 +156,9 @@ class Gatekeeper:
                 f"{max(1, round(entry[0] + self.settings.failed_login_window_s - now))} s",
                 "rate_limited",
             )
-        if not self.check(login, passcode):
+        if self._pending.get(transport.host, 0) >= PENDING_PER_ADDRESS:
+            raise AccessDenied(f"too many logins in progress from {transport.host}", "rate_limited")
+        if not self.check(login, passcode, transport.host):
             start, count = entry if entry is not None else (now, 0)
             self._failures[transport.host] = (start, count + 1)
             self._failures.move_to_end(transport.host)
@@ -149,8 +172,9 @@ class Gatekeeper:
     def principal(self, name: str) -> Principal:
         return Principal(name, self.groups.get(name, frozenset()))
 
-    def check(self, login: str | None, passcode: str | None) -> bool:
-        """Whether these credentials (or their absence) are acceptable."""
+    def check(self, login: str | None, passcode: str | None, host: str = "") -> bool:
+        """Whether these credentials (or their absence) are acceptable; raises
+        :class:`VerificationPending` when that takes a hash and a verifier is set."""
         if not self.users:
             # Nobody to check against: whatever a client sends (many send a
             # default login) is let in, as by a broker with no security set up.
@@ -163,9 +187,33 @@ class Gatekeeper:
         key = (login, hashlib.sha256((passcode or "").encode()).digest())
         if key in self._verified:
             return True
-        if not verify_password(passcode or "", stored):
+        if key in self._rejected:
+            self._rejected.discard(key)
             return False
-        if len(self._verified) >= VERIFIED_CACHE:
-            self._verified.clear()
-        self._verified.add(key)
-        return True
+        verifier = self.verifier
+        if verifier is None:
+            ok = verify_password(passcode or "", stored)
+            if ok:
+                self._remember(key, True)
+            return ok
+
+        def start(done: Callable[[], None]) -> bool:
+            def finished(ok: bool) -> None:
+                self._pending[host] -= 1
+                if not self._pending[host]:
+                    del self._pending[host]
+                self._remember(key, ok)
+                done()
+
+            if not verifier(passcode or "", stored, finished):
+                return False
+            self._pending[host] = self._pending.get(host, 0) + 1
+            return True
+
+        raise VerificationPending(start)
+
+    def _remember(self, key: tuple[str, bytes], ok: bool) -> None:
+        cache = self._verified if ok else self._rejected
+        if len(cache) >= VERIFIED_CACHE:
+            cache.clear()
+        cache.add(key)

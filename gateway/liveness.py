@@ -13,7 +13,9 @@ from core.ports import Clock
 
 
 class Liveness:
-    __slots__ = ("clock", "connect_timeout_s", "opened_at", "last_read", "silence_s", "blocked", "wake_reader")
+    __slots__ = (
+        "clock", "connect_timeout_s", "opened_at", "last_read", "silence_s", "blocked", "wake_reader", "deferred",
+    )
 
     def __init__(self, clock: Clock, connect_timeout_s: float) -> None:
         self.clock = clock
@@ -24,6 +26,17 @@ class Liveness:
         # frames already received stay in the codec until it lets go.
         self.blocked = False
         self.wake_reader: Callable[[], None] | None = None  # set by the server
+        # A CONNECT waiting for its password check (off the loop); reading
+        # stops meanwhile, and the session handles it again on release.
+        self.deferred: Any = None
+
+    def defer(self, event: Any) -> None:
+        self.deferred = event
+        self.blocked = True
+
+    def take_deferred(self) -> Any:
+        event, self.deferred = self.deferred, None
+        return event
 
     def heard(self) -> None:
         self.last_read = self.clock.monotonic()

@@ -8,7 +8,7 @@ import pytest
 
 from gateway.auth import hash_password
 from gateway.mqtt import packets as p
-from tests.helpers import RawClient
+from tests.helpers import RawClient, encode_frame, wait_for
 
 USERS = [{"name": "app", "password_hash": hash_password("s3cret", iterations=1000)}]
 
@@ -60,3 +60,34 @@ def test_anonymous_access_can_be_turned_back_on_beside_users(broker_factory):
 
 def test_without_users_anyone_connects(broker):
     assert stomp_connect(broker).command == "CONNECTED"
+
+
+SLOW = [{"name": "slow", "password_hash": hash_password("pw", iterations=3_000_000)}]  # a few hundred ms
+
+
+def test_a_password_check_does_not_stall_other_clients(broker_factory, raw_client, stomp_client):
+    broker = broker_factory(auth={"users": SLOW, "anonymous": "true"})
+    other = stomp_client(broker)
+    waiting = raw_client(broker)
+    # CONNECT and, pipelined behind it in the same write, a SUBSCRIBE and a SEND:
+    # they must wait for the login and then run in order.
+    waiting.send(
+        encode_frame("CONNECT", {"accept-version": "1.2", "host": "h", "login": "slow", "passcode": "pw"})
+        + encode_frame("SUBSCRIBE", {"destination": "/queue/after-login", "id": "0"})
+        + encode_frame("SEND", {"destination": "/queue/after-login"}, b"pipelined")
+    )
+    connections = broker.running.server.connections
+    wait_for(lambda: broker.call(lambda: any(c.session.live.deferred for c in connections.values())),
+             what="the CONNECT waiting for its password check")
+    other.send("/queue/meanwhile", b"x")  # a round trip while the hash is computed ...
+    assert waiting.quiet_for(0.01) == []  # ... finished before the login was answered
+    assert waiting.expect("CONNECTED", timeout=30).headers["version"] == "1.2"
+    assert waiting.expect("MESSAGE").body == b"pipelined"
+
+
+def test_a_wrong_password_checked_off_the_loop_is_still_refused_and_counted(broker_factory, raw_mqtt):
+    broker = broker_factory(auth={"users": SLOW, "max_failed_logins": 1})
+    assert stomp_connect(broker, login="slow", passcode="wrong").headers["message"] == "authentication failed"
+    raw = raw_mqtt(broker)
+    raw.send(p.Connect("device", username="slow", password=b"pw"))
+    assert raw.next() == p.ConnAck(False, p.NOT_AUTHORIZED)  # locked out: even the right one, unchecked

@@ -7,7 +7,7 @@ import pytest
 from core import names
 from core.authorization import ANONYMOUS_PRINCIPAL, Authorizer, Principal, covers, parse_entries
 from gateway import auth
-from gateway.auth import AccessDenied, AuthSettings, Gatekeeper, Transport, hash_password
+from gateway.auth import AccessDenied, AuthSettings, Gatekeeper, Transport, VerificationPending, hash_password
 
 
 def seg(text):
@@ -122,3 +122,32 @@ def test_a_certificate_user_needs_no_password_and_a_refused_transport_is_refused
     with pytest.raises(AccessDenied, match="limit 2") as denied:
         keeper.admit("app", "pw", Transport(refused="too many connections (limit 2)"))
     assert denied.value.kind == "unavailable"
+
+
+def test_a_check_off_the_loop_answers_the_retried_admit_and_bounds_what_one_address_queues():
+    keeper = gate(Clock())
+    queued = []
+    keeper.verifier = lambda passcode, stored, done: queued.append((passcode, stored, done)) or True
+    woken = []
+    with pytest.raises(VerificationPending) as pending:
+        keeper.admit("app", "pw", Transport(host="h"))
+    assert pending.value.start(lambda: woken.append(1))
+    for _ in range(auth.PENDING_PER_ADDRESS - 1):
+        with pytest.raises(VerificationPending) as more:
+            keeper.admit("app", "other", Transport(host="h"))
+        assert more.value.start(lambda: None)
+    with pytest.raises(AccessDenied, match="too many logins in progress from h"):
+        keeper.admit("app", "pw", Transport(host="h"))
+    passcode, stored, done = queued[0]
+    done(auth.verify_password(passcode, stored))
+    assert woken == [1]
+    assert keeper.admit("app", "pw", Transport(host="h")).name == "app"  # answered from the check, no new one
+    assert len(queued) == auth.PENDING_PER_ADDRESS
+
+
+def test_a_full_backlog_says_busy():
+    keeper = gate(Clock())
+    keeper.verifier = lambda passcode, stored, done: False
+    with pytest.raises(VerificationPending) as pending:
+        keeper.admit("app", "pw", Transport(host="h"))
+    assert pending.value.start(lambda: None) is False

@@ -28,7 +28,7 @@ from core.messages import Message
 from core.ports import Clock
 from core.subscriptions import AckMode, Subscription
 from gateway.mqtt import codec, packets, topics
-from gateway.auth import AccessDenied
+from gateway.auth import AccessDenied, VerificationPending
 from gateway.liveness import Liveness
 from gateway.outbox import Outbox
 
@@ -176,13 +176,17 @@ class MqttSession:
         self._process()
 
     def resume_input(self) -> None:
-        if self.state is not State.CLOSED and not self.live.blocked and self.codec.buffered_bytes:
-            self._process()
+        if self.state is not State.CLOSED and not self.live.blocked:
+            if self.live.deferred is not None:  # a CONNECT whose password check is done
+                self._process(self.live.take_deferred())
+            elif self.codec.buffered_bytes:
+                self._process()
 
-    def _process(self) -> None:
+    def _process(self, replay: packets.Connect | None = None) -> None:
         packet: Any = None
+        events = self.codec.events() if replay is None else itertools.chain((replay,), self.codec.events())
         try:
-            for packet in self.codec.events():
+            for packet in events:
                 handler = self._handlers.get(type(packet))
                 if handler is None or (self.state is State.AWAITING_CONNECT) != (type(packet) is packets.Connect):
                     self._fail(f"unexpected {type(packet).__name__} packet", packet)
@@ -297,6 +301,12 @@ class MqttSession:
         password = packet.password.decode("utf-8", "replace") if packet.password is not None else None
         try:
             principal = self.admit(packet.username, password)
+        except VerificationPending as pending:
+            if pending.start(self.live.release):
+                self.live.defer(packet)
+            else:
+                self._refuse(packets.SERVER_UNAVAILABLE, "the broker is busy checking logins")
+            return
         except AccessDenied as exc:
             self.log.warning("login_refused", login=(packet.username or "")[:80], kind=exc.kind, reason=exc.reason)
             if exc.kind == "unavailable":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +22,7 @@ from core.messages import DEFAULT_PRIORITY, MAX_PRIORITY, Message
 from core.ports import Clock
 from core.selectors import Selector, SelectorError, compile_selector
 from core.subscriptions import AckMode, Subscription
-from gateway.auth import AccessDenied
+from gateway.auth import AccessDenied, VerificationPending
 from gateway.liveness import Liveness
 from gateway.outbox import Outbox
 from gateway.stomp import codec, frames
@@ -216,16 +217,21 @@ class StompSession:
         return not self.live.blocked and not self.outbox.full
 
     def resume_input(self) -> None:
-        """Handle the frames that arrived before producing was held back."""
-        if self.state is not State.CLOSED and not self.live.blocked and self.codec.buffered_bytes:
-            self._process()
+        """Handle the frames that arrived before producing was held back (or
+        while a CONNECT's password was being checked: that CONNECT first)."""
+        if self.state is not State.CLOSED and not self.live.blocked:
+            if self.live.deferred is not None:
+                self._process(self.live.take_deferred())
+            elif self.codec.buffered_bytes:
+                self._process()
 
-    def _process(self) -> None:
+    def _process(self, replay: frames.Frame | None = None) -> None:
         handlers = self._handlers
         frame: frames.Frame | None = None
         receipt: str | None = None
+        events = self.codec.events() if replay is None else itertools.chain((replay,), self.codec.events())
         try:
-            for frame in self.codec.events():
+            for frame in events:
                 # Captured first: a handler may pop it, and an ERROR must still echo it.
                 receipt = frame.headers.get("receipt")
                 frame.receipt = receipt
@@ -359,6 +365,11 @@ class StompSession:
             )
         try:
             principal = self.admit(headers.get("login"), headers.get("passcode"))
+        except VerificationPending as pending:
+            if not pending.start(self.live.release):
+                raise FrameRejected("the broker is busy checking logins; try again") from None
+            self.live.defer(frame)
+            return
         except AccessDenied as exc:
             self.log.warning("login_refused", login=(headers.get("login") or "")[:80], kind=exc.kind, reason=exc.reason)
             raise FrameRejected(exc.reason) from None
