@@ -25,9 +25,10 @@ BROWSER_TIMEOUT_S = 15.0  # a cold chromium on a loaded machine is slow to its f
 @pytest.fixture
 def pages() -> Iterator[str]:
     try:
-        bundles = {f"/{npm_bundles.bundle(name).name}": npm_bundles.bundle(name) for name in ("stompjs", "mqtt")}
+        paths = [npm_bundles.bundle(name) for name in ("stompjs", "mqtt")]
     except npm_bundles.BundleError as exc:
         pytest.skip(f"stomp.js / MQTT.js not available from the npm registry ({exc}); make test fetches them")
+    bundles = {f"/{path.name}": path for path in paths}
     with serve_files({"/stomp.html": PAGES / "stomp.html", "/mqtt.html": PAGES / "mqtt.html", **bundles}) as base:
         yield base
 
