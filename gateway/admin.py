@@ -38,7 +38,15 @@ async def serve_admin(
         listeners = [trio.SSLListener(listener, ssl_context) for listener in listeners]
     log.info("listener_started", protocol="admin", host=host, port=bound, tls=ssl_context is not None)
     task_status.started(bound)
-    await trio.serve_listeners(lambda stream: _connection(api, settings, stream, log, upgrades, peer_address(stream)), listeners)
+    await trio.serve_listeners(lambda stream: _guarded(api, settings, stream, log, upgrades), listeners)
+
+
+async def _guarded(api: AdminApi, settings: AdminSettings, stream: trio.abc.Stream, log: Any, upgrades: Upgrades | None) -> None:
+    peer = peer_address(stream)
+    try:
+        await _connection(api, settings, stream, log, upgrades, peer)
+    except Exception:  # a bug costs this connection, not the admin server or the broker
+        log.exception("admin_connection_failed", peer=peer)
 
 
 async def _connection(
@@ -69,7 +77,11 @@ async def _connection(
                 if refused is not None:
                     await _send(conn, stream, refused, close=True)
                 return
-            response = api.handle(request)
+            try:
+                response = api.handle(request)
+            except Exception:  # a bug answers 500 to this request; the broker goes on
+                log.exception("admin_request_crashed", method=request.method, target=request.target[:200])
+                response = error(500, "internal error")
             if response.status >= 500:
                 log.warning("admin_request_failed", method=request.method, target=request.target[:200],
                             status=response.status)

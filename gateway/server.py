@@ -392,6 +392,11 @@ class Server:
         log.info("connection_opened", protocol=name, tls=transport.tls)
         try:
             await connection.run()
+        except Exception:
+            # A bug met by one connection costs that connection, never the
+            # broker and its other clients.
+            log.exception("connection_failed")
+            session.close("internal error")
         finally:
             session.close("broker is shutting down")
             del self.connections[conn_id]

@@ -1,0 +1,47 @@
+"""A bug met by one connection costs that connection only: the broker, its
+other clients and the admin server go on (the bug is injected here, since the
+suite knows of none)."""
+
+from __future__ import annotations
+
+import http.client
+
+from gateway.adminapi import AdminApi
+from gateway.stomp.session import StompSession
+from tests.helpers import unique
+
+
+def test_a_crashing_frame_handler_drops_only_its_connection(broker, stomp_client, raw_client, monkeypatch):
+    def broken(self, frame):
+        raise RuntimeError("injected bug")
+
+    monkeypatch.setattr(StompSession, "_on_begin", broken)
+    survivor = stomp_client(broker)
+    queue = f"/queue/{unique()}"
+    survivor.subscribe(queue)
+    victim = raw_client(broker)
+    victim.connect()
+    victim.send_frame("BEGIN", {"transaction": "t1"})
+    victim.wait_closed()
+    survivor.send(queue, b"still here")
+    assert survivor.wait_messages(1)[0].body == b"still here"
+
+
+def test_a_crashing_admin_route_answers_500_and_the_next_request_works(broker, monkeypatch):
+    original = AdminApi.handle
+
+    def flaky(self, request):
+        if request.target == "/healthz":
+            raise RuntimeError("injected bug")
+        return original(self, request)
+
+    monkeypatch.setattr(AdminApi, "handle", flaky)
+    connection = http.client.HTTPConnection("127.0.0.1", broker.admin_port, timeout=5)
+    try:
+        connection.request("GET", "/healthz")
+        response = connection.getresponse()
+        assert response.status == 500 and b"internal error" in response.read()
+        connection.request("GET", "/readyz")  # same keep-alive connection
+        assert connection.getresponse().status == 200
+    finally:
+        connection.close()
