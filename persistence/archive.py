@@ -1,0 +1,581 @@
+"""Topic archives: every message published to an archived topic, kept in a
+per-topic log with an offset that only grows, until retention drops it.
+
+Layout (Kafka's, on the journal's framing)::
+
+    archive/<escaped topic>/<base offset, 20 digits>.seg
+
+A segment holds records framed exactly like journal records
+(:mod:`persistence.records`, type ``ARCHIVE``) for the offsets from its base
+up to the next segment's base.  A new segment starts when a record would take
+the active one past ``segment_bytes``.  Retention deletes whole segments,
+oldest first, never rewriting one: by age (a closed segment's modification
+time is the arrival of its newest record) and by the topic's total bytes.
+
+Durability costs producers no fsync of their own.  The same payload is
+appended to the journal (the write-ahead copy, made durable by the batch's
+fdatasync, group commit) and buffered here; the committer's worker writes it
+to the segment in the same batch without syncing, and syncs the segments only
+before a checkpoint is written (:meth:`Archive.sync`), so every archive record
+before a checkpoint is on disk in its segment, and recovery re-applies the
+ones after it from the journal (:meth:`Archive.recover`), by offset, so none
+is kept twice.  A segment is synced once when it is closed, like the journal's,
+so a crash can only ever cut a topic's newest segment.
+
+Memory does not grow with the number of archived messages: per topic it is
+the list of segment base offsets and sizes, and a read walks the segment
+files.  Threading follows the journal: :meth:`append`, :meth:`take_writes`,
+:meth:`written` and :meth:`reader` run on the main thread; :meth:`write` and
+:meth:`sync` in the committer's worker; an :class:`ArchiveReader` in any one
+other thread, with its own file descriptors.
+
+Record payload (little-endian)::
+
+    <QqBHHI  offset, timestamp (epoch ms), priority, topic len, id len, headers len
+    topic, message id        UTF-8
+    headers                  per header: <HI name len, value len, then name, value
+    body                     the rest
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import os
+import re
+import struct
+import time
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote
+
+from persistence import records
+from persistence.journal import fsync_directory
+from persistence.records import HEADER, HEADER_BYTES, MAGIC, CorruptRecord, RecordType
+
+ROW = struct.Struct("<QqBHHI")
+_PAIR = struct.Struct("<HI")
+_OFFSET = struct.Struct("<Q")
+SEGMENT_SUFFIX = ".seg"
+_SEGMENT_NAME = re.compile(r"^(\d{20})\.seg$")
+DEFAULT_SEGMENT_BYTES = 16 * 2**20
+# A reader takes the segment file this much at a time.
+READ_CHUNK_BYTES = 2**20
+# File names are limited to 255 bytes; an escaped topic name longer than this
+# is not archived (logged once).
+MAX_DIRECTORY_NAME = 240
+
+Log = Callable[..., None]
+
+
+def segment_name(base: int) -> str:
+    return f"{base:020d}{SEGMENT_SUFFIX}"
+
+
+def directory_name(topic: str) -> str:
+    """A reversible file name for a topic: percent-escaped, never hidden."""
+    name = quote(topic, safe="")
+    return "%2E" + name[1:] if name.startswith(".") else name
+
+
+def encode_row(offset: int, topic: bytes, message_id: str, headers: dict[str, str] | None, body: bytes, priority: int, timestamp: int) -> bytes:
+    idb = message_id.encode()
+    if headers:
+        parts = []
+        for name, value in headers.items():
+            nb, vb = name.encode(), value.encode()
+            parts += (_PAIR.pack(len(nb), len(vb)), nb, vb)
+        hb = b"".join(parts)
+    else:
+        hb = b""
+    return b"".join((ROW.pack(offset, timestamp, priority, len(topic), len(idb), len(hb)), topic, idb, hb, body))
+
+
+def decode_row(payload: bytes | memoryview) -> tuple[str, int, str, dict[str, str], bytes, int, int]:
+    """``(topic, offset, message id, headers, body, priority, timestamp)``."""
+    offset, timestamp, priority, tl, il, hl = ROW.unpack_from(payload, 0)
+    p = ROW.size
+    topic = str(payload[p : p + tl], "utf-8")
+    p += tl
+    message_id = str(payload[p : p + il], "utf-8")
+    p += il
+    headers = {}
+    stop = p + hl
+    while p < stop:
+        nl, vl = _PAIR.unpack_from(payload, p)
+        p += _PAIR.size
+        headers[str(payload[p : p + nl], "utf-8")] = str(payload[p + nl : p + nl + vl], "utf-8")
+        p += nl + vl
+    if p != stop or stop > len(payload):
+        raise CorruptRecord("archive headers run past the record")
+    return topic, offset, message_id, headers, bytes(payload[stop:]), priority, timestamp
+
+
+class ArchiveGone(Exception):
+    """Part of the requested range was dropped by retention."""
+
+    def __init__(self, topic: str, start: int, earliest: int) -> None:
+        super().__init__(f"offsets {start}..{earliest - 1} of {topic} were dropped by retention; earliest is {earliest}")
+        self.earliest = earliest
+
+
+class _Topic:
+    __slots__ = ("name", "encoded", "path", "bases", "sizes", "next_offset", "written_offset", "run", "unwritten")
+
+    def __init__(self, name: str, path: Path, base: int) -> None:
+        self.name = name
+        self.encoded = name.encode()
+        self.path = path
+        self.bases = [base]  # segment base offsets, ascending; the last is active
+        self.sizes = [0]  # bytes appended to each segment
+        self.next_offset = base
+        self.written_offset = base  # below this, records are in the segment files
+        self.run: bytearray | None = None  # the pending run being appended to
+        self.unwritten = 0  # runs pending or being written
+
+
+@dataclass(slots=True)
+class Writes:
+    """Archive records taken for one batch: ``(topic, base, position, data)``
+    runs, and each topic's next offset when they were taken."""
+
+    runs: list[tuple[_Topic, int, int, bytearray]]
+    marks: dict[_Topic, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class TopicInfo:
+    topic: str
+    earliest: int
+    latest: int  # exclusive: the offset the next message gets
+    bytes: int
+
+
+class Archive:
+    def __init__(self, directory: str | os.PathLike[str], *, segment_bytes: int = DEFAULT_SEGMENT_BYTES, log: Log | None = None) -> None:
+        self.directory = Path(directory)
+        self.segment_bytes = segment_bytes
+        self.topics: dict[str, _Topic] = {}
+        self.torn_bytes = 0
+        self.gaps = 0
+        self._log = log
+        self._pending: list[tuple[_Topic, int, int, bytearray]] = []
+        self._inflight: list[tuple[_Topic, int, int, bytearray]] = []
+        self._refused: set[str] = set()
+        # Worker-only: each topic's open segment (base, fd); descriptors and
+        # directories written since the last sync.
+        self._wfds: dict[_Topic, tuple[int, int]] = {}
+        self._dirty: set[int] = set()
+        self._dirty_dirs: set[Path] = set()
+
+    # -- opening ---------------------------------------------------------------
+
+    def open(self) -> None:
+        """Find every topic's segments; scan its newest for where it ends,
+        cutting a torn tail."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for entry in sorted(os.listdir(self.directory)):
+            path = self.directory / entry
+            if not path.is_dir():
+                continue
+            bases = sorted(int(m.group(1)) for m in map(_SEGMENT_NAME.match, os.listdir(path)) if m)
+            if not bases:
+                continue
+            topic = _Topic(unquote(entry), path, bases[0])
+            topic.bases = bases
+            topic.sizes = [(path / segment_name(b)).stat().st_size for b in bases]
+            end, last_offset = self._scan_tail(path / segment_name(bases[-1]))
+            topic.sizes[-1] = end
+            topic.next_offset = topic.written_offset = bases[-1] if last_offset is None else last_offset + 1
+            self.topics[topic.name] = topic
+
+    def _scan_tail(self, path: Path) -> tuple[int, int | None]:
+        """Where the valid records of a segment end, and the last offset."""
+        data = path.read_bytes()
+        n = len(data)
+        p = 0
+        last = None
+        while p < n:
+            try:
+                _rtype, length = records.parse_frame(data, p, n)
+            except CorruptRecord:
+                self.torn_bytes += n - p
+                self._emit("archive_torn_tail_cut", segment=str(path), offset=p, bytes=n - p)
+                with open(path, "r+b") as f:
+                    f.truncate(p)
+                    os.fsync(f.fileno())
+                break
+            (last,) = _OFFSET.unpack_from(data, p + HEADER_BYTES)
+            p += HEADER_BYTES + length
+        return p, last
+
+    def recover(self, payload: bytes | memoryview) -> None:
+        """A journal record after the last checkpoint: keep it again unless
+        its segment already has it."""
+        offset, _ts, _prio, tl, _il, _hl = ROW.unpack_from(payload, 0)
+        name = str(payload[ROW.size : ROW.size + tl], "utf-8")
+        topic = self.topics.get(name)
+        if topic is None:
+            topic = self._create(name, offset)
+            if topic is None:
+                return
+        if offset < topic.next_offset:
+            return  # already in its segment
+        if offset > topic.next_offset:
+            # The journal never skips an offset; a hole means lost data
+            # (a damaged journal record).  Keep going from here.
+            self.gaps += 1
+            self._emit("archive_gap", topic=name, missing_from=topic.next_offset, missing_to=offset - 1)
+            topic.next_offset = offset
+        self._buffer(topic, bytes(payload))
+
+    # -- appending (main thread) -----------------------------------------------
+
+    def append(
+        self, name: str, message_id: str, headers: dict[str, str] | None, body: bytes, priority: int, timestamp: int
+    ) -> bytes | None:
+        """Give the message the topic's next offset and buffer its record for
+        the segment; return the payload for the journal (None when the topic
+        cannot be archived)."""
+        topic = self.topics.get(name)
+        if topic is None:
+            topic = self._create(name, 0)
+            if topic is None:
+                return None
+        payload = encode_row(topic.next_offset, topic.encoded, message_id, headers, body, priority, timestamp)
+        self._buffer(topic, payload)
+        return payload
+
+    def _buffer(self, topic: _Topic, payload: bytes) -> None:
+        n = HEADER_BYTES + len(payload)
+        if topic.sizes[-1] and topic.sizes[-1] + n > self.segment_bytes:
+            topic.bases.append(topic.next_offset)
+            topic.sizes.append(0)
+            topic.run = None
+        run = topic.run
+        if run is None:
+            run = topic.run = bytearray()
+            self._pending.append((topic, topic.bases[-1], topic.sizes[-1], run))
+            topic.unwritten += 1
+        run += records.header(RecordType.ARCHIVE, payload)
+        run += payload
+        topic.sizes[-1] += n
+        topic.next_offset += 1
+
+    def _create(self, name: str, base: int) -> _Topic | None:
+        entry = directory_name(name)
+        if len(entry) > MAX_DIRECTORY_NAME:
+            if name not in self._refused:
+                self._refused.add(name)
+                self._emit("archive_topic_refused", topic=name[:200], reason="name too long for a directory")
+            return None
+        topic = self.topics[name] = _Topic(name, self.directory / entry, base)
+        return topic
+
+    def take_writes(self) -> Writes | None:
+        if not self._pending:
+            return None
+        runs, self._pending = self._pending, []
+        self._inflight = runs
+        marks = {}
+        for topic, _base, _pos, _data in runs:
+            topic.run = None
+            marks[topic] = topic.next_offset
+        return Writes(runs, marks)
+
+    def requeue(self, writes: Writes) -> None:
+        """A batch that failed: its runs go back in front, to the same places."""
+        for topic, _b, _p, _d in self._pending:
+            topic.run = None  # new appends start a new run after the requeued ones
+        self._pending = writes.runs + self._pending
+        self._inflight = []
+
+    def written(self, writes: Writes) -> None:
+        self._inflight = []
+        for topic, _b, _p, _d in writes.runs:
+            topic.unwritten -= 1
+        for topic, mark in writes.marks.items():
+            if mark > topic.written_offset:
+                topic.written_offset = mark
+
+    # -- writing (worker thread) -----------------------------------------------
+
+    def write(self, writes: Writes) -> None:
+        """Copy runs to their places in the segment files; no fsync (the
+        journal holds the durable copy until :meth:`sync`)."""
+        for topic, base, position, data in writes.runs:
+            current = self._wfds.get(topic)
+            if current is None or current[0] != base:
+                fd = self._open_segment(topic, base, current)
+            else:
+                fd = current[1]
+            view = memoryview(data)
+            done = 0
+            while done < len(view):
+                done += os.pwrite(fd, view[done:], position + done)
+            self._dirty.add(fd)
+
+    def _open_segment(self, topic: _Topic, base: int, current: tuple[int, int] | None) -> int:
+        if current is not None:
+            # A closed segment is synced once, so a crash can only cut the
+            # newest one (which recovery scans).
+            fd = current[1]
+            if fd in self._dirty:
+                os.fdatasync(fd)
+                self._dirty.discard(fd)
+            os.close(fd)
+            del self._wfds[topic]
+        if not topic.path.is_dir():
+            topic.path.mkdir(parents=True, exist_ok=True)
+            self._dirty_dirs.add(self.directory)
+        path = topic.path / segment_name(base)
+        if not path.exists():
+            self._dirty_dirs.add(topic.path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        self._wfds[topic] = (base, fd)
+        return fd
+
+    def sync(self) -> None:
+        """Make every written record durable in its segment (before a
+        checkpoint lets the journal forget it)."""
+        for fd in list(self._dirty):
+            os.fdatasync(fd)
+        self._dirty.clear()
+        for path in sorted(self._dirty_dirs, key=lambda p: len(p.parts), reverse=True):
+            if path.is_dir():
+                fsync_directory(path)
+        self._dirty_dirs.clear()
+
+    def close(self) -> None:
+        for _base, fd in self._wfds.values():
+            os.close(fd)
+        self._wfds.clear()
+        self._dirty.clear()
+
+    # -- retention (main thread) -------------------------------------------------
+
+    def apply_retention(self, name: str, max_age_s: float, max_bytes: int, now: float | None = None) -> int:
+        """Delete the topic's oldest whole segments older than ``max_age_s``
+        or beyond ``max_bytes`` in total (0 = no limit).  Returns how many
+        offsets were dropped."""
+        topic = self.topics.get(name)
+        if topic is None or (not max_age_s and not max_bytes):
+            return 0
+        now = time.time() if now is None else now
+        before = topic.bases[0]
+        total = sum(topic.sizes)
+        while len(topic.bases) > 1:
+            path = topic.path / segment_name(topic.bases[0])
+            too_big = max_bytes and total > max_bytes
+            try:
+                too_old = max_age_s and now - path.stat().st_mtime > max_age_s
+            except FileNotFoundError:
+                too_old = True  # never written (an empty segment): nothing to keep
+            if not (too_big or too_old) or topic.unwritten and self._holds(topic, topic.bases[0]):
+                break
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+            total -= topic.sizes[0]
+            del topic.bases[0], topic.sizes[0]
+        if len(topic.bases) == 1 and topic.sizes[0] and max_age_s and not topic.unwritten:
+            self._expire_active(topic, max_age_s, now)
+        return topic.bases[0] - before
+
+    def _holds(self, topic: _Topic, base: int) -> bool:
+        return any(t is topic and b == base for t, b, _p, _d in self._pending + self._inflight)
+
+    def _expire_active(self, topic: _Topic, max_age_s: float, now: float) -> None:
+        """The only segment is old and idle: start an empty one at the next
+        offset (created and made durable first, so the offsets survive) and
+        drop the old one."""
+        old = topic.path / segment_name(topic.bases[0])
+        try:
+            if now - old.stat().st_mtime <= max_age_s:
+                return
+        except FileNotFoundError:
+            return
+        fd = os.open(topic.path / segment_name(topic.next_offset), os.O_WRONLY | os.O_CREAT, 0o644)
+        os.close(fd)
+        fsync_directory(topic.path)
+        os.remove(old)
+        topic.bases = [topic.next_offset]
+        topic.sizes = [0]
+
+    # -- reading -----------------------------------------------------------------
+
+    def info(self, name: str) -> TopicInfo | None:
+        topic = self.topics.get(name)
+        if topic is None:
+            return None
+        return TopicInfo(name, topic.bases[0], topic.next_offset, sum(topic.sizes))
+
+    def reader(self, name: str, start: int, stop: int) -> ArchiveReader:
+        """Main thread: a reader of offsets ``start`` up to ``stop``
+        (exclusive, at most the next offset).  Raises :class:`ArchiveGone`
+        when ``start`` was dropped, KeyError when the topic has no archive."""
+        topic = self.topics[name]
+        if start < topic.bases[0]:
+            raise ArchiveGone(name, start, topic.bases[0])
+        stop = min(stop, topic.next_offset)
+        first = max(0, bisect.bisect_right(topic.bases, start) - 1)
+        return ArchiveReader(topic, list(topic.bases[first:]), start, stop)
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        if self._log is not None:
+            self._log(event, **fields)
+
+
+@dataclass(slots=True)
+class Rows:
+    """A chunk of archived messages, column by column (ids, header names and
+    values as UTF-8 bytes, so a columnar encoder can take them in bulk)."""
+
+    offsets: list[int] = field(default_factory=list)
+    timestamps: list[int] = field(default_factory=list)
+    priorities: list[int] = field(default_factory=list)
+    ids: list[bytes] = field(default_factory=list)
+    header_ends: list[int] = field(default_factory=lambda: [0])  # cumulative header count per row
+    header_names: list[bytes] = field(default_factory=list)
+    header_values: list[bytes] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
+class ArchiveReader:
+    """Reads a range of one topic's archive a bounded number of rows at a
+    time, sequentially through its segments, with its own descriptors; safe
+    in one worker thread while the main thread appends."""
+
+    def __init__(self, topic: _Topic, bases: list[int], start: int, stop: int) -> None:
+        self.topic = topic
+        self.start = start
+        self.stop = stop
+        self._bases = bases
+        self._fd: int | None = None
+        self._data = b""
+        self._file_pos = 0  # of _data[0] in the segment
+        self._p = 0
+        self.done = start >= stop
+
+    def wait_written(self, timeout_s: float) -> None:
+        """Let the committer write what was appended up to ``stop`` (a few
+        milliseconds at most; bounded)."""
+        deadline = time.monotonic() + timeout_s
+        while self.topic.written_offset < self.stop and time.monotonic() < deadline:
+            time.sleep(0.002)
+        self.stop = min(self.stop, self.topic.written_offset)
+        self.done = self.start >= self.stop
+
+    def read(self, max_rows: int) -> Rows:
+        """Up to ``max_rows`` rows in offset order; fewer (or none) at the end
+        (then ``done``).  A segment deleted meanwhile raises FileNotFoundError."""
+        rows = Rows()
+        while len(rows.offsets) < max_rows and not self.done:
+            if self._fd is None and not self._next_segment():
+                self.done = True
+                break
+            if not self._read_frames(rows, max_rows):
+                self._refill()
+        return rows
+
+    def _next_segment(self) -> bool:
+        if not self._bases:
+            return False
+        base = self._bases.pop(0)
+        self._fd = os.open(self.topic.path / segment_name(base), os.O_RDONLY)
+        self._file_pos = 0
+        self._data = b""
+        self._p = 0
+        return True
+
+    def _refill(self) -> None:
+        """Read on from the first incomplete frame; at the segment's end move
+        to the next one."""
+        assert self._fd is not None
+        data, p = self._data, self._p
+        need = READ_CHUNK_BYTES
+        if len(data) - p >= HEADER_BYTES:
+            need = max(need, HEADER_BYTES + HEADER.unpack_from(data, p)[4])
+        position = self._file_pos + p
+        chunk = os.pread(self._fd, need, position)
+        if len(chunk) <= len(data) - p:  # nothing new: the end of this segment
+            self._close_segment()
+            return
+        self._data, self._file_pos, self._p = chunk, position, 0
+
+    def _close_segment(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _read_frames(self, rows: Rows, max_rows: int) -> bool:
+        """Decode whole frames of the buffer into ``rows``; False when the
+        buffer needs more data."""
+        data = self._data
+        view = memoryview(data)
+        n = len(data)
+        p = self._p
+        start, stop = self.start, self.stop
+        header, row = HEADER.unpack_from, ROW.unpack_from
+        pair = _PAIR.unpack_from
+        crc32 = zlib.crc32
+        offsets, timestamps, priorities, ids = rows.offsets, rows.timestamps, rows.priorities, rows.ids
+        ends, names, values, bodies = rows.header_ends, rows.header_names, rows.header_values, rows.bodies
+        count = ends[-1]
+        complete = True
+        while len(offsets) < max_rows:
+            if n - p < HEADER_BYTES:
+                complete = False
+                break
+            magic, crc, _version, _rtype, length = header(data, p)
+            end = p + HEADER_BYTES + length
+            if end > n:
+                complete = False
+                break
+            if magic != MAGIC or crc32(view[p + 6 : end]) != crc:
+                # Damage (or a record being written right now, beyond stop):
+                # nothing after it in this segment is readable in order.
+                self._close_segment()
+                break
+            q = p + HEADER_BYTES
+            offset, timestamp, priority, tl, il, hl = row(data, q)
+            if offset >= stop:
+                self.done = True
+                break
+            p = end
+            if offset < start:
+                continue
+            q += ROW.size + tl
+            offsets.append(offset)
+            timestamps.append(timestamp)
+            priorities.append(priority)
+            ids.append(data[q : q + il])
+            q += il
+            stop_h = q + hl
+            while q < stop_h:
+                nl, vl = pair(data, q)
+                q += 6
+                names.append(data[q : q + nl])
+                values.append(data[q + nl : q + nl + vl])
+                q += nl + vl
+                count += 1
+            ends.append(count)
+            bodies.append(data[stop_h:end])
+        self._p = p
+        return complete
+
+    def close(self) -> None:
+        self._close_segment()
+        self.done = True
+
+
+def list_topics(archive: Archive) -> Iterable[TopicInfo]:
+    for name in sorted(archive.topics):
+        info = archive.info(name)
+        if info is not None:
+            yield info
