@@ -67,6 +67,11 @@ READ_CHUNK_BYTES = 2**20
 # File names are limited to 255 bytes; an escaped topic name longer than this
 # is not archived (logged once).
 MAX_DIRECTORY_NAME = 240
+# The committer keeps at most this many segment files open for writing (one
+# per topic, the most recently written); others are closed and reopened.
+MAX_OPEN_SEGMENTS = 256
+# Refused topic names remembered (so each is logged once), at most.
+MAX_REFUSED = 1000
 
 Log = Callable[..., None]
 
@@ -112,6 +117,17 @@ def decode_row(payload: bytes | memoryview) -> tuple[str, int, str, dict[str, st
     if p != stop or stop > len(payload):
         raise CorruptRecord("archive headers run past the record")
     return topic, offset, message_id, headers, bytes(payload[stop:]), priority, timestamp
+
+
+def _sync_path(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return  # dropped by retention meanwhile
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
 
 
 class ArchiveGone(Exception):
@@ -169,6 +185,7 @@ class Archive:
         # directories written since the last sync.
         self._wfds: dict[_Topic, tuple[int, int]] = {}
         self._dirty: set[int] = set()
+        self._dirty_paths: set[Path] = set()  # written, closed unsynced (evicted)
         self._dirty_dirs: set[Path] = set()
 
     # -- opening ---------------------------------------------------------------
@@ -268,7 +285,7 @@ class Archive:
     def _create(self, name: str, base: int) -> _Topic | None:
         entry = directory_name(name)
         if len(entry) > MAX_DIRECTORY_NAME:
-            if name not in self._refused:
+            if name not in self._refused and len(self._refused) < MAX_REFUSED:
                 self._refused.add(name)
                 self._emit("archive_topic_refused", topic=name[:200], reason="name too long for a directory")
             return None
@@ -328,6 +345,12 @@ class Archive:
                 self._dirty.discard(fd)
             os.close(fd)
             del self._wfds[topic]
+        elif self._dirty_paths:
+            for path in [p for p in self._dirty_paths if p.parent == topic.path and p.name != segment_name(base)]:
+                _sync_path(path)  # an evicted older segment of this topic: the same rule
+                self._dirty_paths.discard(path)
+        if len(self._wfds) >= MAX_OPEN_SEGMENTS:
+            self._evict()
         if not topic.path.is_dir():
             topic.path.mkdir(parents=True, exist_ok=True)
             self._dirty_dirs.add(self.directory)
@@ -338,12 +361,25 @@ class Archive:
         self._wfds[topic] = (base, fd)
         return fd
 
+    def _evict(self) -> None:
+        """Close the least recently opened segment; if it holds unsynced
+        writes, its path is synced at the next :meth:`sync`."""
+        topic = next(iter(self._wfds))
+        base, fd = self._wfds.pop(topic)
+        if fd in self._dirty:
+            self._dirty.discard(fd)
+            self._dirty_paths.add(topic.path / segment_name(base))
+        os.close(fd)
+
     def sync(self) -> None:
         """Make every written record durable in its segment (before a
         checkpoint lets the journal forget it)."""
         for fd in list(self._dirty):
             os.fdatasync(fd)
         self._dirty.clear()
+        for path in self._dirty_paths:
+            _sync_path(path)
+        self._dirty_paths.clear()
         for path in sorted(self._dirty_dirs, key=lambda p: len(p.parts), reverse=True):
             if path.is_dir():
                 fsync_directory(path)

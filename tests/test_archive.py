@@ -227,3 +227,24 @@ def test_rows_decode_with_the_reference_decoder(tmp_path: Path) -> None:
 
     payload = encode_row(7, b"a.b", "id", {"x": "1", "é": "ü"}, b"\x00body", 9, 123)
     assert decode_row(payload) == ("a.b", 7, "id", {"x": "1", "é": "ü"}, b"\x00body", 9, 123)
+
+
+def test_many_topics_keep_a_bounded_number_of_files_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from persistence import archive as module
+
+    monkeypatch.setattr(module, "MAX_OPEN_SEGMENTS", 2)
+    archive = opened(tmp_path, segment_bytes=300)
+    synced: list[str] = []
+    real = os.fdatasync
+    monkeypatch.setattr(module.os, "fdatasync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))[1])
+    for round_ in range(6):
+        for t in range(5):
+            fill(archive, 2, topic=f"t.{t}", start=2 * round_)
+    assert len(archive._wfds) <= 2
+    archive.sync()
+    assert not archive._dirty and not archive._dirty_paths
+    # Every segment that was written is synced by now: at its roll or by the sync.
+    written = {str(p) for t in range(5) for p in (tmp_path / f"t.{t}").iterdir()}
+    assert written <= set(synced)
+    for t in range(5):
+        assert [o for o, _, _ in read_all(archive, 0, 100, topic=f"t.{t}")] == list(range(12))
