@@ -23,18 +23,19 @@ is kept twice.  A segment is synced once when it is closed, like the journal's,
 so a crash can only ever cut a topic's newest segment.
 
 Memory does not grow with the number of archived messages: per topic it is
-the list of segment base offsets and sizes, and a read walks the segment
-files.  Threading follows the journal: :meth:`append`, :meth:`take_writes`,
+the list of segment base offsets and sizes, and the active segment's sparse
+index (an ``(offset, position)`` pair every :data:`INDEX_BYTES`), which goes to
+``<base>.idx`` beside the segment when it closes.  A read seeks with the index
+(an entry is trusted only if the record there has that offset; otherwise it
+scans from the segment's start) and then walks the segment files.
+
+Threading follows the journal: :meth:`append`, :meth:`take_writes`,
 :meth:`written` and :meth:`reader` run on the main thread; :meth:`write` and
 :meth:`sync` in the committer's worker; an :class:`ArchiveReader` in any one
 other thread, with its own file descriptors.
 
-Record payload (little-endian)::
-
-    <QqBHHI  offset, timestamp (epoch ms), priority, topic len, id len, headers len
-    topic, message id        UTF-8
-    headers                  per header: <HI name len, value len, then name, value
-    body                     the rest
+The record and file layout is in persistence/archive_format.py; reads are
+persistence/archive_reader.py's.
 """
 
 from __future__ import annotations
@@ -42,28 +43,33 @@ from __future__ import annotations
 import bisect
 import contextlib
 import os
-import re
-import struct
 import time
-import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import unquote
 
 from persistence import records
+from persistence.archive_format import (
+    ENTRY,
+    INDEX_BYTES,
+    OFFSET,
+    ROW,
+    SEGMENT_NAME,
+    decode_row,
+    directory_name,
+    encode_row,
+    index_name,
+    segment_name,
+)
+from persistence.archive_reader import ArchiveReader, Rows
 from persistence.journal import fsync_directory
-from persistence.records import HEADER, HEADER_BYTES, MAGIC, CorruptRecord, RecordType
+from persistence.records import HEADER_BYTES, CorruptRecord, RecordType
 
-ROW = struct.Struct("<QqBHHI")
-_PAIR = struct.Struct("<HI")
-_OFFSET = struct.Struct("<Q")
-SEGMENT_SUFFIX = ".seg"
-_SEGMENT_NAME = re.compile(r"^(\d{20})\.seg$")
+__all__ = ["Archive", "ArchiveGone", "ArchiveReader", "Rows", "TopicInfo", "decode_row", "encode_row", "list_topics"]
+
 DEFAULT_SEGMENT_BYTES = 16 * 2**20
-# A reader takes the segment file this much at a time.
-READ_CHUNK_BYTES = 2**20
 # File names are limited to 255 bytes; an escaped topic name longer than this
 # is not archived (logged once).
 MAX_DIRECTORY_NAME = 240
@@ -74,49 +80,6 @@ MAX_OPEN_SEGMENTS = 256
 MAX_REFUSED = 1000
 
 Log = Callable[..., None]
-
-
-def segment_name(base: int) -> str:
-    return f"{base:020d}{SEGMENT_SUFFIX}"
-
-
-def directory_name(topic: str) -> str:
-    """A reversible file name for a topic: percent-escaped, never hidden."""
-    name = quote(topic, safe="")
-    return "%2E" + name[1:] if name.startswith(".") else name
-
-
-def encode_row(offset: int, topic: bytes, message_id: str, headers: dict[str, str] | None, body: bytes, priority: int, timestamp: int) -> bytes:
-    idb = message_id.encode()
-    if headers:
-        parts = []
-        for name, value in headers.items():
-            nb, vb = name.encode(), value.encode()
-            parts += (_PAIR.pack(len(nb), len(vb)), nb, vb)
-        hb = b"".join(parts)
-    else:
-        hb = b""
-    return b"".join((ROW.pack(offset, timestamp, priority, len(topic), len(idb), len(hb)), topic, idb, hb, body))
-
-
-def decode_row(payload: bytes | memoryview) -> tuple[str, int, str, dict[str, str], bytes, int, int]:
-    """``(topic, offset, message id, headers, body, priority, timestamp)``."""
-    offset, timestamp, priority, tl, il, hl = ROW.unpack_from(payload, 0)
-    p = ROW.size
-    topic = str(payload[p : p + tl], "utf-8")
-    p += tl
-    message_id = str(payload[p : p + il], "utf-8")
-    p += il
-    headers = {}
-    stop = p + hl
-    while p < stop:
-        nl, vl = _PAIR.unpack_from(payload, p)
-        p += _PAIR.size
-        headers[str(payload[p : p + nl], "utf-8")] = str(payload[p + nl : p + nl + vl], "utf-8")
-        p += nl + vl
-    if p != stop or stop > len(payload):
-        raise CorruptRecord("archive headers run past the record")
-    return topic, offset, message_id, headers, bytes(payload[stop:]), priority, timestamp
 
 
 def _sync_path(path: Path) -> None:
@@ -139,7 +102,7 @@ class ArchiveGone(Exception):
 
 
 class _Topic:
-    __slots__ = ("name", "encoded", "path", "bases", "sizes", "next_offset", "written_offset", "run", "unwritten")
+    __slots__ = ("name", "encoded", "path", "bases", "sizes", "next_offset", "written_offset", "run", "unwritten", "index")
 
     def __init__(self, name: str, path: Path, base: int) -> None:
         self.name = name
@@ -151,6 +114,7 @@ class _Topic:
         self.written_offset = base  # below this, records are in the segment files
         self.run: bytearray | None = None  # the pending run being appended to
         self.unwritten = 0  # runs pending or being written
+        self.index: list[tuple[int, int]] = []  # the active segment's (offset, position) every INDEX_BYTES
 
 
 @dataclass(slots=True)
@@ -160,6 +124,7 @@ class Writes:
 
     runs: list[tuple[_Topic, int, int, bytearray]]
     marks: dict[_Topic, int] = field(default_factory=dict)
+    indexes: list[tuple[Path, bytes]] = field(default_factory=list)  # closed segments' sparse indexes
 
 
 @dataclass(slots=True)
@@ -179,6 +144,7 @@ class Archive:
         self.gaps = 0
         self._log = log
         self._pending: list[tuple[_Topic, int, int, bytearray]] = []
+        self._pending_indexes: list[tuple[Path, bytes]] = []
         self._inflight: list[tuple[_Topic, int, int, bytearray]] = []
         self._refused: set[str] = set()
         # Worker-only: each topic's open segment (base, fd); descriptors and
@@ -198,19 +164,20 @@ class Archive:
             path = self.directory / entry
             if not path.is_dir():
                 continue
-            bases = sorted(int(m.group(1)) for m in map(_SEGMENT_NAME.match, os.listdir(path)) if m)
+            bases = sorted(int(m.group(1)) for m in map(SEGMENT_NAME.match, os.listdir(path)) if m)
             if not bases:
                 continue
             topic = _Topic(unquote(entry), path, bases[0])
             topic.bases = bases
             topic.sizes = [(path / segment_name(b)).stat().st_size for b in bases]
-            end, last_offset = self._scan_tail(path / segment_name(bases[-1]))
+            end, last_offset = self._scan_tail(path / segment_name(bases[-1]), topic.index)
             topic.sizes[-1] = end
             topic.next_offset = topic.written_offset = bases[-1] if last_offset is None else last_offset + 1
             self.topics[topic.name] = topic
 
-    def _scan_tail(self, path: Path) -> tuple[int, int | None]:
-        """Where the valid records of a segment end, and the last offset."""
+    def _scan_tail(self, path: Path, index: list[tuple[int, int]]) -> tuple[int, int | None]:
+        """Where the valid records of a segment end, and the last offset;
+        its sparse index is rebuilt into ``index`` on the way."""
         data = path.read_bytes()
         n = len(data)
         p = 0
@@ -225,7 +192,9 @@ class Archive:
                     f.truncate(p)
                     os.fsync(f.fileno())
                 break
-            (last,) = _OFFSET.unpack_from(data, p + HEADER_BYTES)
+            (last,) = OFFSET.unpack_from(data, p + HEADER_BYTES)
+            if p >= (index[-1][1] + INDEX_BYTES if index else INDEX_BYTES):
+                index.append((last, p))
             p += HEADER_BYTES + length
         return p, last
 
@@ -268,10 +237,18 @@ class Archive:
 
     def _buffer(self, topic: _Topic, payload: bytes) -> None:
         n = HEADER_BYTES + len(payload)
-        if topic.sizes[-1] and topic.sizes[-1] + n > self.segment_bytes:
+        position = topic.sizes[-1]
+        if position and position + n > self.segment_bytes:
+            if topic.index:
+                entries = b"".join(ENTRY.pack(o, p) for o, p in topic.index)
+                self._pending_indexes.append((topic.path / index_name(topic.bases[-1]), entries))
+                topic.index = []
             topic.bases.append(topic.next_offset)
             topic.sizes.append(0)
             topic.run = None
+            position = 0
+        elif position >= (topic.index[-1][1] + INDEX_BYTES if topic.index else INDEX_BYTES):
+            topic.index.append((topic.next_offset, position))
         run = topic.run
         if run is None:
             run = topic.run = bytearray()
@@ -301,13 +278,15 @@ class Archive:
         for topic, _base, _pos, _data in runs:
             topic.run = None
             marks[topic] = topic.next_offset
-        return Writes(runs, marks)
+        indexes, self._pending_indexes = self._pending_indexes, []
+        return Writes(runs, marks, indexes)
 
     def requeue(self, writes: Writes) -> None:
         """A batch that failed: its runs go back in front, to the same places."""
         for topic, _b, _p, _d in self._pending:
             topic.run = None  # new appends start a new run after the requeued ones
         self._pending = writes.runs + self._pending
+        self._pending_indexes = writes.indexes + self._pending_indexes
         self._inflight = []
 
     def written(self, writes: Writes) -> None:
@@ -334,6 +313,11 @@ class Archive:
             while done < len(view):
                 done += os.pwrite(fd, view[done:], position + done)
             self._dirty.add(fd)
+        for path, entries in writes.indexes:
+            # A hint, checked against the segment whenever used: no sync, and
+            # a lost or stale one only means a scan from the segment's start.
+            with contextlib.suppress(FileNotFoundError):  # dropped by retention meanwhile
+                path.write_bytes(entries)
 
     def _open_segment(self, topic: _Topic, base: int, current: tuple[int, int] | None) -> int:
         if current is not None:
@@ -414,6 +398,8 @@ class Archive:
                 break
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(topic.path / index_name(topic.bases[0]))
             total -= topic.sizes[0]
             del topic.bases[0], topic.sizes[0]
         if len(topic.bases) == 1 and topic.sizes[0] and max_age_s and not topic.unwritten:
@@ -439,6 +425,7 @@ class Archive:
         os.remove(old)
         topic.bases = [topic.next_offset]
         topic.sizes = [0]
+        topic.index = []
 
     # -- reading -----------------------------------------------------------------
 
@@ -457,157 +444,12 @@ class Archive:
             raise ArchiveGone(name, start, topic.bases[0])
         stop = min(stop, topic.next_offset)
         first = max(0, bisect.bisect_right(topic.bases, start) - 1)
-        return ArchiveReader(topic, list(topic.bases[first:]), start, stop)
+        active = list(topic.index) if first == len(topic.bases) - 1 else None
+        return ArchiveReader(topic, list(topic.bases[first:]), start, stop, active)
 
     def _emit(self, event: str, **fields: Any) -> None:
         if self._log is not None:
             self._log(event, **fields)
-
-
-@dataclass(slots=True)
-class Rows:
-    """A chunk of archived messages, column by column (ids, header names and
-    values as UTF-8 bytes, so a columnar encoder can take them in bulk)."""
-
-    offsets: list[int] = field(default_factory=list)
-    timestamps: list[int] = field(default_factory=list)
-    priorities: list[int] = field(default_factory=list)
-    ids: list[bytes] = field(default_factory=list)
-    header_ends: list[int] = field(default_factory=lambda: [0])  # cumulative header count per row
-    header_names: list[bytes] = field(default_factory=list)
-    header_values: list[bytes] = field(default_factory=list)
-    bodies: list[bytes] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-
-class ArchiveReader:
-    """Reads a range of one topic's archive a bounded number of rows at a
-    time, sequentially through its segments, with its own descriptors; safe
-    in one worker thread while the main thread appends."""
-
-    def __init__(self, topic: _Topic, bases: list[int], start: int, stop: int) -> None:
-        self.topic = topic
-        self.start = start
-        self.stop = stop
-        self._bases = bases
-        self._fd: int | None = None
-        self._data = b""
-        self._file_pos = 0  # of _data[0] in the segment
-        self._p = 0
-        self.done = start >= stop
-
-    def wait_written(self, timeout_s: float) -> None:
-        """Let the committer write what was appended up to ``stop`` (a few
-        milliseconds at most; bounded)."""
-        deadline = time.monotonic() + timeout_s
-        while self.topic.written_offset < self.stop and time.monotonic() < deadline:
-            time.sleep(0.002)
-        self.stop = min(self.stop, self.topic.written_offset)
-        self.done = self.start >= self.stop
-
-    def read(self, max_rows: int) -> Rows:
-        """Up to ``max_rows`` rows in offset order; fewer (or none) at the end
-        (then ``done``).  A segment deleted meanwhile raises FileNotFoundError."""
-        rows = Rows()
-        while len(rows.offsets) < max_rows and not self.done:
-            if self._fd is None and not self._next_segment():
-                self.done = True
-                break
-            if not self._read_frames(rows, max_rows):
-                self._refill()
-        return rows
-
-    def _next_segment(self) -> bool:
-        if not self._bases:
-            return False
-        base = self._bases.pop(0)
-        self._fd = os.open(self.topic.path / segment_name(base), os.O_RDONLY)
-        self._file_pos = 0
-        self._data = b""
-        self._p = 0
-        return True
-
-    def _refill(self) -> None:
-        """Read on from the first incomplete frame; at the segment's end move
-        to the next one."""
-        assert self._fd is not None
-        data, p = self._data, self._p
-        need = READ_CHUNK_BYTES
-        if len(data) - p >= HEADER_BYTES:
-            need = max(need, HEADER_BYTES + HEADER.unpack_from(data, p)[4])
-        position = self._file_pos + p
-        chunk = os.pread(self._fd, need, position)
-        if len(chunk) <= len(data) - p:  # nothing new: the end of this segment
-            self._close_segment()
-            return
-        self._data, self._file_pos, self._p = chunk, position, 0
-
-    def _close_segment(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def _read_frames(self, rows: Rows, max_rows: int) -> bool:
-        """Decode whole frames of the buffer into ``rows``; False when the
-        buffer needs more data."""
-        data = self._data
-        view = memoryview(data)
-        n = len(data)
-        p = self._p
-        start, stop = self.start, self.stop
-        header, row = HEADER.unpack_from, ROW.unpack_from
-        pair = _PAIR.unpack_from
-        crc32 = zlib.crc32
-        offsets, timestamps, priorities, ids = rows.offsets, rows.timestamps, rows.priorities, rows.ids
-        ends, names, values, bodies = rows.header_ends, rows.header_names, rows.header_values, rows.bodies
-        count = ends[-1]
-        complete = True
-        while len(offsets) < max_rows:
-            if n - p < HEADER_BYTES:
-                complete = False
-                break
-            magic, crc, _version, _rtype, length = header(data, p)
-            end = p + HEADER_BYTES + length
-            if end > n:
-                complete = False
-                break
-            if magic != MAGIC or crc32(view[p + 6 : end]) != crc:
-                # Damage (or a record being written right now, beyond stop):
-                # nothing after it in this segment is readable in order.
-                self._close_segment()
-                break
-            q = p + HEADER_BYTES
-            offset, timestamp, priority, tl, il, hl = row(data, q)
-            if offset >= stop:
-                self.done = True
-                break
-            p = end
-            if offset < start:
-                continue
-            q += ROW.size + tl
-            offsets.append(offset)
-            timestamps.append(timestamp)
-            priorities.append(priority)
-            ids.append(data[q : q + il])
-            q += il
-            stop_h = q + hl
-            while q < stop_h:
-                nl, vl = pair(data, q)
-                q += 6
-                names.append(data[q : q + nl])
-                values.append(data[q + nl : q + nl + vl])
-                q += nl + vl
-                count += 1
-            ends.append(count)
-            bodies.append(data[stop_h:end])
-        self._p = p
-        return complete
-
-    def close(self) -> None:
-        self._close_segment()
-        self.done = True
 
 
 def list_topics(archive: Archive) -> Iterable[TopicInfo]:

@@ -248,3 +248,32 @@ def test_many_topics_keep_a_bounded_number_of_files_open(tmp_path: Path, monkeyp
     assert written <= set(synced)
     for t in range(5):
         assert [o for o, _, _ in read_all(archive, 0, 100, topic=f"t.{t}")] == list(range(12))
+
+
+def test_a_read_seeks_with_the_sparse_index_and_distrusts_a_stale_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from persistence import archive as module
+
+    monkeypatch.setattr(module, "INDEX_BYTES", 512)
+    archive = opened(tmp_path, segment_bytes=8192)
+    fill(archive, 330)
+    closed = sorted((tmp_path / TOPIC).glob("*.idx"))
+    assert closed and len(closed) == len(list((tmp_path / TOPIC).glob("*.seg"))) - 1  # the active one's is in memory
+    bases = archive.topics[TOPIC].bases
+    starts = [base + 50 for base in bases if base + 50 < 300]
+    assert len(starts) == len(bases)  # in each closed segment and in the active one
+    for start in starts:
+        reader = archive.reader(TOPIC, start, 300)
+        rows = reader.read(5)
+        assert rows.offsets[0] == start
+        assert reader._file_pos > 0  # it did not read the segment from its start
+        reader.close()
+    # A damaged index (or one that no longer matches its segment) is ignored.
+    for path in closed:
+        path.write_bytes(bytes(range(16)) * 3)
+    assert [o for o, _, _ in read_all(archive, 37, 60)] == list(range(37, 60))
+    archive.close()
+    again = opened(tmp_path, segment_bytes=8192)  # the active segment's index rebuilt by the scan
+    start = again.topics[TOPIC].bases[-1] + 50
+    reader = again.reader(TOPIC, start, 330)
+    assert reader.read(1).offsets == [start] and reader._file_pos > 0
+    reader.close()
