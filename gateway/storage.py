@@ -41,6 +41,8 @@ class StoreSettings:
     def __post_init__(self) -> None:
         if self.sync not in SYNC_POLICIES:
             raise ValueError(f"store.sync must be one of {', '.join(SYNC_POLICIES)}, not {self.sync!r}")
+        if self.archive_segment_bytes <= 0:
+            raise ValueError(f"store.archive_segment_bytes must be positive, not {self.archive_segment_bytes}")
 
 
 def open_store(data_dir: str, settings: StoreSettings, log: Any) -> Store:
