@@ -49,7 +49,7 @@ def open_store(data_dir: str, settings: StoreSettings, log: Any) -> Store:
     def report(event: str, **fields: Any) -> None:
         # Corruption and recovery are worth an operator's attention; the
         # store says which with its event name.
-        (log.warning if "corrupt" in event or "fail" in event else log.info)(event, **fields)
+        (log.warning if any(word in event for word in ("corrupt", "fail", "gap", "refused")) else log.info)(event, **fields)
 
     return Store(
         Path(data_dir) / "store",
