@@ -50,7 +50,7 @@ def directory_name(topic: str) -> str:
 def encode_row(offset: int, topic: bytes, message_id: str, headers: dict[str, str] | None, body: bytes, priority: int, timestamp: int) -> bytes:
     idb = message_id.encode()
     if headers:
-        parts = []
+        parts: list[bytes] = []
         for name, value in headers.items():
             nb, vb = name.encode(), value.encode()
             parts += (PAIR.pack(len(nb), len(vb)), nb, vb)
