@@ -305,3 +305,20 @@ def test_a_replayed_commit_with_the_same_key_is_discarded_even_after_a_restart(a
     consumer.wait_messages(4)
     consumer.barrier()
     assert sorted(consumer.bodies) == [b"a", b"b", b"c", b"d"]
+
+
+def test_a_reader_that_hangs_up_mid_stream_harms_nobody(archive_broker, stomp_client):
+    broker = archive_broker()
+    producer = stomp_client(broker)
+    body = b"z" * 4096
+    for i in range(2000):  # about 8 MiB: far more than the socket buffers hold
+        producer.send("/topic/plant.big", body, receipt=(i == 1999))
+    conn = http.client.HTTPConnection("127.0.0.1", broker.admin_port, timeout=10)
+    token = base64.b64encode(f"{READER[0]}:{READER[1]}".encode()).decode()
+    conn.request("GET", "/api/v1/archive/plant.big/messages", headers={"Authorization": "Basic " + token})
+    response = conn.getresponse()
+    assert response.status == 200 and len(response.read(1024)) == 1024
+    conn.close()  # gone with most of the body unsent
+    producer.send("/topic/plant.big", b"after")
+    table = read_range(broker.admin_port, "plant.big", "?from=1990")
+    assert table.column("body").to_pylist() == [body] * 10 + [b"after"]
