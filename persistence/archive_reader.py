@@ -53,6 +53,15 @@ class ArchiveReader:
         self._file_pos = 0  # of _data[0] in the segment
         self._p = 0
         self.done = start >= stop
+        # The first segment is opened now (on the caller's thread), so that
+        # retention deleting it before the worker gets to it cannot fail the
+        # read; it may not exist yet while its first records wait to be written.
+        self._first: int | None = None
+        if not self.done and bases:
+            try:
+                self._first = os.open(topic.path / segment_name(bases[0]), os.O_RDONLY)
+            except FileNotFoundError:
+                pass
 
     def wait_written(self, timeout_s: float) -> None:
         """Let the committer write what was appended up to ``stop`` (a few
@@ -79,7 +88,10 @@ class ArchiveReader:
         if not self._bases:
             return False
         base = self._bases.pop(0)
-        self._fd = os.open(self.topic.path / segment_name(base), os.O_RDONLY)
+        if self._first is not None:
+            self._fd, self._first = self._first, None
+        else:
+            self._fd = os.open(self.topic.path / segment_name(base), os.O_RDONLY)
         self._file_pos = 0
         self._data = b""
         self._p = 0
@@ -191,4 +203,7 @@ class ArchiveReader:
 
     def close(self) -> None:
         self._close_segment()
+        if self._first is not None:
+            os.close(self._first)
+            self._first = None
         self.done = True

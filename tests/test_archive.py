@@ -277,3 +277,14 @@ def test_a_read_seeks_with_the_sparse_index_and_distrusts_a_stale_one(tmp_path: 
     reader = again.reader(TOPIC, start, 330)
     assert reader.read(1).offsets == [start] and reader._file_pos > 0
     reader.close()
+
+
+def test_a_reader_keeps_its_first_segment_even_if_retention_drops_it_meanwhile(tmp_path: Path) -> None:
+    archive = opened(tmp_path, segment_bytes=1000)
+    fill(archive, 100)
+    reader = archive.reader(TOPIC, 0, 100)
+    archive.apply_retention(TOPIC, 0, 1)  # everything but the active segment goes
+    assert archive.info(TOPIC).earliest > 0  # type: ignore[union-attr]
+    rows = reader.read(5)
+    assert rows.offsets == [0, 1, 2, 3, 4]
+    reader.close()
