@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 import stomp
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.auth import hash_password
 from gateway.storage import StoreSettings
@@ -124,6 +125,10 @@ def test_listing_by_pattern_sorted_and_url_encoded_topics(archive_broker, stomp_
     status, data, _ = get(broker.admin_port, "/api/v1/archive/plant.v1%252E0.temp")
     assert status == 200 and json.loads(data)["latest"] == 1
     assert get(broker.admin_port, "/api/v1/archive?pattern=plant..x")[0] == 400
+    metrics = get(broker.admin_port, "/metrics")[1].decode()
+    assert 'gateway_archive_latest_offset{topic="plant.1.temp"} 2' in metrics
+    assert 'gateway_archive_earliest_offset{topic="plant.2.temp"} 0' in metrics
+    assert {f.name for f in text_string_to_metric_families(metrics)} >= {"gateway_archive_bytes", "gateway_archive_latest_offset"}
 
 
 def test_the_archive_needs_the_admin_credentials(archive_broker, broker_factory, stomp_client):
