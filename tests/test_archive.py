@@ -3,6 +3,7 @@ segments, retention, torn tails, reopening, and recovery from the journal."""
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from pathlib import Path
@@ -288,3 +289,38 @@ def test_a_reader_keeps_its_first_segment_even_if_retention_drops_it_meanwhile(t
     rows = reader.read(5)
     assert rows.offsets == [0, 1, 2, 3, 4]
     reader.close()
+
+
+def _enospc(*args: object) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("failing", ["pwrite", "fdatasync", "archive"])
+def test_a_failed_batch_is_written_again_with_its_archive_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str) -> None:
+    s, archive = store(tmp_path)
+
+    def publish(first: int, last: int) -> None:
+        for i in range(first, last):
+            s.archive_message(TOPIC, f"id-{i}", {"i": str(i)}, b"b%d" % i, i % 10, 1000 + i)
+
+    publish(0, 5)
+    s.flush()
+    publish(5, 10)
+    batch = s.take_batch()
+    assert batch is not None
+    with monkeypatch.context() as m:
+        if failing == "archive":  # the journal is written, the segment write fails
+            m.setattr(archive, "write", _enospc)
+        else:
+            m.setattr(os, failing, _enospc)
+        with pytest.raises(OSError) as exc:
+            s.write_batch(batch)
+    s.batch_failed(batch, exc.value)
+    publish(10, 12)
+    s.flush()
+    assert [o for o, _, _ in read_all(archive, 0, 100)] == list(range(12))
+    _abandon(s)
+    s, archive = store(tmp_path)
+    got = read_all(archive, 0, 100)
+    assert [o for o, _, _ in got] == list(range(12)) and got[7][1:] == (b"b7", {"i": "7"})
+    s.close()
