@@ -5,6 +5,7 @@ queues and durable subscriptions.  No I/O scheduling here (that is app.py)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,7 @@ class BrokerStore:
         adds: list[tuple[Message, list[str]]],
         acks: list[tuple[str, Message]],
         *,
-        archived: list[tuple[str, Message]] = [],  # noqa: B006 (never mutated)
+        archived: Sequence[tuple[str, Message]] = (),
         commit_key: str | None = None,
     ) -> int:
         stored = [(_stored(message), keys) for message, keys in adds]
