@@ -324,3 +324,15 @@ def test_a_failed_batch_is_written_again_with_its_archive_records(tmp_path: Path
     got = read_all(archive, 0, 100)
     assert [o for o, _, _ in got] == list(range(12)) and got[7][1:] == (b"b7", {"i": "7"})
     s.close()
+
+
+def test_records_bigger_than_a_read_chunk_or_a_segment_read_back_whole(tmp_path: Path) -> None:
+    archive = opened(tmp_path, segment_bytes=2**20)
+    sizes = [10, 3 * 2**20, 5, 2**20 + 1, 7]
+    for i, size in enumerate(sizes):
+        archive.append(TOPIC, f"id-{i}", None, bytes([i]) * size, i, 1000 + i)
+    flush(archive)
+    got = read_all(archive, 0, 10, chunk=2)
+    assert [len(body) for _, body, _ in got] == sizes
+    assert all(body == bytes([o]) * len(body) for o, body, _ in got)
+    assert [o for o, _, _ in read_all(archive, 3, 10)] == [3, 4]
