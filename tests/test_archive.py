@@ -336,3 +336,48 @@ def test_records_bigger_than_a_read_chunk_or_a_segment_read_back_whole(tmp_path:
     assert [len(body) for _, body, _ in got] == sizes
     assert all(body == bytes([o]) * len(body) for o, body, _ in got)
     assert [o for o, _, _ in read_all(archive, 3, 10)] == [3, 4]
+
+
+def test_a_clean_close_saves_the_active_index_so_opening_scans_only_the_tail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from persistence import archive as module
+
+    monkeypatch.setattr(module, "INDEX_BYTES", 256)
+    archive = opened(tmp_path, segment_bytes=1 << 20)
+    fill(archive, 200)
+    saved = list(archive.topics[TOPIC].index)
+    archive.close()
+    assert (tmp_path / TOPIC / "00000000000000000000.idx").exists()
+    segment = tmp_path / TOPIC / segment_name(0)
+    os.truncate(segment, segment.stat().st_size - 3)  # and a torn tail after it
+    scanned: list[int] = []
+    real = module.Archive._scan_tail
+
+    def spy(self: Archive, directory: Path, base: int, index: list[tuple[int, int]]) -> tuple[int, int | None]:
+        end, last = real(self, directory, base, index)
+        scanned.append(index[0][1] if index else 0)
+        return end, last
+
+    monkeypatch.setattr(module.Archive, "_scan_tail", spy)
+    again = opened(tmp_path, segment_bytes=1 << 20)
+    assert again.torn_bytes > 0 and again.info(TOPIC).latest == 199  # type: ignore[union-attr]
+    assert again.topics[TOPIC].index == [e for e in saved if e[0] < 199]
+    fill(again, 1, start=199)
+    assert [o for o, _, _ in read_all(again, 150, 300)] == list(range(150, 200))
+    # A stale or damaged saved index is only a hint: a full scan gives the same answer.
+    again.close()
+    (tmp_path / TOPIC / "00000000000000000000.idx").write_bytes(b"\xff" * 64)
+    third = opened(tmp_path, segment_bytes=1 << 20)
+    assert third.info(TOPIC).latest == 200 and third.topics[TOPIC].index  # type: ignore[union-attr]
+
+
+def test_a_damaged_record_ends_its_segment_for_a_reader_without_huge_reads(tmp_path: Path) -> None:
+    archive = opened(tmp_path, segment_bytes=1 << 20)
+    fill(archive, 20)
+    segment = tmp_path / TOPIC / segment_name(0)
+    data = bytearray(segment.read_bytes())
+    fifth = 0
+    for _ in range(5):  # walk to the sixth record
+        fifth += 12 + int.from_bytes(data[fifth + 8 : fifth + 12], "little")
+    data[fifth + 8 : fifth + 12] = (0xFFFFFFF0).to_bytes(4, "little")  # an absurd length
+    segment.write_bytes(bytes(data))
+    assert [o for o, _, _ in read_all(archive, 0, 20)] == [0, 1, 2, 3, 4]
