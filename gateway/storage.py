@@ -5,6 +5,7 @@ queues and durable subscriptions.  No I/O scheduling here (that is app.py)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from core.destinations import Queue
 from core.durables import parse_durable_key
 from core.messages import Message
 from persistence import records
+from persistence.archive import Archive
 from persistence.store import Recovered, Store, StoredMessage
 
 SYNC_POLICIES = ("always", "interval", "never")
@@ -20,6 +22,9 @@ SYNC_POLICIES = ("always", "interval", "never")
 # and retained messages by topic.
 REDELIVERIES = "redeliveries"
 RETAINED = "retained"
+# Idempotency keys of committed transactions, each with its commit's sequence
+# number (so the oldest are known after a restart).
+COMMIT_KEYS = "commit-keys"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,19 +34,23 @@ class StoreSettings:
     sync: str = "always"
     sync_interval_ms: int = 100
     segment_bytes: int = 32 * 1024 * 1024
+    # Topic archives: segment size (retention drops whole segments).
+    archive_segment_bytes: int = 16 * 1024 * 1024
     # How often the maintenance task checkpoints, collects and compacts.
     maintenance_interval_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.sync not in SYNC_POLICIES:
             raise ValueError(f"store.sync must be one of {', '.join(SYNC_POLICIES)}, not {self.sync!r}")
+        if self.archive_segment_bytes <= 0:
+            raise ValueError(f"store.archive_segment_bytes must be positive, not {self.archive_segment_bytes}")
 
 
 def open_store(data_dir: str, settings: StoreSettings, log: Any) -> Store:
     def report(event: str, **fields: Any) -> None:
         # Corruption and recovery are worth an operator's attention; the
         # store says which with its event name.
-        (log.warning if "corrupt" in event or "fail" in event else log.info)(event, **fields)
+        (log.warning if any(word in event for word in ("corrupt", "fail", "gap", "refused")) else log.info)(event, **fields)
 
     return Store(
         Path(data_dir) / "store",
@@ -49,6 +58,7 @@ def open_store(data_dir: str, settings: StoreSettings, log: Any) -> Store:
         sync=settings.sync,
         interval_ms=settings.sync_interval_ms,
         log=report,
+        archive=Archive(Path(data_dir) / "archive", segment_bytes=settings.archive_segment_bytes, log=report),
     )
 
 
@@ -57,6 +67,7 @@ class BrokerStore:
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self._commit_seq = 0
 
     @property
     def durable_lsn(self) -> int:
@@ -71,12 +82,46 @@ class BrokerStore:
     def ack(self, key: str, message: Message) -> int:
         return self.store.ack(key, message.id)
 
-    def transaction(self, adds: list[tuple[Message, list[str]]], acks: list[tuple[str, Message]]) -> int:
+    def transaction(
+        self,
+        adds: list[tuple[Message, list[str]]],
+        acks: list[tuple[str, Message]],
+        *,
+        archived: Sequence[tuple[str, Message]] = (),
+        commit_key: str | None = None,
+    ) -> int:
         stored = [(_stored(message), keys) for message, keys in adds]
-        lsn = self.store.transaction(stored, [(key, message.id) for key, message in acks])
+        puts = []
+        if commit_key is not None:
+            self._commit_seq += 1
+            puts.append((COMMIT_KEYS, commit_key, b"%d" % self._commit_seq))
+        lsn = self.store.transaction(
+            stored,
+            [(key, message.id) for key, message in acks],
+            archived=[(topic, m.id, m.headers, m.body or b"", m.priority, m.timestamp) for topic, m in archived],
+            puts=puts,
+        )
         for (message, _), (record, _) in zip(adds, stored):
             message.location = record.location
         return lsn
+
+    def archive(self, topic: str, message: Message) -> int:
+        m = message
+        return self.store.archive_message(topic, m.id, m.headers, m.body or b"", m.priority, m.timestamp)
+
+    def forget_commit_key(self, key: str) -> int:
+        return self.store.delete(COMMIT_KEYS, key)
+
+    def restored_commit_keys(self, recovered: Recovered) -> list[str]:
+        """The remembered idempotency keys, oldest first; later commits
+        number on from the newest."""
+        numbered = []
+        for key, value in recovered.kv.get(COMMIT_KEYS, {}).items():
+            numbered.append((int(value) if value.isdigit() else 0, key))
+        numbered.sort()
+        if numbered:
+            self._commit_seq = numbered[-1][0]
+        return [key for _, key in numbered]
 
     def add_subscription(self, key: str, pattern: str) -> int:
         return self.store.add_subscription(key, pattern)

@@ -563,8 +563,15 @@ class StompSession:
         self._receipt_if_asked(frame)
 
     def _on_commit(self, frame: frames.Frame) -> None:
-        lsn = self.client.commit(_require(frame, "transaction"))  # type: ignore[union-attr]
-        self._receipt_if_asked(frame, lsn)
+        transaction = _require(frame, "transaction")
+        key = frame.headers.get("idempotency-key")
+        if key is None:
+            self._receipt_if_asked(frame, self.client.commit(transaction))  # type: ignore[union-attr]
+            return
+        lsn, duplicate = self.client.commit_once(transaction, key)  # type: ignore[union-attr]
+        receipt = frame.headers.get("receipt")
+        if receipt is not None:
+            self._receipt(receipt, lsn, {"duplicate": "true"} if duplicate else None)
 
     def _on_abort(self, frame: frames.Frame) -> None:
         self.client.abort(_require(frame, "transaction"))  # type: ignore[union-attr]
@@ -581,8 +588,9 @@ class StompSession:
         if receipt is not None:
             self._receipt(receipt, lsn)
 
-    def _receipt(self, receipt_id: str, lsn: int) -> None:
-        self.outbox.append(self.codec.send(frames.Receipt({"receipt-id": receipt_id})), lsn)
+    def _receipt(self, receipt_id: str, lsn: int, extra: dict[str, str] | None = None) -> None:
+        headers = {"receipt-id": receipt_id} if extra is None else {"receipt-id": receipt_id, **extra}
+        self.outbox.append(self.codec.send(frames.Receipt(headers)), lsn)
 
     def _reject_out_of_state(self, frame: frames.Frame) -> None:
         if self.state is State.AWAITING_CONNECT:
