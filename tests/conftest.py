@@ -257,3 +257,23 @@ def browser() -> Iterator[Any]:
 
     with chromium() as driver:
         yield driver
+
+
+@pytest.fixture(scope="module")
+def ca() -> Any:
+    """A throwaway certificate authority (trustme) for the TLS tests."""
+    import trustme
+
+    return trustme.CA()
+
+
+@pytest.fixture
+def pki(ca, tmp_path):
+    """Files: the CA, the server's key+chain, a client certificate for sensor-1."""
+    files = {name: tmp_path / f"{name}.pem" for name in ("ca", "server", "client_cert", "client_key")}
+    ca.cert_pem.write_to_path(files["ca"])
+    ca.issue_cert("127.0.0.1", "localhost").private_key_and_cert_chain_pem.write_to_path(files["server"])
+    client = ca.issue_cert("sensor-1.example", common_name="sensor-1")
+    client.cert_chain_pems[0].write_to_path(files["client_cert"])
+    client.private_key_pem.write_to_path(files["client_key"])
+    return {name: str(path) for name, path in files.items()}

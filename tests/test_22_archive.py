@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.auth import hash_password
 from gateway.storage import StoreSettings
 from tests.helpers import unique, wait_for
+from tests.test_07_cli import accepting
 from tests.test_09_durability import BrokerProcess, free_port
 
 READER = ("viewer", "look")
@@ -255,6 +256,8 @@ def test_every_receipted_persistent_message_is_archived_after_sigkill(tmp_path: 
             for thread in threads:
                 thread.join(10)
         process.start()
+        # The admin port opens just after the STOMP port that start() waits for.
+        wait_for(lambda: accepting(admin_port), what="the admin port")
         table = read_range(admin_port, "plant.crash")
     finally:
         process.kill()

@@ -10,30 +10,12 @@ import socket
 import ssl
 
 import pytest
-import trustme
 
 from gateway.auth import hash_password
 from gateway.config import ConfigError, load
 from gateway.tls import TlsSettings
 from tests.helpers import RawClient, unique, wait_for
 from tests.mqtt_helpers import Paho
-
-
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
-@pytest.fixture
-def pki(ca, tmp_path):
-    """Files: the CA, the server's key+chain, a client certificate for sensor-1."""
-    files = {name: tmp_path / f"{name}.pem" for name in ("ca", "server", "client_cert", "client_key")}
-    ca.cert_pem.write_to_path(files["ca"])
-    ca.issue_cert("127.0.0.1", "localhost").private_key_and_cert_chain_pem.write_to_path(files["server"])
-    client = ca.issue_cert("sensor-1.example", common_name="sensor-1")
-    client.cert_chain_pems[0].write_to_path(files["client_cert"])
-    client.private_key_pem.write_to_path(files["client_key"])
-    return {name: str(path) for name, path in files.items()}
 
 
 def tls_broker(broker_factory, pki, *, auth=None, **tls):

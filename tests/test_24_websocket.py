@@ -17,7 +17,7 @@ from gateway.mqtt import packets
 from gateway.stomp import frames
 from tests.helpers import RawClient, encode_frame, unique, wait_for
 from tests.mqtt_helpers import RawMqtt
-from tests.test_23_tls import CERT_AUTH, ca, client_context, pki, tls_broker  # noqa: F401 (ca, pki: fixtures)
+from tests.test_23_tls import CERT_AUTH, client_context, tls_broker
 from tests.ws_helpers import Refused, WebSocketSocket
 
 

@@ -14,7 +14,7 @@ import pytest
 from tests import npm_bundles
 from tests.browser import chromium, requires_chromium, serve_files
 from tests.helpers import unique, wait_for
-from tests.test_23_tls import ca, pki, tls_broker  # noqa: F401 (ca, pki: fixtures)
+from tests.test_23_tls import tls_broker
 
 pytestmark = requires_chromium
 
