@@ -51,6 +51,10 @@ class AdminSettings:
     users_file: str = ""  # a TOML file with the same `users` list (a Secret)
     max_request_bytes: int = 1024 * 1024
     request_timeout_s: float = 10.0
+    # Pages allowed to open /stomp and /mqtt WebSockets, by their Origin
+    # ("https://app.example.com"); empty: any.  Clients that send no Origin
+    # (not browsers) are not affected.
+    websocket_origins: list[str] = dataclasses.field(default_factory=list)
 
 
 def load_users(settings: AdminSettings) -> dict[str, tuple[str, str]]:

@@ -92,9 +92,10 @@ class Upgrades:
     """The WebSocket endpoints the admin server upgrades to, and the server
     whose connection machinery runs them."""
 
-    def __init__(self, server: Any, endpoints: dict[str, Endpoint]) -> None:
+    def __init__(self, server: Any, endpoints: dict[str, Endpoint], origins: Sequence[str] = ()) -> None:
         self.server = server
         self.endpoints = endpoints
+        self.origins = frozenset(origin.rstrip("/").lower() for origin in origins)
 
     @classmethod
     def for_broker(cls, server: Any, config: Any, stomp: SessionFactory, mqtt: SessionFactory) -> Upgrades:
@@ -103,7 +104,7 @@ class Upgrades:
                                config.stomp.max_frame_bytes + MESSAGE_SLACK_BYTES, text=True),
             "/mqtt": Endpoint("mqtt-ws", mqtt, MQTT_SUBPROTOCOLS,
                               config.mqtt.max_packet_bytes + MESSAGE_SLACK_BYTES, text=False),
-        })
+        }, config.admin.websocket_origins)
 
     def route(self, request: Request) -> Endpoint | None:
         """The endpoint this request is for, if any (other paths are the API's)."""
@@ -121,6 +122,11 @@ class Upgrades:
         if "websocket" not in request.headers.get("upgrade", "").lower():
             return error(426, f"{urlsplit(request.target).path} speaks {endpoint.name} only: "
                               "send a WebSocket upgrade (Upgrade: websocket)", upgrade="websocket")
+        origin = request.headers.get("origin")
+        if self.origins and origin is not None and origin.rstrip("/").lower() not in self.origins:
+            # A page from elsewhere must not ride on what the browser brings
+            # along (a client certificate) to reach the broker.
+            return error(403, f"origin {origin[:200]} may not open WebSockets here (admin.websocket_origins)")
         handshake = H11Handshake(wsproto.ConnectionType.SERVER)
         try:
             headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in request.headers.items()]

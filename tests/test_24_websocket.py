@@ -363,3 +363,13 @@ def test_a_client_certificate_over_wss_logs_in_as_its_user(broker_factory, pki):
     finally:
         with_certificate.close()
         without.close()
+
+
+def test_websocket_origins_limit_which_pages_may_connect(broker_factory, ws):
+    broker = broker_factory(admin={"websocket_origins": ["https://app.example.com"]})
+    status, body = raw_http(broker, "GET", "/stomp", {**UPGRADE, "Origin": "https://evil.example.net"})
+    assert status == 403 and b"origin https://evil.example.net may not" in body
+    status, _ = raw_http(broker, "GET", "/stomp", {**UPGRADE, "Origin": "https://APP.example.com/"})
+    assert status == 101  # the same origin, spelled as browsers may
+    sock = ws(broker, "/stomp", ["v12.stomp"], text=True)  # no Origin at all: not a browser, not limited
+    assert stomp_over(sock).connect().command == "CONNECTED"
