@@ -234,12 +234,14 @@ def producers_main(port: int, destination: str, seconds: float, deadline: float,
     out.send(("RESULT", result))
 
 
-def consumer_main(port: int, destination: str, deadline: float, idle_s: float, out) -> None:
-    """One client-individual subscriber that ACKs every message."""
+def consumer_main(port: int, destination: str, deadline: float, idle_s: float, out, *, durable: bool = False) -> None:
+    """One client-individual subscriber that ACKs every message (a durable
+    topic subscriber in RabbitMQ's dialect with ``durable``)."""
     result: dict = {"received": 0, "error": None}
     try:
         sock = _connect(port, deadline)
-        sock.sendall(f"SUBSCRIBE\nid:1\ndestination:{destination}\nack:client-individual\nreceipt:sub\n\n\x00".encode())
+        extra = "durable:true\nauto-delete:false\n" if durable else ""
+        sock.sendall(f"SUBSCRIBE\nid:1\ndestination:{destination}\n{extra}ack:client-individual\nreceipt:sub\n\n\x00".encode())
         reader = stompwire.ControlReader(sock)
         reader.expect("RECEIPT", deadline)
         rest = reader.rest

@@ -70,6 +70,15 @@ class BrokerSettings:
     max_subscriptions_per_client: int = 1_000
     max_transactions_per_client: int = 64
     max_transaction_messages: int = 100_000
+    # Topic archives (per-destination policy, usually): every message
+    # published to an archived topic gets the topic's next offset and is kept
+    # until retention drops it, by age and by bytes per topic (0 = no limit).
+    archive: bool = False
+    archive_retention_s: int = 0
+    archive_retention_bytes: int = 0
+    # Idempotency keys of COMMITs remembered (persistently) so a replayed
+    # transaction is discarded; the oldest are forgotten beyond this.
+    commit_keys: int = 100_000
     # Per-destination overrides of the settings above (core/policies.py).
     policies: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
@@ -113,6 +122,9 @@ class Broker:
         self._id_prefix = f"ID-{node or os.urandom(4).hex()}-"
         self._seq = itertools.count(1)
         self._client_seq = itertools.count(1)
+        # Idempotency keys of committed transactions, oldest first, each with
+        # the LSN that made its commit durable (0 once restored).
+        self.commit_keys: dict[str, int] = {}
         self.stats = BrokerStatistics()
 
     @property
@@ -163,6 +175,10 @@ class Broker:
             keys = [queue.key for queue in targets if queue.key is not None]
             if keys:
                 lsn = self.store.add_message(message, keys)
+        if message.address.kind is Kind.TOPIC and self.policies.for_address(message.address).archive:
+            archived = self.store.archive(message.address.name, message)
+            if message.persistent:  # a receipt promises the archived copy too
+                lsn = max(lsn, archived)
         if message.address.is_queue and self.policies.for_address(message.address).send_fail_if_no_space:
             producer = None  # a full queue refuses the next SEND instead of holding this one
         self._put(message, targets, producer)
@@ -326,6 +342,22 @@ class Broker:
         durable.queue.pending.clear()
         durable.queue.relieve()
         return self.store.remove_subscription(durable.key)
+
+    def archived(self, address: Address) -> bool:
+        return address.kind is Kind.TOPIC and self.policies.for_address(address).archive
+
+    def restore_commit_keys(self, keys: list[str]) -> None:
+        """Idempotency keys remembered from before a restart, oldest first."""
+        for key in keys[-self.settings.commit_keys :]:
+            self.commit_keys[key] = 0
+
+    def _remember_commit(self, key: str, lsn: int) -> None:
+        keys = self.commit_keys
+        keys[key] = lsn
+        while len(keys) > self.settings.commit_keys:
+            oldest = next(iter(keys))
+            del keys[oldest]
+            self.store.forget_commit_key(oldest)
 
     def restore(
         self,
@@ -621,7 +653,18 @@ class Client:
             raise LimitExceeded(f"too many open transactions (limit {self.broker.settings.max_transactions_per_client})")
         self.transactions[transaction] = Transaction(transaction)
 
-    def commit(self, transaction: str) -> int:
+    def commit_once(self, transaction: str, key: str) -> tuple[int, bool]:
+        """COMMIT with an idempotency key: a key committed before (within the
+        remembered window) makes this a replay whose sends are discarded; its
+        acks and nacks settle as usual.  Returns the LSN a receipt waits for
+        and whether it was such a duplicate."""
+        earlier = self.broker.commit_keys.get(key)
+        if earlier is None:
+            return self.commit(transaction, key), False
+        self._transaction(transaction).sends.clear()
+        return max(earlier, self.commit(transaction)), True
+
+    def commit(self, transaction: str, key: str | None = None) -> int:
         tx = self._transaction(transaction)
         # All or nothing: create every queue the sends need before routing any.
         broker = self.broker
@@ -647,7 +690,16 @@ class Client:
             for message in messages
             if message.location >= 0
         ]
-        lsn = broker.store.transaction(adds, acks) if adds or acks else 0
+        archived = [(address.name, message) for address, message in tx.sends if broker.archived(address)]
+        if archived or key is not None:
+            extra: dict[str, Any] = {"archived": archived} if archived else {}
+            if key is not None:
+                extra["commit_key"] = key
+            lsn = broker.store.transaction(adds, acks, **extra)
+        else:
+            lsn = broker.store.transaction(adds, acks) if adds or acks else 0
+        if key is not None:
+            broker._remember_commit(key, lsn)
         for message, targets in routed:
             broker.stats.messages_in += 1
             broker._put(message, targets, self)

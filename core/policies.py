@@ -23,6 +23,7 @@ POLICY_FIELDS = frozenset(
         "default_prefetch", "topic_buffer_limit", "topic_high_water", "resident_messages", "max_redeliveries",
         "dead_letter_queue", "dead_letter_per_destination", "queue_high_water", "send_fail_if_no_space",
         "expired_to_dlq", "redelivery_delay_ms", "redelivery_backoff", "max_redelivery_delay_ms",
+        "archive", "archive_retention_s", "archive_retention_bytes",
     }
 )
 CACHE_ENTRIES = 4096

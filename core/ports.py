@@ -64,8 +64,27 @@ class Store(Protocol):
 
     def ack(self, key: str, message: Message) -> int: ...
 
-    def transaction(self, adds: list[tuple[Message, list[str]]], acks: list[tuple[str, Message]]) -> int:
-        """All of it or none of it, as one record."""
+    def transaction(
+        self,
+        adds: list[tuple[Message, list[str]]],
+        acks: list[tuple[str, Message]],
+        *,
+        archived: list[tuple[str, Message]] = ...,
+        commit_key: str | None = None,
+    ) -> int:
+        """All of it or none of it, as one record: stored messages, acks,
+        messages kept in topic archives (``(topic name, message)``) and the
+        idempotency key of the COMMIT, if any (the last two only passed when
+        there are some)."""
+        ...
+
+    def archive(self, topic: str, message: Message) -> int:
+        """Keep ``message`` at the next offset of ``topic``'s archive
+        (``topic`` is the name without ``/topic/``)."""
+        ...
+
+    def forget_commit_key(self, key: str) -> int:
+        """An idempotency key fell out of the remembered window."""
         ...
 
     def add_subscription(self, key: str, pattern: str) -> int: ...
@@ -92,7 +111,20 @@ class NoStore:
     def ack(self, key: str, message: Message) -> int:
         return 0
 
-    def transaction(self, adds: list[tuple[Message, list[str]]], acks: list[tuple[str, Message]]) -> int:
+    def transaction(
+        self,
+        adds: list[tuple[Message, list[str]]],
+        acks: list[tuple[str, Message]],
+        *,
+        archived: list[tuple[str, Message]] = [],  # noqa: B006 (never mutated)
+        commit_key: str | None = None,
+    ) -> int:
+        return 0
+
+    def archive(self, topic: str, message: Message) -> int:
+        return 0
+
+    def forget_commit_key(self, key: str) -> int:
         return 0
 
     def add_subscription(self, key: str, pattern: str) -> int:

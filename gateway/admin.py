@@ -15,6 +15,11 @@ RECEIVE_BYTES = 64 * 1024
 SERVER_HEADER = b"gateway-admin"
 
 
+class _StreamAborted(Exception):
+    """A streamed body failed part-way: the connection is cut, so the client
+    sees an incomplete body rather than a short one that looks whole."""
+
+
 async def serve_admin(
     api: AdminApi, settings: AdminSettings, host: str, port: int, log: Any, *, task_status: Any = trio.TASK_STATUS_IGNORED
 ) -> None:
@@ -48,11 +53,14 @@ async def _connection(api: AdminApi, settings: AdminSettings, stream: trio.Socke
             if response.status >= 500:
                 log.warning("admin_request_failed", method=request.method, target=request.target[:200],
                             status=response.status)
-            await _send(conn, stream, response, close=False)
+            if response.stream is not None:
+                await _send_stream(conn, stream, response, log)
+            else:
+                await _send(conn, stream, response, close=False)
             if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
                 return
             conn.start_next_cycle()
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
+    except (trio.BrokenResourceError, trio.ClosedResourceError, _StreamAborted):
         return
     except h11.RemoteProtocolError as exc:
         if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
@@ -99,15 +107,42 @@ async def _read_request(
             return Request(head.method.decode("ascii", "replace"), head.target.decode("ascii", "replace"), headers, bytes(body))
 
 
-async def _send(conn: h11.Connection, stream: trio.SocketStream, response: Response, *, close: bool) -> None:
-    headers = [
-        (b"content-type", response.content_type.encode()),
-        (b"content-length", str(len(response.body)).encode()),
+async def _send_stream(conn: h11.Connection, stream: trio.SocketStream, response: Response, log: Any) -> None:
+    """A body produced piece by piece in a worker thread (the blocking
+    reads stay off the event loop), sent with chunked transfer encoding."""
+    body = response.stream
+    try:
+        await stream.send_all(conn.send(h11.Response(status_code=response.status, headers=_headers(response, None))))
+        while True:
+            try:
+                chunk = await trio.to_thread.run_sync(body.next_chunk)
+            except Exception as exc:  # an I/O or decoding error: this response alone fails
+                log.warning("admin_stream_failed", reason=str(exc)[:200], error=type(exc).__name__)
+                raise _StreamAborted from exc
+            if chunk is None:
+                break
+            if chunk:
+                await stream.send_all(conn.send(h11.Data(data=chunk)))
+        await stream.send_all(conn.send(h11.EndOfMessage()))
+    finally:
+        body.close()
+
+
+def _headers(response: Response, length: int | None) -> list[tuple[bytes, bytes]]:
+    headers = [(b"content-type", response.content_type.encode())]
+    if length is not None:
+        headers.append((b"content-length", str(length).encode()))
+    headers += [
         (b"server", SERVER_HEADER),
         (b"cache-control", b"no-store"),
         (b"x-content-type-options", b"nosniff"),
     ]
     headers += [(name.encode(), value.encode()) for name, value in response.headers]
+    return headers
+
+
+async def _send(conn: h11.Connection, stream: trio.SocketStream, response: Response, *, close: bool) -> None:
+    headers = _headers(response, len(response.body))
     if close:
         headers.append((b"connection", b"close"))
     data = conn.send(h11.Response(status_code=response.status, headers=headers))

@@ -14,6 +14,7 @@ Routes (``gateway/admin.py`` runs them over h11):
     DELETE /api/v1/destinations/{name}           write: delete an unused queue
     GET    /api/v1/connections                   read: every connection
     DELETE /api/v1/connections/{id}              write: close one
+    GET    /api/v1/archive[/{topic}[/messages]]  read: topic archives (gateway/archiveapi.py)
 
 ``{name}`` is the destination URL-encoded (``%2Fqueue%2Forders``) or without
 its leading slash (``queue/orders``).  Errors are JSON: ``{"status", "reason"}``.
@@ -81,6 +82,9 @@ class Response:
     body: bytes
     content_type: str = "application/json"
     headers: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    # A body too big to hold: an object whose blocking next_chunk() returns
+    # the next piece (None at the end) and close(); admin.py sends it chunked.
+    stream: Any = None
 
 
 def error(status: int, reason: str, **headers: str) -> Response:
@@ -102,8 +106,10 @@ class AdminApi:
         users: dict[str, tuple[str, str]],
         ready: Callable[[], bool],
         metrics: Callable[[], str],
+        archive: Any = None,
     ) -> None:
         self.broker = broker
+        self.archive = archive  # persistence.archive.Archive, or None
         self.server = server
         self.users = users
         self.ready = ready
@@ -175,6 +181,10 @@ class AdminApi:
             return ok({"closed": True})
         if rest.startswith("destinations/"):
             return self._on_destination(method, rest[len("destinations/") :], query, body)
+        if rest == "archive" or rest.startswith("archive/"):
+            from gateway import archiveapi  # it builds on this module's Response
+
+            return archiveapi.route(self.archive, method, rest[len("archive") :], query)
         return error(404 if method == "GET" else 405, f"no route for {method} {path[:100]}")
 
     def _on_destination(self, method: str, rest: str, query: dict[str, list[str]], body: bytes) -> Response:

@@ -11,6 +11,7 @@ from typing import Any
 
 import trio
 
+from core import names
 from core.broker import Broker
 from gateway.auth import UserAuthenticator
 from gateway import metrics
@@ -64,6 +65,7 @@ async def serve(
     subscriptions, queues, skipped = restored(recovered)
     broker.restore(subscriptions, queues, restored_retained(recovered))
     adapter.forget_redeliveries(recovered)
+    broker.restore_commit_keys(adapter.restored_commit_keys(recovered))
     for durable in broker.durables.values():  # persistent MQTT sessions keep their bound
         if durable.client_id.startswith(mqtt_session.OWNER_PREFIX):
             durable.queue.limit = config.mqtt.max_queued_messages
@@ -120,6 +122,7 @@ async def serve(
         users=users,
         ready=lambda: listening and not server.stopping,
         metrics=lambda: metrics.render(broker, server, store, writes),
+        archive=store.archive,
     )
 
     async def run_server(*, task_status: Any) -> None:
@@ -199,11 +202,27 @@ async def _maintain(
         deleted = store.collect_garbage()
         if deleted:
             log.info("store_segments_deleted", segments=deleted)
+        _archive_retention(store, broker, log)
         while store.compact_step():
             await trio.sleep(0)  # let clients in between steps
         if trio.current_time() >= next_stats:
             next_stats = trio.current_time() + STATS_INTERVAL_S
             log.info("store_stats", **store.stats())
+
+
+def _archive_retention(store: Store, broker: Broker, log: Any) -> None:
+    """Drop whole archive segments beyond each topic's retention policy."""
+    archive = store.archive
+    if archive is None:
+        return
+    for topic in list(archive.topics):
+        address = names.parse("/topic/" + topic)
+        if isinstance(address, str):
+            continue
+        policy = broker.policies.for_address(address)
+        dropped = archive.apply_retention(topic, policy.archive_retention_s, policy.archive_retention_bytes)
+        if dropped:
+            log.info("archive_retention_dropped", topic=topic, offsets=dropped, earliest=archive.topics[topic].bases[0])
 
 
 class _RedeliveryTimer:

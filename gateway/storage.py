@@ -13,6 +13,7 @@ from core.destinations import Queue
 from core.durables import parse_durable_key
 from core.messages import Message
 from persistence import records
+from persistence.archive import Archive
 from persistence.store import Recovered, Store, StoredMessage
 
 SYNC_POLICIES = ("always", "interval", "never")
@@ -20,6 +21,9 @@ SYNC_POLICIES = ("always", "interval", "never")
 # and retained messages by topic.
 REDELIVERIES = "redeliveries"
 RETAINED = "retained"
+# Idempotency keys of committed transactions, each with its commit's sequence
+# number (so the oldest are known after a restart).
+COMMIT_KEYS = "commit-keys"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +33,8 @@ class StoreSettings:
     sync: str = "always"
     sync_interval_ms: int = 100
     segment_bytes: int = 32 * 1024 * 1024
+    # Topic archives: segment size (retention drops whole segments).
+    archive_segment_bytes: int = 16 * 1024 * 1024
     # How often the maintenance task checkpoints, collects and compacts.
     maintenance_interval_s: float = 1.0
 
@@ -49,6 +55,7 @@ def open_store(data_dir: str, settings: StoreSettings, log: Any) -> Store:
         sync=settings.sync,
         interval_ms=settings.sync_interval_ms,
         log=report,
+        archive=Archive(Path(data_dir) / "archive", segment_bytes=settings.archive_segment_bytes, log=report),
     )
 
 
@@ -57,6 +64,7 @@ class BrokerStore:
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self._commit_seq = 0
 
     @property
     def durable_lsn(self) -> int:
@@ -71,12 +79,46 @@ class BrokerStore:
     def ack(self, key: str, message: Message) -> int:
         return self.store.ack(key, message.id)
 
-    def transaction(self, adds: list[tuple[Message, list[str]]], acks: list[tuple[str, Message]]) -> int:
+    def transaction(
+        self,
+        adds: list[tuple[Message, list[str]]],
+        acks: list[tuple[str, Message]],
+        *,
+        archived: list[tuple[str, Message]] = [],  # noqa: B006 (never mutated)
+        commit_key: str | None = None,
+    ) -> int:
         stored = [(_stored(message), keys) for message, keys in adds]
-        lsn = self.store.transaction(stored, [(key, message.id) for key, message in acks])
+        puts = []
+        if commit_key is not None:
+            self._commit_seq += 1
+            puts.append((COMMIT_KEYS, commit_key, b"%d" % self._commit_seq))
+        lsn = self.store.transaction(
+            stored,
+            [(key, message.id) for key, message in acks],
+            archived=[(topic, m.id, m.headers, m.body or b"", m.priority, m.timestamp) for topic, m in archived],
+            puts=puts,
+        )
         for (message, _), (record, _) in zip(adds, stored):
             message.location = record.location
         return lsn
+
+    def archive(self, topic: str, message: Message) -> int:
+        m = message
+        return self.store.archive_message(topic, m.id, m.headers, m.body or b"", m.priority, m.timestamp)
+
+    def forget_commit_key(self, key: str) -> int:
+        return self.store.delete(COMMIT_KEYS, key)
+
+    def restored_commit_keys(self, recovered: Recovered) -> list[str]:
+        """The remembered idempotency keys, oldest first; later commits
+        number on from the newest."""
+        numbered = []
+        for key, value in recovered.kv.get(COMMIT_KEYS, {}).items():
+            numbered.append((int(value) if value.isdigit() else 0, key))
+        numbered.sort()
+        if numbered:
+            self._commit_seq = numbered[-1][0]
+        return [key for _, key in numbered]
 
     def add_subscription(self, key: str, pattern: str) -> int:
         return self.store.add_subscription(key, pattern)

@@ -37,7 +37,7 @@ def ref_list(refs: str | tuple[str, ...]) -> tuple[str, ...]:
 
 
 class Index:
-    __slots__ = ("messages", "subscriptions", "kv", "seg_live", "seg_records", "orphans", "forward", "origin", "tracking", "_sub_ids", "_apply")
+    __slots__ = ("messages", "subscriptions", "kv", "seg_live", "seg_records", "orphans", "forward", "origin", "tracking", "_sub_ids", "_apply", "on_archive")
 
     def __init__(self) -> None:
         self.messages: dict[str, Entry] = {}
@@ -68,7 +68,10 @@ class Index:
             RecordType.KV_DELETE: self._replay_kv_delete,
             RecordType.PAD: self._replay_nothing,
             RecordType.MESSAGE_MOVE: self._replay_move,
+            RecordType.ARCHIVE: self._replay_archive,
         }
+        # Where replayed archive records go (Archive.recover); None: nowhere.
+        self.on_archive: Callable[[memoryview], None] | None = None
 
     # -- changes (runtime and replay) ----------------------------------------
 
@@ -241,6 +244,10 @@ class Index:
                 self._replay_add(base + at, op)
             elif rtype == RecordType.ACK:
                 self._replay_ack(base + at, op)
+            elif rtype == RecordType.ARCHIVE:
+                self._replay_archive(base + at, op)
+            elif rtype == RecordType.KV_PUT:
+                self._replay_kv_put(base + at, op)
             else:
                 raise CorruptRecord(f"record type {rtype} inside a transaction")
 
@@ -250,6 +257,10 @@ class Index:
     def _replay_kv_delete(self, location: int, payload: memoryview) -> None:
         namespace, key, _ = records.decode_two(payload)
         self.delete(namespace, key)
+
+    def _replay_archive(self, location: int, payload: memoryview) -> None:
+        if self.on_archive is not None:
+            self.on_archive(payload)
 
     def _replay_nothing(self, location: int, payload: memoryview) -> None:
         pass

@@ -82,6 +82,7 @@ class Batch:
     sync: bool = True
     checkpoint: Any = None  # a prepared checkpoint, written after the journal is synced
     error: OSError | None = None  # set by the worker when the checkpoint could not be written
+    archive: Any = None  # archive segment writes of the same records (persistence/archive.py)
 
 
 class Journal:

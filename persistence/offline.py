@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from persistence import checkpoint as checkpoints
+from persistence.archive import Archive
 from persistence.index import REFS, Index, ref_list
 from persistence.journal import OFFSET_BITS, Journal, list_segments, segment_name
 from persistence.records import CorruptRecord
@@ -132,7 +133,11 @@ def compact(directory: Path, progress: Progress = None) -> dict[str, Any]:
     that has any dead record, checkpoint, delete the emptied segments."""
     if not directory.is_dir():
         raise FileNotFoundError(f"no store at {directory}")
-    store = Store(directory, sync="always")
+    # The topic archives beside the store (a broker's data_dir/archive) are
+    # opened with it, so the archive records its journal still holds for
+    # them are re-applied before the checkpoint lets the journal forget them.
+    archive_dir = directory.parent / "archive"
+    store = Store(directory, sync="always", archive=Archive(archive_dir) if archive_dir.is_dir() else None)
     recovered = store.open()
     start = store.stats()
     total = start["bytes"] or 1

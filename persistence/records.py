@@ -71,6 +71,10 @@ class RecordType(IntEnum):
     # Compaction's copy of a live message into the active segment; replay only
     # updates the location of a message it already knows.
     MESSAGE_MOVE = 9
+    # A message kept in a topic's archive (persistence/archive.py): the same
+    # payload goes to the journal (the write-ahead copy, synced with the
+    # batch) and to the topic's archive segment (synced lazily).
+    ARCHIVE = 10
 
 
 class CorruptRecord(Exception):

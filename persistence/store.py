@@ -34,13 +34,14 @@ import contextlib
 import fcntl
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from persistence import checkpoint as checkpoints
 from persistence import records
+from persistence.archive import Archive
 from persistence.index import Index
 from persistence.journal import OFFSET_BITS, Batch, Journal, fsync_directory, neutralize, segment_name
 from persistence.records import CorruptRecord, RecordType
@@ -95,6 +96,7 @@ class Store:
         sync: str = "always",
         interval_ms: int = 100,
         log: Log | None = None,
+        archive: Archive | None = None,
     ) -> None:
         if sync not in SYNC_POLICIES:
             raise ValueError(f"sync must be one of {SYNC_POLICIES}, not {sync!r}")
@@ -104,6 +106,10 @@ class Store:
         self.appended_lsn = 0
         self.durable_lsn = 0
         self._log = log
+        # Topic archives ride on the journal: their records are journaled
+        # (durable with the batch) and written to the archive segments in
+        # the same batch, synced there only before a checkpoint.
+        self.archive = archive
         self._journal = Journal(self.directory, segment_bytes, fsync_on_roll=sync != "never")
         self._index = Index()
         self._checkpoint_bytes = min(segment_bytes, CHECKPOINT_MAX_BYTES)
@@ -150,6 +156,10 @@ class Store:
         replayed = 0
         journal = self._journal
         index.tracking = False
+        archive = self.archive
+        if archive is not None:
+            archive.open()
+            index.on_archive = archive.recover
         for location, rtype, payload in journal.scan(start, on_corrupt=self._on_corrupt):
             try:
                 index.replay(location, rtype, payload, self._on_unknown)
@@ -161,6 +171,12 @@ class Store:
             replayed += 1
         index.forward.clear()
         index.origin.clear()
+        if archive is not None:
+            index.on_archive = None
+            writes = archive.take_writes()  # what recovery put back, before anything new
+            if writes is not None:
+                archive.write(writes)
+                archive.written(writes)
         index.tracking = True
         index.track_subscriptions()
         if journal.torn_bytes:
@@ -197,6 +213,8 @@ class Store:
             # Whether its write finished is unknown (a cancelled committer);
             # writing it again to the same offsets is harmless.
             self._journal.requeue(self._inflight)
+            if self._inflight.archive is not None and self.archive is not None:
+                self.archive.requeue(self._inflight.archive)
             self._inflight = None
         self._prepared = None
         self.checkpoint()
@@ -235,6 +253,8 @@ class Store:
 
     def _release(self) -> None:
         self._journal.close()
+        if self.archive is not None:
+            self.archive.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -277,9 +297,30 @@ class Store:
         self.appended_lsn = lsn
         return lsn
 
-    def transaction(self, adds: list[tuple[StoredMessage, list[str]]], acks: list[tuple[str, str]]) -> int:
-        """All adds and acks as one record: after a crash, all or nothing."""
-        if not adds and not acks:
+    def archive_message(self, topic: str, message_id: str, headers: dict[str, str] | None, body: bytes,
+                        priority: int, timestamp: int) -> int:
+        """Keep a message in ``topic``'s archive at its next offset."""
+        assert self.archive is not None
+        payload = self.archive.append(topic, message_id, headers, body, priority, timestamp)
+        if payload is None:
+            return self.appended_lsn
+        lsn, location = self._journal.append(RecordType.ARCHIVE, payload)
+        self._index.count_record(location)
+        self.appended_lsn = lsn
+        return lsn
+
+    def transaction(
+        self,
+        adds: list[tuple[StoredMessage, list[str]]],
+        acks: list[tuple[str, str]],
+        *,
+        archived: Sequence[tuple[str, str, dict[str, str] | None, bytes, int, int]] = (),
+        puts: Sequence[tuple[str, str, bytes]] = (),
+    ) -> int:
+        """All adds, acks, archive records (``(topic, id, headers, body,
+        priority, timestamp)``) and key/value puts as one record: after a
+        crash, all or nothing."""
+        if not adds and not acks and not archived and not puts:
             return self.appended_lsn
         ops: list[tuple[int, bytes]] = [
             (
@@ -291,6 +332,13 @@ class Store:
             for m, keys in adds
         ]
         ops.extend((RecordType.ACK, records.encode_two(key, mid)) for key, mid in acks)
+        if archived:
+            assert self.archive is not None
+            for entry in archived:
+                row = self.archive.append(*entry)
+                if row is not None:
+                    ops.append((RecordType.ARCHIVE, row))
+        ops.extend((RecordType.KV_PUT, records.encode_kv_put(*put)) for put in puts)
         payload, starts = records.encode_tx(ops)
         lsn, location = self._journal.append(RecordType.TX, payload)
         index = self._index
@@ -300,6 +348,8 @@ class Store:
             index.add(m.id, m.location, keys, m.destination, m.priority, m.expires, m.timestamp, m.delivery_count)
         for key, mid in acks:
             index.ack(key, mid)
+        for namespace, key, value in puts:
+            index.put(namespace, key, value)
         seg = location >> OFFSET_BITS
         index.seg_records[seg] = index.seg_records.get(seg, 0) + len(ops)
         self.appended_lsn = lsn
@@ -352,6 +402,8 @@ class Store:
             if prepared is None and not idle_sync:
                 return None
             batch = Batch(self._journal.lsn + 1, self._journal.lsn, [])
+        if self.archive is not None:
+            batch.archive = self.archive.take_writes()
         if prepared is not None:
             batch.checkpoint = prepared
             self._prepared = None
@@ -369,8 +421,14 @@ class Store:
         """Worker thread: write (and sync) the batch, then its checkpoint.
         Touches only the batch and the journal's writer descriptor."""
         self._journal.write_batch(batch)
+        if batch.archive is not None:
+            self.archive.write(batch.archive)  # type: ignore[union-attr]
         if batch.checkpoint is not None:
             try:
+                if self.archive is not None:
+                    # Archive records the checkpoint lets the journal forget
+                    # must be durable in their segments first.
+                    self.archive.sync()
                 checkpoints.write(self.directory, batch.checkpoint)
             except OSError as exc:
                 # The journal part is written; only the checkpoint is lost,
@@ -380,6 +438,8 @@ class Store:
     def batch_written(self, batch: Batch) -> None:
         """Main thread: the batch is on disk; its LSNs are durable."""
         self._journal.batch_written(batch)
+        if batch.archive is not None:
+            self.archive.written(batch.archive)  # type: ignore[union-attr]
         self._inflight = None
         if batch.last_lsn > self.durable_lsn:
             self.durable_lsn = batch.last_lsn
@@ -404,6 +464,8 @@ class Store:
         for location, payload in neutralize(batch):
             self._index.orphan(location, payload)
         self._journal.requeue(batch)
+        if batch.archive is not None:
+            self.archive.requeue(batch.archive)  # type: ignore[union-attr]
         self._inflight = None
         self._prepared = None  # it may describe messages that are now orphans
         if batch.checkpoint is not None:

@@ -87,11 +87,27 @@ class RecordingStore:
     def ack(self, key: str, message: Message) -> int:
         return self._next("ack", key, message.id)
 
-    def transaction(self, adds: list[tuple[Message, list[str]]], acks: list[tuple[str, Message]]) -> int:
+    def transaction(
+        self,
+        adds: list[tuple[Message, list[str]]],
+        acks: list[tuple[str, Message]],
+        *,
+        archived: list[tuple[str, Message]] | None = None,
+        commit_key: str | None = None,
+    ) -> int:
         for message, _ in adds:
             message.location = len(self.bodies)
             self.bodies[message.location] = (dict(message.headers or {}), message.body or b"")
-        return self._next("tx", tuple((m.id, tuple(k)) for m, k in adds), tuple((k, m.id) for k, m in acks))
+        call: tuple[Any, ...] = ("tx", tuple((m.id, tuple(k)) for m, k in adds), tuple((k, m.id) for k, m in acks))
+        if archived is not None or commit_key is not None:
+            call += (tuple((topic, m.body) for topic, m in archived or ()), commit_key)
+        return self._next(*call)
+
+    def archive(self, topic: str, message: Message) -> int:
+        return self._next("archive", topic, message.body)
+
+    def forget_commit_key(self, key: str) -> int:
+        return self._next("forget", key)
 
     def add_subscription(self, key: str, pattern: str) -> int:
         return self._next("sub", key, pattern)

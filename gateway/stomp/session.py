@@ -547,8 +547,16 @@ class StompSession:
         self._receipt_if_asked(frame)
 
     def _on_commit(self, frame: frames.Frame) -> None:
-        lsn = self.client.commit(_require(frame, "transaction"))  # type: ignore[union-attr]
-        self._receipt_if_asked(frame, lsn)
+        transaction = _require(frame, "transaction")
+        key = frame.headers.get("idempotency-key")
+        if key is None:
+            self._receipt_if_asked(frame, self.client.commit(transaction))  # type: ignore[union-attr]
+            return
+        lsn, duplicate = self.client.commit_once(transaction, key)  # type: ignore[union-attr]
+        receipt = frame.headers.get("receipt")
+        if receipt is not None:
+            headers = {"receipt-id": receipt, "duplicate": "true"} if duplicate else {"receipt-id": receipt}
+            self.outbox.append(self.codec.send(frames.Receipt(headers)), lsn)
 
     def _on_abort(self, frame: frames.Frame) -> None:
         self.client.abort(_require(frame, "transaction"))  # type: ignore[union-attr]

@@ -1,0 +1,194 @@
+"""Reading a range of a topic archive, a bounded number of rows at a time
+(persistence/archive.py hands out the readers)."""
+
+from __future__ import annotations
+
+import bisect
+import os
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from persistence import records
+from persistence.archive_format import ENTRY, OFFSET, PAIR, ROW, index_name, segment_name
+from persistence.records import HEADER, HEADER_BYTES, MAGIC, CorruptRecord
+
+# A reader takes the segment file this much at a time.
+READ_CHUNK_BYTES = 2**20
+
+
+@dataclass(slots=True)
+class Rows:
+    """A chunk of archived messages, column by column (ids, header names and
+    values as UTF-8 bytes, so a columnar encoder can take them in bulk)."""
+
+    offsets: list[int] = field(default_factory=list)
+    timestamps: list[int] = field(default_factory=list)
+    priorities: list[int] = field(default_factory=list)
+    ids: list[bytes] = field(default_factory=list)
+    header_ends: list[int] = field(default_factory=lambda: [0])  # cumulative header count per row
+    header_names: list[bytes] = field(default_factory=list)
+    header_values: list[bytes] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
+class ArchiveReader:
+    """Reads a range of one topic's archive a bounded number of rows at a
+    time, sequentially through its segments, with its own descriptors; safe
+    in one worker thread while the main thread appends."""
+
+    def __init__(self, topic: Any, bases: list[int], start: int, stop: int, index: list[tuple[int, int]] | None = None) -> None:
+        self.topic = topic
+        self.start = start
+        self.stop = stop
+        self._bases = bases
+        self._index = index  # the first segment's sparse index, when it is the active one
+        self._seek = True
+        self._fd: int | None = None
+        self._data = b""
+        self._file_pos = 0  # of _data[0] in the segment
+        self._p = 0
+        self.done = start >= stop
+
+    def wait_written(self, timeout_s: float) -> None:
+        """Let the committer write what was appended up to ``stop`` (a few
+        milliseconds at most; bounded)."""
+        deadline = time.monotonic() + timeout_s
+        while self.topic.written_offset < self.stop and time.monotonic() < deadline:
+            time.sleep(0.002)
+        self.stop = min(self.stop, self.topic.written_offset)
+        self.done = self.start >= self.stop
+
+    def read(self, max_rows: int) -> Rows:
+        """Up to ``max_rows`` rows in offset order; fewer (or none) at the end
+        (then ``done``).  A segment deleted meanwhile raises FileNotFoundError."""
+        rows = Rows()
+        while len(rows.offsets) < max_rows and not self.done:
+            if self._fd is None and not self._next_segment():
+                self.done = True
+                break
+            if not self._read_frames(rows, max_rows):
+                self._refill()
+        return rows
+
+    def _next_segment(self) -> bool:
+        if not self._bases:
+            return False
+        base = self._bases.pop(0)
+        self._fd = os.open(self.topic.path / segment_name(base), os.O_RDONLY)
+        self._file_pos = 0
+        self._data = b""
+        self._p = 0
+        if self._seek:
+            self._seek = False
+            self._file_pos = self._seek_position(base)
+        return True
+
+    def _seek_position(self, base: int) -> int:
+        """Where to start reading the first segment: the last index entry at
+        or before ``start`` whose record is where the entry says, else 0."""
+        entries = self._index
+        if entries is None:
+            try:
+                raw = (self.topic.path / index_name(base)).read_bytes()
+            except FileNotFoundError:
+                return 0
+            entries = [ENTRY.unpack_from(raw, i) for i in range(0, len(raw) - len(raw) % ENTRY.size, ENTRY.size)]
+        at = bisect.bisect_right(entries, (self.start, 2**64)) - 1
+        if at < 0:
+            return 0
+        offset, position = entries[at]
+        assert self._fd is not None
+        head = os.pread(self._fd, HEADER_BYTES, position)
+        if len(head) < HEADER_BYTES:
+            return 0
+        frame = head + os.pread(self._fd, HEADER.unpack_from(head)[4], position + HEADER_BYTES)
+        try:
+            records.parse_frame(frame, 0, len(frame))
+        except CorruptRecord:
+            return 0
+        return position if OFFSET.unpack_from(frame, HEADER_BYTES)[0] == offset else 0
+
+    def _refill(self) -> None:
+        """Read on from the first incomplete frame; at the segment's end move
+        to the next one."""
+        assert self._fd is not None
+        data, p = self._data, self._p
+        need = READ_CHUNK_BYTES
+        if len(data) - p >= HEADER_BYTES:
+            need = max(need, HEADER_BYTES + HEADER.unpack_from(data, p)[4])
+        position = self._file_pos + p
+        chunk = os.pread(self._fd, need, position)
+        if len(chunk) <= len(data) - p:  # nothing new: the end of this segment
+            self._close_segment()
+            return
+        self._data, self._file_pos, self._p = chunk, position, 0
+
+    def _close_segment(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _read_frames(self, rows: Rows, max_rows: int) -> bool:
+        """Decode whole frames of the buffer into ``rows``; False when the
+        buffer needs more data."""
+        data = self._data
+        view = memoryview(data)
+        n = len(data)
+        p = self._p
+        start, stop = self.start, self.stop
+        header, row = HEADER.unpack_from, ROW.unpack_from
+        pair = PAIR.unpack_from
+        crc32 = zlib.crc32
+        offsets, timestamps, priorities, ids = rows.offsets, rows.timestamps, rows.priorities, rows.ids
+        ends, names, values, bodies = rows.header_ends, rows.header_names, rows.header_values, rows.bodies
+        count = ends[-1]
+        complete = True
+        while len(offsets) < max_rows:
+            if n - p < HEADER_BYTES:
+                complete = False
+                break
+            magic, crc, _version, _rtype, length = header(data, p)
+            end = p + HEADER_BYTES + length
+            if end > n:
+                complete = False
+                break
+            if magic != MAGIC or crc32(view[p + 6 : end]) != crc:
+                # Damage (or a record being written right now, beyond stop):
+                # nothing after it in this segment is readable in order.
+                self._close_segment()
+                break
+            q = p + HEADER_BYTES
+            offset, timestamp, priority, tl, il, hl = row(data, q)
+            if offset >= stop:
+                self.done = True
+                break
+            p = end
+            if offset < start:
+                continue
+            q += ROW.size + tl
+            offsets.append(offset)
+            timestamps.append(timestamp)
+            priorities.append(priority)
+            ids.append(data[q : q + il])
+            q += il
+            stop_h = q + hl
+            while q < stop_h:
+                nl, vl = pair(data, q)
+                q += 6
+                names.append(data[q : q + nl])
+                values.append(data[q + nl : q + nl + vl])
+                q += nl + vl
+                count += 1
+            ends.append(count)
+            bodies.append(data[stop_h:end])
+        self._p = p
+        return complete
+
+    def close(self) -> None:
+        self._close_segment()
+        self.done = True
