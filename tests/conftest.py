@@ -243,3 +243,36 @@ def gateway(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     yield start
     for process in made:
         process.kill()
+
+
+# -- a Spark session for the gateway.spark tests ------------------------------
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local Spark (two cores) for the whole run: starting the JVM costs
+    seconds, so every Spark test shares it.  Workers run this interpreter (so
+    they import this checkout's ``gateway``); Spark binds loopback only."""
+    import os
+    import sys
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pyspark.sql import SparkSession
+
+    from gateway.spark import GatewayDataSource
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("gateway-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    session.dataSource.register(GatewayDataSource)
+    yield session
+    session.stop()

@@ -35,17 +35,19 @@ SCHEMA = (
 MAX_LOSS_RETRIES = 8
 
 
-class SlicePartition(InputPartition):
-    """A Spark partition carrying one :class:`planning.Slice`."""
-
-    def __init__(self, piece: planning.Slice) -> None:
-        super().__init__(piece)
-        self.piece = piece
+def read_partition(options: ReadOptions, schema: StructType, partition: InputPartition) -> Iterator[Any]:
+    """Executor side: the record batches of one slice.  A plan with no slices
+    still gets one partition from Spark, with no value: it reads nothing."""
+    piece = partition.value
+    if piece is None:
+        return iter(())
+    assert isinstance(piece, planning.Slice), piece
+    return read_slice(options, schema, piece)
 
 
 def read_slice(options: ReadOptions, schema: StructType, piece: planning.Slice) -> Iterator[Any]:
-    """Executor side: the slice's record batches, cast to the Arrow types Spark
-    checks them against (microsecond timestamps, non-null map keys)."""
+    """The slice's record batches, cast to the Arrow types Spark checks them
+    against (microsecond timestamps, non-null map keys)."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
     target = to_arrow_schema(schema, timezone="UTC")
@@ -74,11 +76,10 @@ class ArchiveReader(DataSourceReader):
         infos = ArchiveClient(self.options.endpoint).topics(self.options.pattern)
         ranges = planning.batch_ranges(infos, self.options.starting, self.options.ending)
         tolerate = ranges if not self.options.fail_on_data_loss else ()
-        return [SlicePartition(piece) for piece in planning.split(ranges, self.options.partition_size, tolerate=tolerate)]
+        return [InputPartition(piece) for piece in planning.split(ranges, self.options.partition_size, tolerate=tolerate)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, SlicePartition), partition
-        return read_slice(self.options, self.schema, partition.piece)
+        return read_partition(self.options, self.schema, partition)
 
 
 class ArchiveStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -110,11 +111,10 @@ class ArchiveStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
         slices = planning.stream_slices(start, end, self.options.partition_size, fail_on_data_loss=self.options.fail_on_data_loss)
-        return [SlicePartition(piece) for piece in slices]
+        return [InputPartition(piece) for piece in slices]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, SlicePartition), partition
-        return read_slice(self.options, self.schema, partition.piece)
+        return read_partition(self.options, self.schema, partition)
 
     def commit(self, end: dict[str, int]) -> None:
         """Nothing to tell the broker: the checkpoint, not an ack, records progress."""
