@@ -27,7 +27,10 @@ class StompError(RuntimeError):
 class StompClient:
     def __init__(self, host: str, port: int, *, timeout_s: float) -> None:
         self.timeout_s = timeout_s
-        self.sock = socket.create_connection((host, port), timeout=timeout_s)
+        try:
+            self.sock = socket.create_connection((host, port), timeout=timeout_s)
+        except OSError as error:
+            raise StompError(f"cannot reach the broker's STOMP port at {host}:{port}: {error}") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.codec = codec.StompConnection(codec.Role.CLIENT, max_frame_bytes=MAX_FRAME_BYTES)
         self.out = bytearray()
