@@ -134,6 +134,8 @@ def topic_name(text: str, *, pattern: bool) -> str:
     (``plant/+/temp``).  A name with ``/`` but no ``/topic/`` prefix is MQTT."""
     if text.startswith(names.Kind.TOPIC.value):
         address = names.parse(text)
+    elif any(text.startswith(kind.value) for kind in names.Kind):
+        raise OptionError(f"{text!r} is not a topic: only topics are archived")
     elif "/" in text or "+" in text or "#" in text:
         for i, level in enumerate(levels := text.split("/")):
             if ("+" in level and level != "+") or ("#" in level and (level != "#" or i != len(levels) - 1)):
