@@ -95,6 +95,13 @@ def test_a_dataframe_or_options_the_sink_cannot_take_fail_before_any_task(spark,
         w.save()
 
 
+def test_overwrite_is_refused_since_a_destination_cannot_be_overwritten(spark, archive_broker):
+    broker = archive_broker()
+    df = spark.createDataFrame([(b"x",)], "body binary")
+    with pytest.raises(Exception, match="cannot be overwritten"):
+        writer(df, broker, "/queue/never").mode("overwrite").save()
+
+
 def test_a_replayed_micro_batch_is_not_sent_twice(spark, archive_broker, stomp_client, tmp_path: Path):
     broker = archive_broker()
     queue = f"/queue/{unique('stream-out')}"
