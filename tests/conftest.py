@@ -245,7 +245,19 @@ def gateway(tmp_path: Path) -> Iterator[Callable[..., Any]]:
         process.kill()
 
 
-# -- a Spark session for the gateway.spark tests ------------------------------
+# -- a Spark session and an archiving broker for the gateway.spark tests ------
+
+
+@pytest.fixture
+def spark_broker(broker_factory: Callable[..., BrokerHandle]) -> Callable[..., BrokerHandle]:
+    """``spark_broker(policies=..., **broker_factory kwargs)``: topics under
+    plant. archived, and the admin user tests.spark_helpers.USER."""
+    from tests.spark_helpers import ARCHIVED, USERS
+
+    def start(policies: list[dict[str, Any]] = ARCHIVED, **kwargs: Any) -> BrokerHandle:
+        return broker_factory(broker={"policies": policies}, admin={"users": USERS}, **kwargs)
+
+    return start
 
 
 @pytest.fixture(scope="session")

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from gateway.auth import hash_password
 
 USER = ("spark", "sp4rk")
@@ -30,13 +28,3 @@ def stream(spark: Any, broker: Any, topic: str, **options: Any) -> Any:
     for key, value in options.items():
         reader = reader.option(key, str(value))
     return reader.option("topic", topic).load()
-
-
-@pytest.fixture
-def archive_broker(broker_factory: Any) -> Any:
-    """``archive_broker(policies=..., broker={...})``: topics under plant. archived; admin user USER."""
-
-    def start(policies: list[dict[str, Any]] = ARCHIVED, **kwargs: Any) -> Any:
-        return broker_factory(broker={"policies": policies}, admin={"users": USERS}, **kwargs)
-
-    return start

@@ -12,14 +12,14 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from tests.helpers import wait_for
-from tests.spark_helpers import USER, archive_broker, read, url  # noqa: F401  (fixture)
+from tests.spark_helpers import USER, read, url
 
 ROOT = Path(__file__).resolve().parent.parent
 READINGS = {"1": [20.0, 21.0, 22.5], "2": [18.25, 17.75]}
 
 
-def test_hourly_temperature_example_writes_averages_per_device(spark, archive_broker, paho, tmp_path):
-    broker = archive_broker()
+def test_hourly_temperature_example_writes_averages_per_device(spark, spark_broker, paho, tmp_path):
+    broker = spark_broker()
     for device, temps in READINGS.items():
         client = paho(broker, f"sensor-{device}")
         for temp in temps:

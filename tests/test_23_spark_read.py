@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import datetime
 import json
-import time
 
 import pytest
 
 from tests.helpers import unique
-from tests.spark_helpers import archive_broker, read  # noqa: F401  (fixture)
+from tests.spark_helpers import read
 
 
-def test_stomp_and_mqtt_messages_come_back_as_rows_with_every_column(spark, archive_broker, stomp_client, paho):
-    broker = archive_broker()
+def test_stomp_and_mqtt_messages_come_back_as_rows_with_every_column(spark, spark_broker, stomp_client, paho):
+    broker = spark_broker()
     before = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=1)
     producer = stomp_client(broker)
     producer.send("/topic/plant.1.temp", b"21.5", unit="C", priority="7", persistent="true")
@@ -46,8 +45,8 @@ def test_stomp_and_mqtt_messages_come_back_as_rows_with_every_column(spark, arch
 
 
 @pytest.mark.parametrize("topic", ["plant/+/temp", "/topic/plant.*.temp", "plant.>"])
-def test_the_topic_option_takes_mqtt_stomp_and_core_patterns(spark, archive_broker, stomp_client, topic):
-    broker = archive_broker()
+def test_the_topic_option_takes_mqtt_stomp_and_core_patterns(spark, spark_broker, stomp_client, topic):
+    broker = spark_broker()
     producer = stomp_client(broker)
     for i in range(3):
         producer.send(f"/topic/plant.{i}.temp", f"t{i}".encode(), receipt=True)
@@ -55,8 +54,8 @@ def test_the_topic_option_takes_mqtt_stomp_and_core_patterns(spark, archive_brok
     assert got == [b"t0", b"t1", b"t2"]
 
 
-def test_offsets_and_partition_size_cut_the_range_into_parallel_partitions(spark, archive_broker, stomp_client):
-    broker = archive_broker()
+def test_offsets_and_partition_size_cut_the_range_into_parallel_partitions(spark, spark_broker, stomp_client):
+    broker = spark_broker()
     producer = stomp_client(broker)
     for i in range(50):
         producer.send("/topic/plant.a.temp", f"a{i}".encode())
@@ -91,14 +90,14 @@ def test_offsets_and_partition_size_cut_the_range_into_parallel_partitions(spark
         ({"failOnDataLoss": "maybe"}, "failOnDataLoss must be true or false"),
     ],
 )
-def test_bad_options_fail_at_plan_time_with_a_clear_error(spark, archive_broker, options, message):
-    broker = archive_broker()
+def test_bad_options_fail_at_plan_time_with_a_clear_error(spark, spark_broker, options, message):
+    broker = spark_broker()
     with pytest.raises(Exception, match=message.replace("(", r"\(").replace(")", r"\)")):
         read(spark, broker, "plant.*.temp", **options).collect()
 
 
-def test_a_bad_topic_or_an_unreachable_broker_is_a_clear_error(spark, archive_broker):
-    broker = archive_broker()
+def test_a_bad_topic_or_an_unreachable_broker_is_a_clear_error(spark, spark_broker):
+    broker = spark_broker()
     with pytest.raises(Exception, match="not a valid MQTT topic filter"):
         read(spark, broker, "plant/#/temp").collect()
     with pytest.raises(Exception, match="cannot reach the broker's admin API"):

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.storage import StoreSettings
 from tests.helpers import wait_for
-from tests.spark_helpers import ARCHIVED, archive_broker, read, stream  # noqa: F401  (fixture)
+from tests.spark_helpers import read, stream
 
 
 def run_until_idle(df: Any, sink: Path, checkpoint: Path, **writer_options: Any) -> Any:
@@ -27,8 +27,8 @@ def run_until_idle(df: Any, sink: Path, checkpoint: Path, **writer_options: Any)
         query.stop()
 
 
-def test_a_query_restarted_from_its_checkpoint_delivers_every_message_exactly_once(spark, archive_broker, stomp_client, paho, tmp_path):
-    broker = archive_broker()
+def test_a_query_restarted_from_its_checkpoint_delivers_every_message_exactly_once(spark, spark_broker, stomp_client, paho, tmp_path):
+    broker = spark_broker()
     producer = stomp_client(broker)
     device = paho(broker, "dev-s")
     for i in range(5):
@@ -53,8 +53,8 @@ def test_a_query_restarted_from_its_checkpoint_delivers_every_message_exactly_on
     assert offsets == {"plant.1.temp": 8, "plant.2.temp": 1}
 
 
-def test_a_new_query_starts_at_latest_and_max_offsets_per_trigger_bounds_each_batch(spark, archive_broker, stomp_client, tmp_path):
-    broker = archive_broker()
+def test_a_new_query_starts_at_latest_and_max_offsets_per_trigger_bounds_each_batch(spark, spark_broker, stomp_client, tmp_path):
+    broker = spark_broker()
     producer = stomp_client(broker)
     producer.send("/topic/plant.old.temp", b"before")
     query = (
@@ -74,13 +74,13 @@ def test_a_new_query_starts_at_latest_and_max_offsets_per_trigger_bounds_each_ba
     assert max(sizes) <= 4 and sum(sizes) == 10
 
 
-def dropping_broker(archive_broker: Any) -> Any:
+def dropping_broker(spark_broker: Any) -> Any:
     policies = [{"destination": "/topic/plant.>", "archive": True, "archive_retention_bytes": 4096}]
-    return archive_broker(policies, store=StoreSettings(archive_segment_bytes=1024, maintenance_interval_s=0.05))
+    return spark_broker(policies, store=StoreSettings(archive_segment_bytes=1024, maintenance_interval_s=0.05))
 
 
-def test_retention_drops_old_offsets_and_a_read_of_them_fails_with_the_brokers_reason(spark, archive_broker, stomp_client):
-    broker = dropping_broker(archive_broker)
+def test_retention_drops_old_offsets_and_a_read_of_them_fails_with_the_brokers_reason(spark, spark_broker, stomp_client):
+    broker = dropping_broker(spark_broker)
     producer = stomp_client(broker)
     for i in range(100):
         producer.send("/topic/plant.kept", b"x" * 100, receipt=(i == 99))

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import unique, wait_for
-from tests.spark_helpers import USER, archive_broker, stream, url  # noqa: F401  (fixture)
+from tests.helpers import unique
+from tests.spark_helpers import USER, stream, url
 
 
 def writer(df: Any, broker: Any, destination: str) -> Any:
@@ -21,8 +21,8 @@ def writer(df: Any, broker: Any, destination: str) -> Any:
     )
 
 
-def test_every_row_becomes_one_message_with_its_headers_priority_and_persistence(spark, archive_broker, stomp_client):
-    broker = archive_broker()
+def test_every_row_becomes_one_message_with_its_headers_priority_and_persistence(spark, spark_broker, stomp_client):
+    broker = spark_broker()
     queue = f"/queue/{unique('out')}"
     consumer = stomp_client(broker)
     consumer.subscribe(queue)
@@ -56,8 +56,8 @@ def test_string_bodies_are_sent_as_utf8_and_stomp_alone_needs_no_url(spark, brok
     assert sorted(m.body for m in consumer.wait_messages(2)) == sorted(["héllo".encode(), "wörld".encode()])
 
 
-def test_a_failed_task_leaves_nothing_half_sent(spark, archive_broker, stomp_client):
-    broker = archive_broker()
+def test_a_failed_task_leaves_nothing_half_sent(spark, spark_broker, stomp_client):
+    broker = spark_broker()
     queue = f"/queue/{unique('atomic')}"
     consumer = stomp_client(broker)
     consumer.subscribe(queue)
@@ -85,8 +85,8 @@ def test_a_failed_task_leaves_nothing_half_sent(spark, archive_broker, stomp_cli
         ("body binary", {"topic": "x"}, "unknown option"),
     ],
 )
-def test_a_dataframe_or_options_the_sink_cannot_take_fail_before_any_task(spark, archive_broker, schema, options, message):
-    broker = archive_broker()
+def test_a_dataframe_or_options_the_sink_cannot_take_fail_before_any_task(spark, spark_broker, schema, options, message):
+    broker = spark_broker()
     df = spark.createDataFrame([], schema)
     w = writer(df, broker, "/queue/never")
     for key, value in options.items():
@@ -95,15 +95,15 @@ def test_a_dataframe_or_options_the_sink_cannot_take_fail_before_any_task(spark,
         w.save()
 
 
-def test_overwrite_is_refused_since_a_destination_cannot_be_overwritten(spark, archive_broker):
-    broker = archive_broker()
+def test_overwrite_is_refused_since_a_destination_cannot_be_overwritten(spark, spark_broker):
+    broker = spark_broker()
     df = spark.createDataFrame([(b"x",)], "body binary")
     with pytest.raises(Exception, match="cannot be overwritten"):
         writer(df, broker, "/queue/never").mode("overwrite").save()
 
 
-def test_a_replayed_micro_batch_is_not_sent_twice(spark, archive_broker, stomp_client, tmp_path: Path):
-    broker = archive_broker()
+def test_a_replayed_micro_batch_is_not_sent_twice(spark, spark_broker, stomp_client, tmp_path: Path):
+    broker = spark_broker()
     queue = f"/queue/{unique('stream-out')}"
     consumer = stomp_client(broker)
     consumer.subscribe(queue)
@@ -133,6 +133,6 @@ def test_a_replayed_micro_batch_is_not_sent_twice(spark, archive_broker, stomp_c
     run()
     producer.send("/topic/plant.w.temp", b"r6")
     run()
-    got = consumer.wait_messages(7)
+    consumer.wait_messages(7)
     consumer.barrier()
     assert sorted(m.body for m in consumer.messages) == [f"r{i}".encode() for i in range(7)]
