@@ -691,13 +691,9 @@ class Client:
             if message.location >= 0
         ]
         archived = [(address.name, message) for address, message in tx.sends if broker.archived(address)]
-        if archived or key is not None:
-            extra: dict[str, Any] = {"archived": archived} if archived else {}
-            if key is not None:
-                extra["commit_key"] = key
-            lsn = broker.store.transaction(adds, acks, **extra)
-        else:
-            lsn = broker.store.transaction(adds, acks) if adds or acks else 0
+        lsn = 0
+        if adds or acks or archived or key is not None:
+            lsn = broker.store.transaction(adds, acks, archived=archived, commit_key=key)
         if key is not None:
             broker._remember_commit(key, lsn)
         for message, targets in routed:

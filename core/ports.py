@@ -6,6 +6,7 @@ structurally: neither side imports the other.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -69,13 +70,12 @@ class Store(Protocol):
         adds: list[tuple[Message, list[str]]],
         acks: list[tuple[str, Message]],
         *,
-        archived: list[tuple[str, Message]] = ...,
+        archived: Sequence[tuple[str, Message]] = (),
         commit_key: str | None = None,
     ) -> int:
         """All of it or none of it, as one record: stored messages, acks,
         messages kept in topic archives (``(topic name, message)``) and the
-        idempotency key of the COMMIT, if any (the last two only passed when
-        there are some)."""
+        idempotency key of the COMMIT (None without one)."""
         ...
 
     def archive(self, topic: str, message: Message) -> int:
@@ -116,7 +116,7 @@ class NoStore:
         adds: list[tuple[Message, list[str]]],
         acks: list[tuple[str, Message]],
         *,
-        archived: list[tuple[str, Message]] = [],  # noqa: B006 (never mutated)
+        archived: Sequence[tuple[str, Message]] = (),
         commit_key: str | None = None,
     ) -> int:
         return 0

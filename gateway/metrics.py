@@ -92,6 +92,15 @@ def render(broker: Any, server: Any, store: Any, writes: Histogram) -> str:
     )
     for name, kind, help_text, value in fields:
         out.family(name, kind, help_text, ((f'{{destination="{_label(text)}"}}', value(q)) for text, q in queues))
+    archive = getattr(store, "archive", None)
+    if archive is not None:
+        topics = [(f'{{topic="{_label(name)}"}}', archive.info(name)) for name in sorted(archive.topics)]
+        out.family("gateway_archive_earliest_offset", "gauge", "The oldest offset an archived topic still keeps.",
+                   ((labels, info.earliest) for labels, info in topics))
+        out.family("gateway_archive_latest_offset", "gauge", "The offset an archived topic's next message gets.",
+                   ((labels, info.latest) for labels, info in topics))
+        out.family("gateway_archive_bytes", "gauge", "Bytes in an archived topic's segments.",
+                   ((labels, info.bytes) for labels, info in topics))
     store_stats = store.stats()
     out.family("gateway_store_bytes", "gauge", "Bytes in journal segments.", [("", store_stats["bytes"])])
     out.family("gateway_store_segments", "gauge", "Journal segment files.", [("", store_stats["segments"])])

@@ -5,6 +5,7 @@ queues and durable subscriptions.  No I/O scheduling here (that is app.py)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +42,15 @@ class StoreSettings:
     def __post_init__(self) -> None:
         if self.sync not in SYNC_POLICIES:
             raise ValueError(f"store.sync must be one of {', '.join(SYNC_POLICIES)}, not {self.sync!r}")
+        if self.archive_segment_bytes <= 0:
+            raise ValueError(f"store.archive_segment_bytes must be positive, not {self.archive_segment_bytes}")
 
 
 def open_store(data_dir: str, settings: StoreSettings, log: Any) -> Store:
     def report(event: str, **fields: Any) -> None:
         # Corruption and recovery are worth an operator's attention; the
         # store says which with its event name.
-        (log.warning if "corrupt" in event or "fail" in event else log.info)(event, **fields)
+        (log.warning if any(word in event for word in ("corrupt", "fail", "gap", "refused")) else log.info)(event, **fields)
 
     return Store(
         Path(data_dir) / "store",
@@ -84,7 +87,7 @@ class BrokerStore:
         adds: list[tuple[Message, list[str]]],
         acks: list[tuple[str, Message]],
         *,
-        archived: list[tuple[str, Message]] = [],  # noqa: B006 (never mutated)
+        archived: Sequence[tuple[str, Message]] = (),
         commit_key: str | None = None,
     ) -> int:
         stored = [(_stored(message), keys) for message, keys in adds]

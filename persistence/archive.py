@@ -60,7 +60,9 @@ from persistence.archive_format import (
     decode_row,
     directory_name,
     encode_row,
+    entry_holds,
     index_name,
+    read_index,
     segment_name,
 )
 from persistence.archive_reader import ArchiveReader, Rows
@@ -170,15 +172,27 @@ class Archive:
             topic = _Topic(unquote(entry), path, bases[0])
             topic.bases = bases
             topic.sizes = [(path / segment_name(b)).stat().st_size for b in bases]
-            end, last_offset = self._scan_tail(path / segment_name(bases[-1]), topic.index)
+            end, last_offset = self._scan_tail(path, bases[-1], topic.index)
             topic.sizes[-1] = end
             topic.next_offset = topic.written_offset = bases[-1] if last_offset is None else last_offset + 1
             self.topics[topic.name] = topic
 
-    def _scan_tail(self, path: Path, index: list[tuple[int, int]]) -> tuple[int, int | None]:
-        """Where the valid records of a segment end, and the last offset;
-        its sparse index is rebuilt into ``index`` on the way."""
-        data = path.read_bytes()
+    def _scan_tail(self, directory: Path, base: int, index: list[tuple[int, int]]) -> tuple[int, int | None]:
+        """Where the valid records of a topic's newest segment end, and the
+        last offset, cutting a torn tail; its sparse index is rebuilt into
+        ``index`` on the way.  The scan starts at the last entry of the index
+        a clean close left that still holds, else at the segment's start."""
+        path = directory / segment_name(base)
+        with open(path, "rb") as f:
+            saved = read_index(directory / index_name(base))
+            from_ = 0
+            for k in range(len(saved) - 1, -1, -1):
+                if entry_holds(f.fileno(), *saved[k]):
+                    index.extend(saved[: k + 1])
+                    from_ = saved[k][1]
+                    break
+            f.seek(from_)
+            data = f.read()
         n = len(data)
         p = 0
         last = None
@@ -187,16 +201,16 @@ class Archive:
                 _rtype, length = records.parse_frame(data, p, n)
             except CorruptRecord:
                 self.torn_bytes += n - p
-                self._emit("archive_torn_tail_cut", segment=str(path), offset=p, bytes=n - p)
+                self._emit("archive_torn_tail_cut", segment=str(path), offset=from_ + p, bytes=n - p)
                 with open(path, "r+b") as f:
-                    f.truncate(p)
+                    f.truncate(from_ + p)
                     os.fsync(f.fileno())
                 break
             (last,) = OFFSET.unpack_from(data, p + HEADER_BYTES)
-            if p >= (index[-1][1] + INDEX_BYTES if index else INDEX_BYTES):
-                index.append((last, p))
+            if from_ + p >= (index[-1][1] + INDEX_BYTES if index else INDEX_BYTES):
+                index.append((last, from_ + p))
             p += HEADER_BYTES + length
-        return p, last
+        return from_ + p, last
 
     def recover(self, payload: bytes | memoryview) -> None:
         """A journal record after the last checkpoint: keep it again unless
@@ -370,10 +384,18 @@ class Archive:
         self._dirty_dirs.clear()
 
     def close(self) -> None:
+        """After the last write: the active segments' sparse indexes are
+        saved too, so the next open scans only from their last entry."""
         for _base, fd in self._wfds.values():
             os.close(fd)
         self._wfds.clear()
         self._dirty.clear()
+        for topic in self.topics.values():
+            if topic.index:
+                with contextlib.suppress(FileNotFoundError):
+                    (topic.path / index_name(topic.bases[-1])).write_bytes(
+                        b"".join(ENTRY.pack(o, p) for o, p in topic.index)
+                    )
 
     # -- retention (main thread) -------------------------------------------------
 
@@ -423,6 +445,8 @@ class Archive:
         os.close(fd)
         fsync_directory(topic.path)
         os.remove(old)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(topic.path / index_name(topic.bases[0]))
         topic.bases = [topic.next_offset]
         topic.sizes = [0]
         topic.index = []

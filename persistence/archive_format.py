@@ -16,11 +16,14 @@ Index file: ``<QQ`` (offset, position of its record) pairs, ascending.
 
 from __future__ import annotations
 
+import os
 import re
 import struct
+from pathlib import Path
 from urllib.parse import quote
 
-from persistence.records import CorruptRecord
+from persistence import records
+from persistence.records import HEADER, HEADER_BYTES, CorruptRecord
 
 ROW = struct.Struct("<QqBHHI")
 PAIR = struct.Struct("<HI")
@@ -50,7 +53,7 @@ def directory_name(topic: str) -> str:
 def encode_row(offset: int, topic: bytes, message_id: str, headers: dict[str, str] | None, body: bytes, priority: int, timestamp: int) -> bytes:
     idb = message_id.encode()
     if headers:
-        parts = []
+        parts: list[bytes] = []
         for name, value in headers.items():
             nb, vb = name.encode(), value.encode()
             parts += (PAIR.pack(len(nb), len(vb)), nb, vb)
@@ -78,3 +81,30 @@ def decode_row(payload: bytes | memoryview) -> tuple[str, int, str, dict[str, st
     if p != stop or stop > len(payload):
         raise CorruptRecord("archive headers run past the record")
     return topic, offset, message_id, headers, bytes(payload[stop:]), priority, timestamp
+
+
+def read_index(path: Path) -> list[tuple[int, int]]:
+    """A sparse index file's ``(offset, position)`` entries; none if missing."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    return [ENTRY.unpack_from(raw, i) for i in range(0, len(raw) - len(raw) % ENTRY.size, ENTRY.size)]
+
+
+def entry_holds(fd: int, offset: int, position: int) -> bool:
+    """Whether the segment open as ``fd`` has a whole, valid record of
+    ``offset`` at ``position``: an index is a hint, trusted only this far."""
+    size = os.fstat(fd).st_size
+    if not 0 <= position <= size - HEADER_BYTES:
+        return False
+    head = os.pread(fd, HEADER_BYTES, position)
+    length = HEADER.unpack_from(head)[4]
+    if length > size - position - HEADER_BYTES:  # damaged: never read more than the file holds
+        return False
+    frame = head + os.pread(fd, length, position + HEADER_BYTES)
+    try:
+        records.parse_frame(frame, 0, len(frame))
+    except CorruptRecord:
+        return False
+    return bool(OFFSET.unpack_from(frame, HEADER_BYTES)[0] == offset)

@@ -10,9 +10,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from persistence import records
-from persistence.archive_format import ENTRY, OFFSET, PAIR, ROW, index_name, segment_name
-from persistence.records import HEADER, HEADER_BYTES, MAGIC, CorruptRecord
+from persistence.archive_format import PAIR, ROW, entry_holds, index_name, read_index, segment_name
+from persistence.records import HEADER, HEADER_BYTES, MAGIC
 
 # A reader takes the segment file this much at a time.
 READ_CHUNK_BYTES = 2**20
@@ -53,6 +52,15 @@ class ArchiveReader:
         self._file_pos = 0  # of _data[0] in the segment
         self._p = 0
         self.done = start >= stop
+        # The first segment is opened now (on the caller's thread), so that
+        # retention deleting it before the worker gets to it cannot fail the
+        # read; it may not exist yet while its first records wait to be written.
+        self._first: int | None = None
+        if not self.done and bases:
+            try:
+                self._first = os.open(topic.path / segment_name(bases[0]), os.O_RDONLY)
+            except FileNotFoundError:
+                pass
 
     def wait_written(self, timeout_s: float) -> None:
         """Let the committer write what was appended up to ``stop`` (a few
@@ -79,7 +87,10 @@ class ArchiveReader:
         if not self._bases:
             return False
         base = self._bases.pop(0)
-        self._fd = os.open(self.topic.path / segment_name(base), os.O_RDONLY)
+        if self._first is not None:
+            self._fd, self._first = self._first, None
+        else:
+            self._fd = os.open(self.topic.path / segment_name(base), os.O_RDONLY)
         self._file_pos = 0
         self._data = b""
         self._p = 0
@@ -91,27 +102,13 @@ class ArchiveReader:
     def _seek_position(self, base: int) -> int:
         """Where to start reading the first segment: the last index entry at
         or before ``start`` whose record is where the entry says, else 0."""
-        entries = self._index
-        if entries is None:
-            try:
-                raw = (self.topic.path / index_name(base)).read_bytes()
-            except FileNotFoundError:
-                return 0
-            entries = [ENTRY.unpack_from(raw, i) for i in range(0, len(raw) - len(raw) % ENTRY.size, ENTRY.size)]
+        entries = self._index if self._index is not None else read_index(self.topic.path / index_name(base))
         at = bisect.bisect_right(entries, (self.start, 2**64)) - 1
         if at < 0:
             return 0
         offset, position = entries[at]
         assert self._fd is not None
-        head = os.pread(self._fd, HEADER_BYTES, position)
-        if len(head) < HEADER_BYTES:
-            return 0
-        frame = head + os.pread(self._fd, HEADER.unpack_from(head)[4], position + HEADER_BYTES)
-        try:
-            records.parse_frame(frame, 0, len(frame))
-        except CorruptRecord:
-            return 0
-        return position if OFFSET.unpack_from(frame, HEADER_BYTES)[0] == offset else 0
+        return position if entry_holds(self._fd, offset, position) else 0
 
     def _refill(self) -> None:
         """Read on from the first incomplete frame; at the segment's end move
@@ -119,9 +116,12 @@ class ArchiveReader:
         assert self._fd is not None
         data, p = self._data, self._p
         need = READ_CHUNK_BYTES
-        if len(data) - p >= HEADER_BYTES:
-            need = max(need, HEADER_BYTES + HEADER.unpack_from(data, p)[4])
         position = self._file_pos + p
+        if len(data) - p >= HEADER_BYTES:
+            # One frame bigger than a chunk; a damaged length is capped by
+            # what the file holds (the frame then fails its checksum).
+            size = os.fstat(self._fd).st_size
+            need = max(need, min(HEADER_BYTES + HEADER.unpack_from(data, p)[4], size - position))
         chunk = os.pread(self._fd, need, position)
         if len(chunk) <= len(data) - p:  # nothing new: the end of this segment
             self._close_segment()
@@ -191,4 +191,7 @@ class ArchiveReader:
 
     def close(self) -> None:
         self._close_segment()
+        if self._first is not None:
+            os.close(self._first)
+            self._first = None
         self.done = True

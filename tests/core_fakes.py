@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from core import names
@@ -92,15 +93,15 @@ class RecordingStore:
         adds: list[tuple[Message, list[str]]],
         acks: list[tuple[str, Message]],
         *,
-        archived: list[tuple[str, Message]] | None = None,
+        archived: Sequence[tuple[str, Message]] = (),
         commit_key: str | None = None,
     ) -> int:
         for message, _ in adds:
             message.location = len(self.bodies)
             self.bodies[message.location] = (dict(message.headers or {}), message.body or b"")
         call: tuple[Any, ...] = ("tx", tuple((m.id, tuple(k)) for m, k in adds), tuple((k, m.id) for k, m in acks))
-        if archived is not None or commit_key is not None:
-            call += (tuple((topic, m.body) for topic, m in archived or ()), commit_key)
+        if archived or commit_key is not None:
+            call += (tuple((topic, m.body) for topic, m in archived), commit_key)
         return self._next(*call)
 
     def archive(self, topic: str, message: Message) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 import stomp
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.auth import hash_password
 from gateway.storage import StoreSettings
@@ -92,6 +93,7 @@ def test_stomp_and_mqtt_publishes_are_kept_in_order_and_read_back_as_arrow(archi
     assert rows[0]["priority"] == 7 and rows[1]["priority"] == 4
     assert dict(rows[0]["headers"]) == {"unit": "C"}  # user headers only: no priority, persistent, receipt
     assert dict(rows[1]["headers"]) == {"unit": "F"}
+    assert rows[2]["headers"] == [] and rows[3]["headers"] == []  # MQTT 3.1.1 carries none
     assert len({r["message_id"] for r in rows}) == 5
     now = time.time()
     assert all(abs(r["timestamp"].timestamp() - now) < 60 for r in rows)
@@ -123,6 +125,10 @@ def test_listing_by_pattern_sorted_and_url_encoded_topics(archive_broker, stomp_
     status, data, _ = get(broker.admin_port, "/api/v1/archive/plant.v1%252E0.temp")
     assert status == 200 and json.loads(data)["latest"] == 1
     assert get(broker.admin_port, "/api/v1/archive?pattern=plant..x")[0] == 400
+    metrics = get(broker.admin_port, "/metrics")[1].decode()
+    assert 'gateway_archive_latest_offset{topic="plant.1.temp"} 2' in metrics
+    assert 'gateway_archive_earliest_offset{topic="plant.2.temp"} 0' in metrics
+    assert {f.name for f in text_string_to_metric_families(metrics)} >= {"gateway_archive_bytes", "gateway_archive_latest_offset"}
 
 
 def test_the_archive_needs_the_admin_credentials(archive_broker, broker_factory, stomp_client):
@@ -304,3 +310,20 @@ def test_a_replayed_commit_with_the_same_key_is_discarded_even_after_a_restart(a
     consumer.wait_messages(4)
     consumer.barrier()
     assert sorted(consumer.bodies) == [b"a", b"b", b"c", b"d"]
+
+
+def test_a_reader_that_hangs_up_mid_stream_harms_nobody(archive_broker, stomp_client):
+    broker = archive_broker()
+    producer = stomp_client(broker)
+    body = b"z" * 4096
+    for i in range(2000):  # about 8 MiB: far more than the socket buffers hold
+        producer.send("/topic/plant.big", body, receipt=(i == 1999))
+    conn = http.client.HTTPConnection("127.0.0.1", broker.admin_port, timeout=10)
+    token = base64.b64encode(f"{READER[0]}:{READER[1]}".encode()).decode()
+    conn.request("GET", "/api/v1/archive/plant.big/messages", headers={"Authorization": "Basic " + token})
+    response = conn.getresponse()
+    assert response.status == 200 and len(response.read(1024)) == 1024
+    conn.close()  # gone with most of the body unsent
+    producer.send("/topic/plant.big", b"after")
+    table = read_range(broker.admin_port, "plant.big", "?from=1990")
+    assert table.column("body").to_pylist() == [body] * 10 + [b"after"]

@@ -3,6 +3,7 @@ segments, retention, torn tails, reopening, and recovery from the journal."""
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from pathlib import Path
@@ -277,3 +278,106 @@ def test_a_read_seeks_with_the_sparse_index_and_distrusts_a_stale_one(tmp_path: 
     reader = again.reader(TOPIC, start, 330)
     assert reader.read(1).offsets == [start] and reader._file_pos > 0
     reader.close()
+
+
+def test_a_reader_keeps_its_first_segment_even_if_retention_drops_it_meanwhile(tmp_path: Path) -> None:
+    archive = opened(tmp_path, segment_bytes=1000)
+    fill(archive, 100)
+    reader = archive.reader(TOPIC, 0, 100)
+    archive.apply_retention(TOPIC, 0, 1)  # everything but the active segment goes
+    assert archive.info(TOPIC).earliest > 0  # type: ignore[union-attr]
+    rows = reader.read(5)
+    assert rows.offsets == [0, 1, 2, 3, 4]
+    reader.close()
+
+
+def _enospc(*args: object) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("failing", ["pwrite", "fdatasync", "archive"])
+def test_a_failed_batch_is_written_again_with_its_archive_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str) -> None:
+    s, archive = store(tmp_path)
+
+    def publish(first: int, last: int) -> None:
+        for i in range(first, last):
+            s.archive_message(TOPIC, f"id-{i}", {"i": str(i)}, b"b%d" % i, i % 10, 1000 + i)
+
+    publish(0, 5)
+    s.flush()
+    publish(5, 10)
+    batch = s.take_batch()
+    assert batch is not None
+    with monkeypatch.context() as m:
+        if failing == "archive":  # the journal is written, the segment write fails
+            m.setattr(archive, "write", _enospc)
+        else:
+            m.setattr(os, failing, _enospc)
+        with pytest.raises(OSError) as exc:
+            s.write_batch(batch)
+    s.batch_failed(batch, exc.value)
+    publish(10, 12)
+    s.flush()
+    assert [o for o, _, _ in read_all(archive, 0, 100)] == list(range(12))
+    _abandon(s)
+    s, archive = store(tmp_path)
+    got = read_all(archive, 0, 100)
+    assert [o for o, _, _ in got] == list(range(12)) and got[7][1:] == (b"b7", {"i": "7"})
+    s.close()
+
+
+def test_records_bigger_than_a_read_chunk_or_a_segment_read_back_whole(tmp_path: Path) -> None:
+    archive = opened(tmp_path, segment_bytes=2**20)
+    sizes = [10, 3 * 2**20, 5, 2**20 + 1, 7]
+    for i, size in enumerate(sizes):
+        archive.append(TOPIC, f"id-{i}", None, bytes([i]) * size, i, 1000 + i)
+    flush(archive)
+    got = read_all(archive, 0, 10, chunk=2)
+    assert [len(body) for _, body, _ in got] == sizes
+    assert all(body == bytes([o]) * len(body) for o, body, _ in got)
+    assert [o for o, _, _ in read_all(archive, 3, 10)] == [3, 4]
+
+
+def test_a_clean_close_saves_the_active_index_so_opening_scans_only_the_tail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from persistence import archive as module
+
+    monkeypatch.setattr(module, "INDEX_BYTES", 256)
+    archive = opened(tmp_path, segment_bytes=1 << 20)
+    fill(archive, 200)
+    saved = list(archive.topics[TOPIC].index)
+    archive.close()
+    assert (tmp_path / TOPIC / "00000000000000000000.idx").exists()
+    segment = tmp_path / TOPIC / segment_name(0)
+    os.truncate(segment, segment.stat().st_size - 3)  # and a torn tail after it
+    scanned: list[int] = []
+    real = module.Archive._scan_tail
+
+    def spy(self: Archive, directory: Path, base: int, index: list[tuple[int, int]]) -> tuple[int, int | None]:
+        end, last = real(self, directory, base, index)
+        scanned.append(index[0][1] if index else 0)
+        return end, last
+
+    monkeypatch.setattr(module.Archive, "_scan_tail", spy)
+    again = opened(tmp_path, segment_bytes=1 << 20)
+    assert again.torn_bytes > 0 and again.info(TOPIC).latest == 199  # type: ignore[union-attr]
+    assert again.topics[TOPIC].index == [e for e in saved if e[0] < 199]
+    fill(again, 1, start=199)
+    assert [o for o, _, _ in read_all(again, 150, 300)] == list(range(150, 200))
+    # A stale or damaged saved index is only a hint: a full scan gives the same answer.
+    again.close()
+    (tmp_path / TOPIC / "00000000000000000000.idx").write_bytes(b"\xff" * 64)
+    third = opened(tmp_path, segment_bytes=1 << 20)
+    assert third.info(TOPIC).latest == 200 and third.topics[TOPIC].index  # type: ignore[union-attr]
+
+
+def test_a_damaged_record_ends_its_segment_for_a_reader_without_huge_reads(tmp_path: Path) -> None:
+    archive = opened(tmp_path, segment_bytes=1 << 20)
+    fill(archive, 20)
+    segment = tmp_path / TOPIC / segment_name(0)
+    data = bytearray(segment.read_bytes())
+    fifth = 0
+    for _ in range(5):  # walk to the sixth record
+        fifth += 12 + int.from_bytes(data[fifth + 8 : fifth + 12], "little")
+    data[fifth + 8 : fifth + 12] = (0xFFFFFFF0).to_bytes(4, "little")  # an absurd length
+    segment.write_bytes(bytes(data))
+    assert [o for o, _, _ in read_all(archive, 0, 20)] == [0, 1, 2, 3, 4]

@@ -555,8 +555,7 @@ class StompSession:
         lsn, duplicate = self.client.commit_once(transaction, key)  # type: ignore[union-attr]
         receipt = frame.headers.get("receipt")
         if receipt is not None:
-            headers = {"receipt-id": receipt, "duplicate": "true"} if duplicate else {"receipt-id": receipt}
-            self.outbox.append(self.codec.send(frames.Receipt(headers)), lsn)
+            self._receipt(receipt, lsn, {"duplicate": "true"} if duplicate else None)
 
     def _on_abort(self, frame: frames.Frame) -> None:
         self.client.abort(_require(frame, "transaction"))  # type: ignore[union-attr]
@@ -573,8 +572,9 @@ class StompSession:
         if receipt is not None:
             self._receipt(receipt, lsn)
 
-    def _receipt(self, receipt_id: str, lsn: int) -> None:
-        self.outbox.append(self.codec.send(frames.Receipt({"receipt-id": receipt_id})), lsn)
+    def _receipt(self, receipt_id: str, lsn: int, extra: dict[str, str] | None = None) -> None:
+        headers = {"receipt-id": receipt_id} if extra is None else {"receipt-id": receipt_id, **extra}
+        self.outbox.append(self.codec.send(frames.Receipt(headers)), lsn)
 
     def _reject_out_of_state(self, frame: frames.Frame) -> None:
         if self.state is State.AWAITING_CONNECT:
