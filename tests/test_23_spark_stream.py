@@ -96,3 +96,18 @@ def test_retention_drops_old_offsets_and_a_read_of_them_fails_with_the_brokers_r
 
     skipped = read(spark, broker, "plant.kept", startingOffsets='{"plant.kept": 0}', failOnDataLoss="false", partitionSize=10)
     assert sorted(r.offset for r in skipped.select("offset").collect()) == list(range(earliest, 100))
+
+
+def test_trigger_available_now_reads_what_was_there_in_bounded_batches_and_stops(spark, spark_broker, stomp_client):
+    broker = spark_broker()
+    producer = stomp_client(broker)
+    for i in range(5):
+        producer.send("/topic/plant.now.temp", f"n{i}".encode(), receipt=(i == 4))
+    query = (
+        stream(spark, broker, "plant.now.temp", startingOffsets="earliest", maxOffsetsPerTrigger=2)
+        .writeStream.format("memory").queryName("available_now").trigger(availableNow=True).start()
+    )
+    assert query.awaitTermination(120), "an AvailableNow query stops by itself"
+    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert sorted(bytes(r.body) for r in spark.sql("select body from available_now").collect()) == [f"n{i}".encode() for i in range(5)]
+    assert sizes == [2, 2, 1]
