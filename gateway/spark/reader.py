@@ -88,9 +88,15 @@ class ArchiveStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.schema = schema
         self.client = ArchiveClient(options.endpoint)
         self.target: dict[str, int] | None = None  # set by Trigger.AvailableNow
+        self.initial: dict[str, int] | None = None
 
     def initialOffset(self) -> dict[str, int]:
-        return planning.initial_offsets(self.client.topics(self.options.pattern), self.options.starting)
+        """Resolved once per run, so ``latest`` means "when the query started"
+        even if Spark asks again before its first batch is logged (else what was
+        published between two empty triggers could be skipped)."""
+        if self.initial is None:
+            self.initial = planning.initial_offsets(self.client.topics(self.options.pattern), self.options.starting)
+        return self.initial
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self.options.max_offsets_per_trigger
