@@ -254,8 +254,8 @@ def spark_broker(broker_factory: Callable[..., BrokerHandle]) -> Callable[..., B
     plant. archived, and the admin user tests.spark_helpers.USER."""
     from tests.spark_helpers import ARCHIVED, USERS
 
-    def start(policies: list[dict[str, Any]] = ARCHIVED, **kwargs: Any) -> BrokerHandle:
-        return broker_factory(broker={"policies": policies}, admin={"users": USERS}, **kwargs)
+    def start(policies: list[dict[str, Any]] = ARCHIVED, *, broker: dict[str, Any] | None = None, **kwargs: Any) -> BrokerHandle:
+        return broker_factory(broker={"policies": policies, **(broker or {})}, admin={"users": USERS}, **kwargs)
 
     return start
 

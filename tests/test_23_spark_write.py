@@ -136,3 +136,17 @@ def test_a_replayed_micro_batch_is_not_sent_twice(spark, spark_broker, stomp_cli
     consumer.wait_messages(7)
     consumer.barrier()
     assert sorted(m.body for m in consumer.messages) == [f"r{i}".encode() for i in range(7)]
+
+
+@pytest.mark.parametrize("body_bytes", [8, 40_000], ids=["refused-at-commit", "refused-mid-stream"])
+def test_a_partition_the_broker_refuses_fails_with_the_brokers_reason_and_sends_nothing(spark, spark_broker, stomp_client, body_bytes):
+    broker = spark_broker(broker={"max_transaction_messages": 10})
+    queue = f"/queue/{unique('too-big')}"
+    consumer = stomp_client(broker)
+    consumer.subscribe(queue)
+    # 30 rows, 10 allowed: with large bodies the writer is still streaming when the ERROR comes.
+    df = spark.createDataFrame([(f"b{i}".encode().ljust(body_bytes, b"."),) for i in range(30)], "body binary").coalesce(1)
+    with pytest.raises(Exception, match="too many frames"):
+        writer(df, broker, queue).save()
+    consumer.barrier()
+    assert consumer.messages == []

@@ -55,7 +55,12 @@ class StompClient:
 
     def flush(self) -> None:
         if self.out:
-            self.sock.sendall(self.out)
+            try:
+                self.sock.sendall(self.out)
+            except OSError as error:
+                # The broker may have refused a frame and closed: its ERROR says why.
+                self._check_no_error()
+                raise StompError(f"lost the connection to the broker: {error}") from None
             self.out.clear()
 
     # -- frames in --------------------------------------------------------
@@ -81,15 +86,19 @@ class StompClient:
 
     def _check_no_error(self) -> None:
         """Raise now if the broker already refused something, instead of at COMMIT."""
-        readable, _, _ = select.select([self.sock], [], [], 0)
-        if readable:
-            data = self.sock.recv(64 * 1024)
-            if not data:
-                raise StompError("the broker closed the connection")
-            self.codec.receive_data(data)
-            for frame in self.codec.events():
-                if isinstance(frame, frames.Error):
-                    raise StompError(f"broker sent ERROR: {frame.headers.get('message', '')}")
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+            data = self.sock.recv(64 * 1024) if readable else None
+        except OSError:
+            return  # nothing more to learn from this socket; the caller reports it
+        if data is None:
+            return
+        if not data:
+            raise StompError("the broker closed the connection")
+        self.codec.receive_data(data)
+        for frame in self.codec.events():
+            if isinstance(frame, frames.Error):
+                raise StompError(f"broker sent ERROR: {frame.headers.get('message', '')}")
 
     def request(self, frame: frames.Frame) -> frames.Frame:
         """Send ``frame`` with a receipt and return the RECEIPT (ERROR raises)."""
