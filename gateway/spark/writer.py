@@ -23,7 +23,7 @@ from typing import Any
 
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
-from pyspark.sql.types import BinaryType, BooleanType, IntegerType, LongType, MapType, ShortType, StringType, StructType, ByteType
+from pyspark.sql.types import BinaryType, BooleanType, ByteType, IntegerType, LongType, MapType, ShortType, StringType, StructType
 
 from gateway.spark.options import OptionError, WriteOptions
 from gateway.spark.stompclient import StompClient
