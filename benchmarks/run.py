@@ -14,6 +14,9 @@
     .venv/bin/python benchmarks/run.py --scenario archive-read|archive-publish [...]
         (topic archives: runs benchmarks/archive.py with the same arguments;
         see its --help)
+    .venv/bin/python benchmarks/run.py --scenario spark-read [...]
+        (a Spark count over the gateway data source: runs
+        benchmarks/spark_read.py with the same arguments; see its --help)
 
 Each scenario starts a fresh broker (``gateway serve``) on a free 127.0.0.1 port
 with a temporary data dir, runs the load generator (``loadgen.py``) in separate
@@ -72,6 +75,7 @@ DEFAULT_MESSAGES = {"queue": 200_000, "topic": 50_000}
 SCENARIOS = ("queue", "topic", "latency")
 PERSISTENCE_SCENARIOS = ("persistent", "restart")  # in persistent.py, not part of "all"
 ARCHIVE_SCENARIOS = ("archive-read", "archive-publish")  # in archive.py, not part of "all"
+SPARK_SCENARIOS = ("spark-read",)  # in spark_read.py, not part of "all"
 MQTT_SCENARIOS = ("mqtt-qos0", "mqtt-qos1", "mqtt-fanout", "mqtt-latency", "mqtt-idle", "mqtt-all")  # in mqtt.py, not part of "all"
 TRANSPORT_SCENARIOS = ("transports",)  # in transports.py (TCP vs WebSocket), not part of "all"
 
@@ -644,7 +648,7 @@ def _default_broker_cmd() -> str:
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scenario", choices=(*SCENARIOS, *PERSISTENCE_SCENARIOS, *MQTT_SCENARIOS, *TRANSPORT_SCENARIOS, *ARCHIVE_SCENARIOS, "all"), default="all",
+    parser.add_argument("--scenario", choices=(*SCENARIOS, *PERSISTENCE_SCENARIOS, *MQTT_SCENARIOS, *TRANSPORT_SCENARIOS, *ARCHIVE_SCENARIOS, *SPARK_SCENARIOS, "all"), default="all",
                         help="persistent and restart are benchmarks/persistent.py's, mqtt-* benchmarks/mqtt.py's "
                              "(see their --help)")
     parser.add_argument("--messages", type=int, metavar="N",
@@ -691,6 +695,11 @@ def main(argv: list[str] | None = None) -> int:
         import archive
 
         return archive.main(argv)
+    if pre.parse_known_args(argv)[0].scenario in SPARK_SCENARIOS:
+        sys.path.insert(0, str(HERE))
+        import spark_read
+
+        return spark_read.main(argv)
     if pre.parse_known_args(argv)[0].scenario in MQTT_SCENARIOS:
         sys.path.insert(0, str(HERE))
         import mqtt

@@ -277,3 +277,48 @@ def pki(ca, tmp_path):
     client.cert_chain_pems[0].write_to_path(files["client_cert"])
     client.private_key_pem.write_to_path(files["client_key"])
     return {name: str(path) for name, path in files.items()}
+
+
+# -- a Spark session and an archiving broker for the gateway.spark tests ------
+
+
+@pytest.fixture
+def spark_broker(broker_factory: Callable[..., BrokerHandle]) -> Callable[..., BrokerHandle]:
+    """``spark_broker(policies=..., **broker_factory kwargs)``: topics under
+    plant. archived, and the admin user tests.spark_helpers.USER."""
+    from tests.spark_helpers import ARCHIVED, USERS
+
+    def start(policies: list[dict[str, Any]] = ARCHIVED, *, broker: dict[str, Any] | None = None, **kwargs: Any) -> BrokerHandle:
+        return broker_factory(broker={"policies": policies, **(broker or {})}, admin={"users": USERS}, **kwargs)
+
+    return start
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local Spark (two cores) for the whole run: starting the JVM costs
+    seconds, so every Spark test shares it.  Workers run this interpreter (so
+    they import this checkout's ``gateway``); Spark binds loopback only."""
+    import os
+    import sys
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pyspark.sql import SparkSession
+
+    from gateway.spark import GatewayDataSource
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("gateway-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    session.dataSource.register(GatewayDataSource)
+    yield session
+    session.stop()

@@ -87,6 +87,20 @@ def test_stream_adapters_own_no_sockets_or_threads(path: Path) -> None:
     assert "open_nursery" not in path.read_text()
 
 
+SPARK = files("gateway/spark/*.py")
+# What gateway.spark may use of ours: the STOMP codec (client role) and the
+# shared name rules.  It runs inside Spark's Python workers, far from a broker.
+SPARK_MAY_IMPORT = ("gateway.spark", "gateway.stomp.codec", "gateway.stomp.frames", "gateway.mqtt.topics", "core.names")
+
+
+@pytest.mark.parametrize("path", SPARK, ids=lambda p: str(p.relative_to(ROOT)))
+def test_spark_is_a_network_client_of_the_broker(path: Path) -> None:
+    ours = [n for n in imported_modules(path) if n.split(".")[0] in ("gateway", "core", "persistence")]
+    packages = ("gateway", "gateway.stomp", "gateway.mqtt", "core")  # `from core import names` names "core" too
+    allowed = [n for n in ours if n in packages or any(n == a or n.startswith(a + ".") for a in SPARK_MAY_IMPORT)]
+    assert sorted(set(ours) - set(allowed)) == [] and offending(path, ("trio",)) == []
+
+
 def test_the_contract_catches_a_violation(tmp_path: Path) -> None:
     bad = tmp_path / "codec.py"
     bad.write_text("import trio\nfrom core.broker import Broker\n")

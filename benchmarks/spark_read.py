@@ -1,0 +1,193 @@
+"""Spark batch-read benchmark: the gateway data source into a Spark count.
+
+    .venv/bin/python benchmarks/spark_read.py [--messages N] [--partitions 1,2,4]
+        [--master local[4]] [--repeat R] [--json FILE] [--timeout S]
+
+(also reachable as ``benchmarks/run.py --scenario spark-read``)
+
+Starts a broker (``gateway serve``, the archive benchmark's config: /topic/bench.a
+archived, a read user), fills /topic/bench.a with N persistent 128-byte
+messages (default 1,000,000; benchmarks/persistent.py's pipelined fill), then
+in a local Spark session runs
+
+    spark.read.format("gateway").option("topic", "bench.a")
+         .option("partitionSize", ceil(N / P)).load().count()
+
+for each partition count P (default 1, 2 and 4), R times each (default 2; the
+best is reported, the first run of the session also pays for starting Python
+workers).  Every count must equal N.  Reports rows/s per P, the broker's RSS,
+and the peak RSS of the Spark JVM with its Python workers.  The bar (issue 7):
+at least 200,000 rows/s on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import archive  # noqa: E402  (the archiving broker and its read user)
+import persistent  # noqa: E402  (the restartable Broker and the fill)
+import run as bench  # noqa: E402
+
+BAR_ROWS_PER_S = 200_000
+
+
+def _tree_rss_mib(root: int) -> float:
+    """RSS of a process and all its descendants (the JVM and its Python workers), from /proc."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            status = Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                rss[int(entry)] = int(line.split()[1])
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += rss.get(pid, 0)
+        todo.extend(children.get(pid, []))
+    return total / 1024
+
+
+def _spark(master: str):  # -> SparkSession
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    from gateway.spark import GatewayDataSource
+
+    spark = (
+        SparkSession.builder.master(master).appName("gateway-spark-read-bench")
+        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "2g").getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(GatewayDataSource)
+    return spark
+
+
+def scenario(args: argparse.Namespace, broker: persistent.Broker, admin: int, r: dict, deadline: float) -> None:
+    n = args.messages
+    broker.start(min(deadline, time.monotonic() + 30))
+    r.update({"messages": n, "body_bytes": persistent.BODY_SIZE})
+    r.update(persistent._fill(broker.port, archive.ARCHIVED, n, deadline - 120))
+    spark = _spark(args.master)
+    jvm = spark.sparkContext._gateway.proc.pid  # the JVM pyspark launched
+    r["master"] = args.master
+    r["runs"] = {}
+    r["spark_peak_rss_mib"] = 0.0
+    try:
+        for p in args.partitions:
+            df = (
+                spark.read.format("gateway").option("url", f"http://127.0.0.1:{admin}")
+                .option("user", archive.USER[0]).option("password", archive.USER[1])
+                .option("topic", archive.ARCHIVED.removeprefix("/topic/"))
+                .option("partitionSize", str(math.ceil(n / p))).load()
+            )
+            times = []
+            for _ in range(args.repeat):
+                if time.monotonic() > deadline - 30:
+                    raise persistent.Failed(f"timed out before the {p}-partition runs finished")
+                t0 = time.monotonic()
+                count = df.count()
+                times.append(time.monotonic() - t0)
+                r["spark_peak_rss_mib"] = max(r["spark_peak_rss_mib"], _tree_rss_mib(jvm))
+                if count != n:
+                    raise persistent.Failed(f"{p} partitions: count() = {count:,}, expected {n:,}")
+            best = min(times)
+            r["runs"][p] = {"seconds": times, "rows_per_s": n / best}
+        r["broker_after"] = broker.memory_mib()
+    finally:
+        spark.stop()
+
+
+def run_scenario(args: argparse.Namespace) -> dict:
+    r: dict = {"scenario": "spark-read", "ok": False, "problems": [], "loadavg_before": bench._loadavg()}
+    start = time.monotonic()
+    deadline = start + args.timeout
+    with tempfile.TemporaryDirectory(prefix="gateway-spark-bench-") as tmp:
+        broker, admin = archive._broker(args, Path(tmp))
+        try:
+            scenario(args, broker, admin, r, deadline)
+        except persistent.Failed as exc:
+            r["problems"].append(str(exc))
+        except Exception as exc:  # a bug in the runner: still clean up and report
+            r["problems"].append(f"runner error: {type(exc).__name__}: {exc}")
+        finally:
+            broker.stop(wait=min(30.0, max(3.0, deadline - time.monotonic())))
+            if r["problems"]:
+                r["log_tail"] = broker.log_tail()
+            broker.cleanup()
+    r["ok"] = not r["problems"]
+    r["wall_s"] = time.monotonic() - start
+    return r
+
+
+def print_scenario(r: dict) -> None:
+    f = bench._f
+    print(f"\n== spark-read: {'OK' if r['ok'] else 'FAILED'} ({r['wall_s']:.1f} s)")
+    for problem in r["problems"]:
+        print(f"   problem: {problem}")
+    if "fill_msgs_per_s" in r:
+        print(f"   fill: {r['messages']:,} x {r['body_bytes']} B persistent SENDs to {archive.ARCHIVED} at "
+              f"{f(r['fill_msgs_per_s'])} msgs/s")
+    for p, run in r.get("runs", {}).items():
+        verdict = "meets" if run["rows_per_s"] >= BAR_ROWS_PER_S else "BELOW"
+        seconds = ", ".join(f"{s:.2f}" for s in run["seconds"])
+        print(f"   {p} partition(s), master {r['master']}: {f(run['rows_per_s'])} rows/s into count() "
+              f"(runs {seconds} s; {verdict} the {BAR_ROWS_PER_S:,} rows/s bar)")
+    if "broker_after" in r:
+        print(f"   broker RSS {r['broker_after']['rss_mib']:.0f} MiB (peak {r['broker_after']['peak_rss_mib']:.0f} MiB); "
+              f"Spark JVM + Python workers peak RSS {r['spark_peak_rss_mib']:.0f} MiB")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenario", choices=("spark-read",), default="spark-read")
+    parser.add_argument("--messages", type=int, default=1_000_000, metavar="N", help="archived messages (default 1000000)")
+    parser.add_argument("--partitions", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4], metavar="P,P",
+                        help="partition counts to run (default 1,2,4)")
+    parser.add_argument("--master", default="local[4]", help="Spark master (default local[4]: four tasks at once)")
+    parser.add_argument("--repeat", type=int, default=2, metavar="R", help="counts per partition count (default 2)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--broker-cmd", default=persistent._default_broker_cmd(), metavar="CMD",
+                        help="broker command; {port} and {data_dir} are substituted (default: %(default)s)")
+    parser.add_argument("--timeout", type=float, default=900.0, metavar="S", help="hard limit (default 900)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    signal.signal(signal.SIGTERM, bench._on_sigterm)
+    print(f"gateway spark-read benchmark: {platform.python_implementation()} {platform.python_version()}, "
+          f"{os.cpu_count()} CPUs, load average {bench._loadavg()}")
+    result = run_scenario(args)
+    print_scenario(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"results": [result]}, indent=2, default=str) + "\n")
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

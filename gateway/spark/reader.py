@@ -1,0 +1,126 @@
+"""Batch and streaming reads of the broker's topic archive.
+
+The driver plans (lists the archived topics matching the ``topic`` option and
+cuts their offset ranges into slices); each executor task fetches one slice
+over HTTP and hands Spark its Arrow record batches.
+
+Streaming offsets are ``{"topic": next_offset}`` in Spark's checkpoint.  The
+broker is never told what was consumed: ``commit`` does nothing, because Spark
+calls it only when it plans the next batch, and a query restarted from its
+checkpoint replays by offset.  That is what gives exactly-once into a sink
+that is itself idempotent or transactional (Parquet, Delta, this broker's
+idempotent COMMIT), as with Spark's Kafka source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
+
+from gateway.spark import planning
+from gateway.spark.archive import ArchiveClient, DataLossError
+from gateway.spark.options import ReadOptions
+
+# The columns, in the order and types of the archive's Arrow schema.
+SCHEMA = (
+    "topic string, offset bigint, message_id string, timestamp timestamp, "
+    "priority int, headers map<string, string>, body binary"
+)
+# A tolerated 410 moves the start to the broker's earliest; retention running
+# again while we retry could repeat that, but not forever.
+MAX_LOSS_RETRIES = 8
+
+
+def read_partition(options: ReadOptions, schema: StructType, partition: InputPartition) -> Iterator[Any]:
+    """Executor side: the record batches of one slice.  A plan with no slices
+    still gets one partition from Spark, with no value: it reads nothing."""
+    piece = partition.value
+    if piece is None:
+        return iter(())
+    assert isinstance(piece, planning.Slice), piece
+    return read_slice(options, schema, piece)
+
+
+def read_slice(options: ReadOptions, schema: StructType, piece: planning.Slice) -> Iterator[Any]:
+    """The slice's record batches, cast to the Arrow types Spark checks them
+    against (microsecond timestamps, non-null map keys)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    target = to_arrow_schema(schema, timezone="UTC")
+    client = ArchiveClient(options.endpoint)
+    start = piece.start
+    for _ in range(MAX_LOSS_RETRIES):
+        try:
+            for batch in client.batches(piece.topic, start, piece.end):
+                yield batch if batch.schema.equals(target) else batch.cast(target)
+            return
+        except DataLossError as loss:
+            if not piece.tolerate_loss or loss.earliest <= start:
+                raise
+            if loss.earliest >= piece.end:
+                return  # the whole slice was dropped; failOnDataLoss=false skips it
+            start = loss.earliest
+    raise DataLossError(f"{piece.topic}: retention kept dropping offsets while reading {piece.start}..{piece.end - 1}")
+
+
+class ArchiveReader(DataSourceReader):
+    def __init__(self, options: ReadOptions, schema: StructType) -> None:
+        self.options = options
+        self.schema = schema
+
+    def partitions(self) -> list[InputPartition]:
+        infos = ArchiveClient(self.options.endpoint).topics(self.options.pattern)
+        ranges = planning.batch_ranges(infos, self.options.starting, self.options.ending)
+        tolerate = ranges if not self.options.fail_on_data_loss else ()
+        return [InputPartition(piece) for piece in planning.split(ranges, self.options.partition_size, tolerate=tolerate)]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return read_partition(self.options, self.schema, partition)
+
+
+class ArchiveStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: ReadOptions, schema: StructType) -> None:
+        self.options = options
+        self.schema = schema
+        self.client = ArchiveClient(options.endpoint)
+        self.target: dict[str, int] | None = None  # set by Trigger.AvailableNow
+        self.initial: dict[str, int] | None = None
+
+    def initialOffset(self) -> dict[str, int]:
+        """Resolved once per run, so ``latest`` means "when the query started"
+        even if Spark asks again before its first batch is logged (else what was
+        published between two empty triggers could be skipped)."""
+        if self.initial is None:
+            self.initial = planning.initial_offsets(self.client.topics(self.options.pattern), self.options.starting)
+        return self.initial
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self.options.max_offsets_per_trigger
+        return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = {info.topic: info.latest for info in self.client.topics(self.options.pattern)}
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        infos = self.client.topics(self.options.pattern)
+        if self.target is not None:
+            infos = [planning.TopicInfo(i.topic, i.earliest, min(i.latest, self.target[i.topic])) for i in infos if i.topic in self.target]
+        return planning.next_offsets(start, infos, max_rows)
+
+    def reportLatestOffset(self) -> dict[str, int]:
+        return {info.topic: info.latest for info in self.client.topics(self.options.pattern)}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+        slices = planning.stream_slices(start, end, self.options.partition_size, fail_on_data_loss=self.options.fail_on_data_loss)
+        return [InputPartition(piece) for piece in slices]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return read_partition(self.options, self.schema, partition)
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Nothing to tell the broker: the checkpoint, not an ack, records progress."""

@@ -1,0 +1,131 @@
+"""A small blocking STOMP 1.2 client for Spark tasks, on the project's own
+sans-IO codec in the client role (so no STOMP library is a runtime dependency).
+
+It does what a writer task needs and nothing more: CONNECT, a transaction of
+SENDs, COMMIT or ABORT with a receipt, DISCONNECT.  Sends are buffered and
+written in large chunks; the broker answers nothing inside a transaction
+unless something is wrong, so between chunks the client only checks, without
+waiting, whether an ERROR arrived.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import time
+
+from gateway.stomp import codec, frames
+
+FLUSH_BYTES = 256 * 1024  # write in chunks this large
+MAX_FRAME_BYTES = 16 * 1024 * 1024  # a server frame larger than this is refused
+
+
+class StompError(RuntimeError):
+    """The broker sent ERROR, closed the connection, or did not answer in time."""
+
+
+class StompClient:
+    def __init__(self, host: str, port: int, *, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        try:
+            self.sock = socket.create_connection((host, port), timeout=timeout_s)
+        except OSError as error:
+            raise StompError(f"cannot reach the broker's STOMP port at {host}:{port}: {error}") from None
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.codec = codec.StompConnection(codec.Role.CLIENT, max_frame_bytes=MAX_FRAME_BYTES)
+        self.out = bytearray()
+        self._receipts = 0
+
+    def __enter__(self) -> StompClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    # -- frames out -------------------------------------------------------
+
+    def send_frame(self, frame: frames.Frame) -> None:
+        self.out += self.codec.send(frame)
+        if len(self.out) >= FLUSH_BYTES:
+            self.flush()
+            self._check_no_error()
+
+    def flush(self) -> None:
+        if self.out:
+            try:
+                self.sock.sendall(self.out)
+            except OSError as error:
+                # The broker may have refused a frame and closed: its ERROR says why.
+                self._check_no_error()
+                raise StompError(f"lost the connection to the broker: {error}") from None
+            self.out.clear()
+
+    # -- frames in --------------------------------------------------------
+
+    def _next_frame(self, deadline: float) -> frames.Frame:
+        while True:
+            for frame in self.codec.events():
+                if isinstance(frame, frames.Error):
+                    detail = frame.body.decode("utf-8", "replace")
+                    raise StompError(f"broker sent ERROR: {frame.headers.get('message', '')} {detail}".strip())
+                return frame
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise StompError(f"no answer from the broker within {self.timeout_s} s")
+            self.sock.settimeout(remaining)
+            try:
+                data = self.sock.recv(64 * 1024)
+            except TimeoutError:
+                continue
+            if not data:
+                raise StompError("the broker closed the connection")
+            self.codec.receive_data(data)
+
+    def _check_no_error(self) -> None:
+        """Raise now if the broker already refused something, instead of at COMMIT."""
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+            data = self.sock.recv(64 * 1024) if readable else None
+        except OSError:
+            return  # nothing more to learn from this socket; the caller reports it
+        if data is None:
+            return
+        if not data:
+            raise StompError("the broker closed the connection")
+        self.codec.receive_data(data)
+        for frame in self.codec.events():
+            if isinstance(frame, frames.Error):
+                raise StompError(f"broker sent ERROR: {frame.headers.get('message', '')}")
+
+    def request(self, frame: frames.Frame) -> frames.Frame:
+        """Send ``frame`` with a receipt and return the RECEIPT (ERROR raises)."""
+        self._receipts += 1
+        receipt = f"r{self._receipts}"
+        frame.headers["receipt"] = receipt
+        self.out += self.codec.send(frame)
+        self.flush()
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            reply = self._next_frame(deadline)
+            if isinstance(reply, frames.Receipt) and reply.headers.get("receipt-id") == receipt:
+                return reply
+
+    # -- the conversation --------------------------------------------------
+
+    def connect(self, host: str, user: str | None, password: str | None) -> None:
+        headers = {"accept-version": "1.2", "host": host, "heart-beat": "0,0"}
+        if user is not None:
+            headers["login"] = user
+            headers["passcode"] = password or ""
+        self.out += self.codec.send(frames.Connect(headers))
+        self.flush()
+        reply = self._next_frame(time.monotonic() + self.timeout_s)
+        if not isinstance(reply, frames.Connected):
+            raise StompError(f"expected CONNECTED, got {reply.command}")
+        self.codec.set_version(reply.headers.get("version", "1.2"))
+
+    def disconnect(self) -> None:
+        self.request(frames.Disconnect({}))

@@ -1,0 +1,106 @@
+"""Batch reads through Spark: publish over STOMP and MQTT, then
+``spark.read.format("gateway")`` gives exactly those messages with the right
+columns, split into partitions by offset range."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+import pytest
+
+from tests.helpers import unique
+from tests.spark_helpers import read
+
+
+def test_stomp_and_mqtt_messages_come_back_as_rows_with_every_column(spark, spark_broker, stomp_client, paho):
+    broker = spark_broker()
+    before = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=1)
+    producer = stomp_client(broker)
+    producer.send("/topic/plant.1.temp", b"21.5", unit="C", priority="7", persistent="true")
+    device = paho(broker, "dev-2")
+    device.publish("plant/2/temp", b"\x00\xff19", qos=1)
+    producer.send("/topic/plant.1.temp", b"22.0", receipt=True)
+    producer.send("/topic/plant.1.humidity", b"40", receipt=True)  # archived, but not matched
+
+    df = read(spark, broker, "plant.*.temp")
+    assert df.columns == ["topic", "offset", "message_id", "timestamp", "priority", "headers", "body"]
+    assert [f.dataType.simpleString() for f in df.schema.fields] == [
+        "string", "bigint", "string", "timestamp", "int", "map<string,string>", "binary"
+    ]
+    rows = sorted(df.collect(), key=lambda r: (r.topic, r.offset))
+    assert [(r.topic, r.offset, bytes(r.body)) for r in rows] == [
+        ("plant.1.temp", 0, b"21.5"),
+        ("plant.1.temp", 1, b"22.0"),
+        ("plant.2.temp", 0, b"\x00\xff19"),
+    ]
+    first = rows[0]
+    assert first.priority == 7 and first.headers == {"unit": "C"}
+    assert first.message_id and len({r.message_id for r in rows}) == 3
+    after = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=1)
+    for row in rows:
+        stamp = row.timestamp.astimezone(datetime.timezone.utc) if row.timestamp.tzinfo else row.timestamp.replace(tzinfo=datetime.timezone.utc)
+        assert before <= stamp <= after
+    assert rows[2].priority == 4 and rows[2].headers == {}
+
+
+@pytest.mark.parametrize("topic", ["plant/+/temp", "/topic/plant.*.temp", "plant.>"])
+def test_the_topic_option_takes_mqtt_stomp_and_core_patterns(spark, spark_broker, stomp_client, topic):
+    broker = spark_broker()
+    producer = stomp_client(broker)
+    for i in range(3):
+        producer.send(f"/topic/plant.{i}.temp", f"t{i}".encode(), receipt=True)
+    got = sorted(bytes(r.body) for r in read(spark, broker, topic).select("body").collect())
+    assert got == [b"t0", b"t1", b"t2"]
+
+
+def test_offsets_and_partition_size_cut_the_range_into_parallel_partitions(spark, spark_broker, stomp_client):
+    broker = spark_broker()
+    producer = stomp_client(broker)
+    for i in range(50):
+        producer.send("/topic/plant.a.temp", f"a{i}".encode())
+    for i in range(20):
+        producer.send("/topic/plant.b.temp", f"b{i}".encode(), receipt=(i == 19))
+
+    df = read(spark, broker, "plant.*.temp", partitionSize=7)
+    assert df.rdd.getNumPartitions() == 8 + 3  # ceil(50/7) + ceil(20/7)
+    assert df.count() == 70
+    per_partition = df.rdd.glom().map(lambda rows: sorted((r.topic, r.offset) for r in rows)).collect()
+    assert all(len(p) <= 7 and len({t for t, _ in p}) == 1 for p in per_partition)
+
+    ranged = read(
+        spark, broker, "plant.*.temp",
+        startingOffsets=json.dumps({"plant.a.temp": 45, "plant.b.temp": -2}),
+        endingOffsets=json.dumps({"plant.b.temp": 3}),
+    )
+    assert sorted((r.topic, r.offset) for r in ranged.select("topic", "offset").collect()) == [
+        ("plant.a.temp", o) for o in range(45, 50)
+    ] + [("plant.b.temp", o) for o in range(3)]
+    assert read(spark, broker, "plant.*.temp", startingOffsets="latest").count() == 0
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"colour": "blue"}, "unknown option(s) for a gateway source: colour"),
+        ({"partitionSize": "0"}, "partitionSize must be a positive integer"),
+        ({"startingOffsets": "soon"}, "startingOffsets must be earliest, latest or JSON"),
+        ({"endingOffsets": "earliest"}, "endingOffsets cannot be earliest"),
+        ({"startingOffsets": '{"other.topic": 3}'}, "does not match"),
+        ({"failOnDataLoss": "maybe"}, "failOnDataLoss must be true or false"),
+    ],
+)
+def test_bad_options_fail_at_plan_time_with_a_clear_error(spark, spark_broker, options, message):
+    broker = spark_broker()
+    with pytest.raises(Exception, match=message.replace("(", r"\(").replace(")", r"\)")):
+        read(spark, broker, "plant.*.temp", **options).collect()
+
+
+def test_a_bad_topic_or_an_unreachable_broker_is_a_clear_error(spark, spark_broker):
+    broker = spark_broker()
+    with pytest.raises(Exception, match="not a valid MQTT topic filter"):
+        read(spark, broker, "plant/#/temp").collect()
+    with pytest.raises(Exception, match="cannot reach the broker's admin API"):
+        spark.read.format("gateway").option("url", "http://127.0.0.1:9").option("topic", unique("t")).load().collect()
+    with pytest.raises(Exception, match="401"):
+        spark.read.format("gateway").option("url", f"http://127.0.0.1:{broker.admin_port}").option("topic", "plant.>").option("user", "spark").option("password", "wrong").load().collect()

@@ -1,0 +1,152 @@
+"""Writes through Spark: one STOMP message per row, one transaction per
+partition committed with a receipt; a failed task sends nothing; a streaming
+batch Spark replays under the same batch id is not sent twice."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import unique
+from tests.spark_helpers import USER, stream, url
+
+
+def writer(df: Any, broker: Any, destination: str) -> Any:
+    return (
+        df.write.format("gateway").mode("append")
+        .option("url", url(broker)).option("stomp", f"127.0.0.1:{broker.stomp_port}")
+        .option("user", USER[0]).option("password", USER[1]).option("destination", destination)
+    )
+
+
+def test_every_row_becomes_one_message_with_its_headers_priority_and_persistence(spark, spark_broker, stomp_client):
+    broker = spark_broker()
+    queue = f"/queue/{unique('out')}"
+    consumer = stomp_client(broker)
+    consumer.subscribe(queue)
+    rows = [(f"m{i}".encode(), {"device": str(i % 3)}, i % 10, i % 2 == 0) for i in range(40)]
+    df = spark.createDataFrame(rows, "body binary, headers map<string,string>, priority int, persistent boolean").repartition(3)
+
+    writer(df, broker, queue).save()
+
+    got = consumer.wait_messages(40)
+    assert len(got) == 40
+    by_body = {m.body: m.headers for m in got}
+    assert sorted(by_body) == sorted(r[0] for r in rows)
+    for body, headers, priority, persistent in rows:
+        received = by_body[body]
+        assert received["device"] == headers["device"]
+        assert received["priority"] == str(priority)
+        assert received.get("persistent", "false") == ("true" if persistent else "false")
+    consumer.barrier()
+    assert len(consumer.messages) == 40  # and nothing more
+
+
+def test_string_bodies_are_sent_as_utf8_and_stomp_alone_needs_no_url(spark, broker, stomp_client):
+    queue = f"/queue/{unique('plain')}"
+    consumer = stomp_client(broker)
+    consumer.subscribe(queue)
+    df = spark.createDataFrame([("héllo",), ("wörld",)], "body string")
+    (
+        df.write.format("gateway").mode("append").option("stomp", f"localhost:{broker.stomp_port}")
+        .option("destination", queue).save()
+    )
+    assert sorted(m.body for m in consumer.wait_messages(2)) == sorted(["héllo".encode(), "wörld".encode()])
+
+
+def test_a_failed_task_leaves_nothing_half_sent(spark, spark_broker, stomp_client):
+    broker = spark_broker()
+    queue = f"/queue/{unique('atomic')}"
+    consumer = stomp_client(broker)
+    consumer.subscribe(queue)
+    # One partition: 30 good rows, then one the writer refuses mid-transaction.
+    rows = [(f"ok{i}".encode(), 4) for i in range(30)] + [(b"bad", 12)]
+    df = spark.createDataFrame(rows, "body binary, priority int").coalesce(1)
+    with pytest.raises(Exception, match="priority must be 0 to 9"):
+        writer(df, broker, queue).save()
+    consumer.barrier()
+    assert consumer.messages == []
+    # The broker is fine, and the same write without the bad row goes through whole.
+    writer(df.where("priority < 10"), broker, queue).save()
+    assert len(consumer.wait_messages(30)) == 30
+
+
+@pytest.mark.parametrize(
+    ("schema", "options", "message"),
+    [
+        ("value string", {}, "needs a body column"),
+        ("body binary, colour string", {}, "column 'colour' cannot be written"),
+        ("body binary, priority string", {}, "column 'priority' has type string"),
+        ("body binary", {"destination": "/queue/a.*"}, "is a pattern"),
+        ("body binary", {"destination": "orders"}, "destination must start with"),
+        ("body binary", {"stomp": "nohost"}, "option stomp must be host:port"),
+        ("body binary", {"topic": "x"}, "unknown option"),
+    ],
+)
+def test_a_dataframe_or_options_the_sink_cannot_take_fail_before_any_task(spark, spark_broker, schema, options, message):
+    broker = spark_broker()
+    df = spark.createDataFrame([], schema)
+    w = writer(df, broker, "/queue/never")
+    for key, value in options.items():
+        w = w.option(key, value)
+    with pytest.raises(Exception, match=message):
+        w.save()
+
+
+def test_overwrite_is_refused_since_a_destination_cannot_be_overwritten(spark, spark_broker):
+    broker = spark_broker()
+    df = spark.createDataFrame([(b"x",)], "body binary")
+    with pytest.raises(Exception, match="cannot be overwritten"):
+        writer(df, broker, "/queue/never").mode("overwrite").save()
+
+
+def test_a_replayed_micro_batch_is_not_sent_twice(spark, spark_broker, stomp_client, tmp_path: Path):
+    broker = spark_broker()
+    queue = f"/queue/{unique('stream-out')}"
+    consumer = stomp_client(broker)
+    consumer.subscribe(queue)
+    producer = stomp_client(broker)
+    for i in range(6):
+        producer.send("/topic/plant.w.temp", f"r{i}".encode(), receipt=(i == 5))
+    checkpoint = tmp_path / "checkpoint"
+
+    def run() -> None:
+        df = stream(spark, broker, "plant.w.temp", startingOffsets="earliest", maxOffsetsPerTrigger=3).select("body")
+        query = (
+            df.writeStream.format("gateway").option("checkpointLocation", str(checkpoint))
+            .option("stomp", f"127.0.0.1:{broker.stomp_port}").option("user", USER[0]).option("password", USER[1])
+            .option("destination", queue).start()
+        )
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+
+    run()
+    assert sorted(m.body for m in consumer.wait_messages(6)) == [f"r{i}".encode() for i in range(6)]
+    # As if Spark died after sending batch 1 but before recording it as done:
+    # the restarted query runs batch 1 again, with the same batch id.
+    for name in ("1", ".1.crc"):  # the commit record and Hadoop's checksum of it
+        (checkpoint / "commits" / name).unlink(missing_ok=name.startswith("."))
+    run()
+    producer.send("/topic/plant.w.temp", b"r6")
+    run()
+    consumer.wait_messages(7)
+    consumer.barrier()
+    assert sorted(m.body for m in consumer.messages) == [f"r{i}".encode() for i in range(7)]
+
+
+@pytest.mark.parametrize("body_bytes", [8, 40_000], ids=["refused-at-commit", "refused-mid-stream"])
+def test_a_partition_the_broker_refuses_fails_with_the_brokers_reason_and_sends_nothing(spark, spark_broker, stomp_client, body_bytes):
+    broker = spark_broker(broker={"max_transaction_messages": 10})
+    queue = f"/queue/{unique('too-big')}"
+    consumer = stomp_client(broker)
+    consumer.subscribe(queue)
+    # 30 rows, 10 allowed: with large bodies the writer is still streaming when the ERROR comes.
+    df = spark.createDataFrame([(f"b{i}".encode().ljust(body_bytes, b"."),) for i in range(30)], "body binary").coalesce(1)
+    with pytest.raises(Exception, match="too many frames"):
+        writer(df, broker, queue).save()
+    consumer.barrier()
+    assert consumer.messages == []
