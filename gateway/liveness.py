@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from core.broker import Client
+from core.clients import Client
 from core.ports import Clock
 
 

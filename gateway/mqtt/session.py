@@ -22,7 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 from core.authorization import ANONYMOUS_PRINCIPAL, Principal
-from core.broker import Broker, Client
+from core.broker import Broker
+from core.clients import Client
 from core.errors import CoreError, NotAuthorized, UnknownMessage, UnknownSubscription
 from core.messages import Message
 from core.ports import Clock

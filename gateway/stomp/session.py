@@ -16,7 +16,8 @@ from typing import Any
 
 from core import names
 from core.authorization import ANONYMOUS_PRINCIPAL, Principal
-from core.broker import Broker, Client
+from core.broker import Broker
+from core.clients import Client
 from core.errors import CoreError, InvalidDestination, UnknownMessage, UnknownSubscription
 from core.messages import DEFAULT_PRIORITY, MAX_PRIORITY, Message
 from core.ports import Clock

@@ -1,0 +1,378 @@
+"""One connected client's side of the broker: what it publishes (held in
+transactions until COMMIT), what it consumes (subscriptions, acks, NACKs),
+what it is allowed to do (its principal, checked against the authorization
+map), and the temporary destinations and producer holds that die with it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from core.authorization import ANONYMOUS_PRINCIPAL, DECISION_CACHE, Principal
+from core.destinations import Queue
+from core.durables import durable_key
+from core.errors import (
+    DuplicateSubscription,
+    InvalidDestination,
+    InvalidRequest,
+    LimitExceeded,
+    NotAuthorized,
+    TransactionExists,
+    UnknownSubscription,
+    UnknownTransaction,
+)
+from core.messages import Message
+from core.names import Address, Kind
+from core.ports import Sink
+from core.subscriptions import AckMode, Subscription
+from core.transactions import Transaction
+
+if TYPE_CHECKING:
+    from core.broker import Broker
+
+
+class Client:
+    """One connected client's view of the broker: its subscriptions,
+    transactions and temporary destinations, all released by :meth:`close`."""
+
+    def __init__(
+        self, broker: Broker, sink: Sink, number: int, client_id: str | None, principal: Principal = ANONYMOUS_PRINCIPAL
+    ) -> None:
+        self.broker = broker
+        self.sink = sink
+        self.number = number
+        self.client_id = client_id
+        self.principal = principal
+        self._decisions: dict[tuple[str, Address], bool] = {}
+        self.subscriptions: dict[Any, Subscription] = {}
+        self.transactions: dict[str, Transaction] = {}
+        self.temporaries: set[Address] = set()
+        # Congested queues this client's messages went to; while non-empty
+        # the client should not produce (its connection stops reading).
+        # Each maps to its delivered count when last checked (check_held).
+        self.blocked_on: dict[Queue, int] = {}
+        self.last_lsn = 0
+        self.held_until = 0.0  # when to check_held next, on the broker clock
+        self.closed = False
+
+    # -- producing ---------------------------------------------------------
+
+    def send(self, message: Message, transaction: str | None = None) -> int:
+        """Publish, or hold until COMMIT when in a transaction.  Returns the LSN
+        a durability promise (a receipt) must wait for."""
+        if self.broker.authorizer is not None:
+            self.authorize("write", message.address)
+        if transaction is None:
+            return self.broker.route(message, self)
+        tx = self._transaction(transaction)
+        self._grow(tx)
+        tx.sends.append((message.address, message))
+        return 0
+
+    def authorize(self, operation: str, address: Address) -> None:
+        """Refuse (:class:`NotAuthorized`) what the authorization map does not
+        grant this client.  Reading from or writing to a queue that does not
+        exist yet creates it, which takes ``admin`` too, as in ActiveMQ.
+        Temporary destinations are their owner's (see :meth:`Broker._claim`)."""
+        authorizer = self.broker.authorizer
+        if authorizer is None or address.is_temporary:
+            return
+        key = (operation, address)
+        allowed = self._decisions.get(key)
+        if allowed is None:
+            allowed = authorizer.allows(self.principal, operation, address)
+            if len(self._decisions) >= DECISION_CACHE:
+                self._decisions.clear()
+            self._decisions[key] = allowed
+        if not allowed:
+            raise NotAuthorized(f"user {self.principal.name!r} may not {operation} {address.text!r}")
+        if address.is_queue and address not in self.broker.queues and operation != "admin":
+            self.authorize("admin", address)
+
+    def declare_temporary(self, address: Address) -> None:
+        """Claim a temporary destination named in a reply-to before it is subscribed."""
+        self.broker._claim(address, self)
+
+    def _hold(self, queues: list[Queue]) -> None:
+        if not self.blocked_on:
+            self.held_until = self.broker.clock.monotonic() + self.broker.settings.slow_consumer_s
+        for queue in queues:
+            if queue not in self.blocked_on and queue.wait(self):
+                self.blocked_on[queue] = queue.stats.delivered
+        if self.blocked_on:
+            self.broker.stats.producer_holds += 1
+
+    def unblocked(self, queue: Queue) -> None:
+        """A queue we were held back by has drained (core.destinations.Waiter)."""
+        self.blocked_on.pop(queue, None)
+        if not self.blocked_on and not self.closed:
+            self.sink.unblocked()
+
+    def check_held(self, now: float) -> list[Queue]:
+        """Called by the session at ``held_until`` while blocked: a queue that
+        delivered nothing since the last check has a slow consumer; stop
+        waiting for it.  Returns the queues so declared, for the log."""
+        if now < self.held_until:
+            return []
+        slow = []
+        for queue, delivered in list(self.blocked_on.items()):
+            # Only a topic subscription's own queue can cut a slow consumer
+            # loose (it may drop its oldest); a shared queue holds producers
+            # for as long as it is full, or the broker would grow without bound.
+            if queue.stats.delivered == delivered and queue.limit:
+                queue.slow = True
+                slow.append(queue)
+                queue.relieve()  # may unblock us (and others) right here
+            else:
+                self.blocked_on[queue] = queue.stats.delivered
+        self.held_until = now + self.broker.settings.slow_consumer_s
+        return slow
+
+    # -- consuming ---------------------------------------------------------
+
+    def subscribe(
+        self,
+        token: Any,
+        address: Address,
+        ack_mode: AckMode,
+        prefetch: int | None = None,
+        *,
+        durable: tuple[str, str] | None = None,
+        selector: Any = None,
+        priority: int = 0,
+        exclusive: bool = False,
+    ) -> Subscription:
+        """Start consuming.  With ``durable`` = (client id, subscription name)
+        a topic subscription outlives the connection.  The LSN that makes a
+        new durable subscription durable is left in ``last_lsn``."""
+        self.last_lsn = 0
+        if token in self.subscriptions:
+            raise DuplicateSubscription(f"subscription {token!r} already exists on this connection")
+        if len(self.subscriptions) >= self.broker.settings.max_subscriptions_per_client:
+            raise LimitExceeded(f"too many subscriptions (limit {self.broker.settings.max_subscriptions_per_client})")
+        if address.is_pattern and address.is_queue:
+            raise InvalidDestination("wildcards are supported on topic subscriptions only")
+        if self.broker.authorizer is not None:
+            self.authorize("read", address)
+        if address.is_temporary:
+            if address.is_pattern:
+                # A wildcard would reach into other connections' private replies.
+                raise InvalidDestination("wildcards are not allowed on temporary destinations")
+            self.broker._claim(address, self)
+        policy = self.broker.policies.for_address(address)
+        window = prefetch if prefetch and prefetch > 0 else policy.default_prefetch
+        if durable is not None:
+            return self._subscribe_durable(token, address, ack_mode, window, durable, selector)
+        if address.is_queue:
+            queue = self.broker.queues.get(address) or self.broker._create_queue(address)
+            subscription = Subscription(token, address, queue, self.sink, ack_mode, window, private=False, owner=self)
+            subscription.selector = selector  # consumers of one queue may each filter
+            subscription.priority = priority
+            subscription.exclusive = exclusive
+        else:
+            queue = self.broker._arm(
+                Queue(address, owner=self, limit=policy.topic_buffer_limit, high_water=policy.topic_high_water)
+            )
+            queue.selector = selector  # filtered as the topic fans out
+            subscription = Subscription(token, address, queue, self.sink, ack_mode, window, private=True, owner=self)
+            self.broker._trees[address.kind].add(address.segments, subscription)
+        self.subscriptions[token] = subscription
+        queue.add_consumer(subscription)
+        return subscription
+
+    def _subscribe_durable(
+        self, token: Any, address: Address, ack_mode: AckMode, window: int, owner: tuple[str, str], selector: Any = None
+    ) -> Subscription:
+        client_id, name = owner
+        if address.kind is not Kind.TOPIC:
+            raise InvalidDestination("durable subscriptions are for /topic/ destinations")
+        existing = self.broker.durables.get(durable_key(client_id, name))
+        if existing is not None and existing.active is not None:
+            raise DuplicateSubscription(f"durable subscription {name!r} of client {client_id!r} is already active")
+        durable, self.last_lsn = self.broker._durable(client_id, name, address)
+        durable.queue.selector = selector  # what is kept from now on
+        subscription = Subscription(token, address, durable.queue, self.sink, ack_mode, window, private=False, owner=self)
+        subscription.durable = durable
+        durable.active = subscription
+        self.subscriptions[token] = subscription
+        durable.queue.add_consumer(subscription)  # what waited while away goes out now
+        return subscription
+
+    def unsubscribe(self, token: Any, *, remove_durable: bool = False) -> int:
+        """Stop consuming.  A durable subscription stays (and keeps collecting)
+        unless ``remove_durable``; returns the LSN of its removal."""
+        subscription = self.subscriptions.pop(token, None)
+        if subscription is None:
+            raise UnknownSubscription(f"no subscription {token!r} on this connection")
+        self._detach(subscription)
+        if remove_durable and subscription.durable is not None:
+            return self.broker._drop_durable(subscription.durable)
+        return 0
+
+    def remove_durable(self, client_id: str, name: str) -> int:
+        """Remove the offline durable subscription ``name`` of ``client_id``."""
+        durable = self.broker.durables.get(durable_key(client_id, name))
+        if durable is None:
+            raise UnknownSubscription(f"no durable subscription {name!r} for client {client_id!r}")
+        if durable.active is not None:
+            raise InvalidRequest(f"durable subscription {name!r} is in use by another connection")
+        return self.broker._drop_durable(durable)
+
+    def _detach(self, subscription: Subscription) -> None:
+        queue = subscription.queue
+        if subscription.durable is not None:
+            subscription.durable.active = None
+        queue.remove_consumer(subscription)
+        unacked = subscription.take_all()
+        if subscription.private:
+            self.broker._trees[subscription.address.kind].remove(subscription.address.segments, subscription)
+            queue.relieve()  # nobody will drain it now; free its producers
+        elif unacked:
+            queue.requeue(unacked)
+
+    def subscription(self, token: Any) -> Subscription:
+        subscription = self.subscriptions.get(token)
+        if subscription is None:
+            raise UnknownSubscription(f"no subscription {token!r} on this connection")
+        return subscription
+
+    def ack(self, token: Any, message_id: str, transaction: str | None = None) -> int:
+        subscription = self.subscription(token)
+        tx = None if transaction is None else self._transaction(transaction)
+        if tx is not None:
+            self._grow(tx)  # before take: a refused ACK must leave the message unacked
+        messages = subscription.take(message_id)
+        lsn = 0
+        if tx is None:
+            lsn = subscription.queue.acked(messages)
+        else:
+            tx.acks.append((subscription, messages))
+        subscription.queue.dispatch()
+        return lsn
+
+    def nack(self, token: Any, message_id: str, transaction: str | None = None) -> int:
+        """Put messages back for redelivery with their delivery count raised."""
+        subscription = self.subscription(token)
+        tx = None if transaction is None else self._transaction(transaction)
+        if tx is not None:
+            self._grow(tx)
+        messages = subscription.take(message_id)
+        if tx is None:
+            subscription.queue.requeue(messages)
+        else:
+            tx.nacks.append((subscription, messages))
+            subscription.queue.dispatch()
+        return 0
+
+    def resume(self) -> None:
+        """The sink is accepting again: hand it what waited meanwhile."""
+        for subscription in list(self.subscriptions.values()):
+            subscription.queue.dispatch()
+
+    # -- transactions ------------------------------------------------------
+
+    def begin(self, transaction: str) -> None:
+        if transaction in self.transactions:
+            raise TransactionExists(f"transaction {transaction!r} is already open")
+        if len(self.transactions) >= self.broker.settings.max_transactions_per_client:
+            raise LimitExceeded(f"too many open transactions (limit {self.broker.settings.max_transactions_per_client})")
+        self.transactions[transaction] = Transaction(transaction)
+
+    def commit_once(self, transaction: str, key: str) -> tuple[int, bool]:
+        """COMMIT with an idempotency key: a key committed before (within the
+        remembered window) makes this a replay whose sends are discarded; its
+        acks and nacks settle as usual.  Returns the LSN a receipt waits for
+        and whether it was such a duplicate."""
+        earlier = self.broker.commit_keys.get(key)
+        if earlier is None:
+            return self.commit(transaction, key), False
+        self._transaction(transaction).sends.clear()
+        return max(earlier, self.commit(transaction)), True
+
+    def commit(self, transaction: str, key: str | None = None) -> int:
+        tx = self._transaction(transaction)
+        # All or nothing: create every queue the sends need before routing any.
+        broker = self.broker
+        missing = {a for a, _ in tx.sends if a.is_queue and not a.is_temporary and a not in broker.queues}
+        if len(broker.queues) + len(missing) > broker.settings.max_destinations:
+            raise LimitExceeded(f"too many destinations (limit {broker.settings.max_destinations})")
+        del self.transactions[transaction]
+        routed = [
+            (message, broker._targets(address) if address.is_queue else broker._selected(broker._targets(address), message))
+            for address, message in tx.sends
+        ]
+        # One store record for all of it, so a crash keeps all or none.
+        adds = []
+        for message, targets in routed:
+            if message.persistent:
+                keys = [queue.key for queue in targets if queue.key is not None]
+                if keys:
+                    adds.append((message, keys))
+        acks = [
+            (subscription.queue.key, message)
+            for subscription, messages in tx.acks
+            if subscription.queue.key is not None
+            for message in messages
+            if message.location >= 0
+        ]
+        archived = [(address.name, message) for address, message in tx.sends if broker.archived(address)]
+        lsn = 0
+        if adds or acks or archived or key is not None:
+            lsn = broker.store.transaction(adds, acks, archived=archived, commit_key=key)
+        if key is not None:
+            broker._remember_commit(key, lsn)
+        for message, targets in routed:
+            broker.stats.messages_in += 1
+            broker._put(message, targets, self)
+        for subscription, messages in tx.acks:
+            subscription.queue.stats.dequeued += len(messages)
+            subscription.queue.dispatch()
+        for subscription, messages in tx.nacks:
+            subscription.queue.requeue(messages)
+        return lsn
+
+    def abort(self, transaction: str) -> None:
+        tx = self.transactions.pop(transaction, None)
+        if tx is None:
+            raise UnknownTransaction(f"no open transaction {transaction!r}")
+        self._roll_back(tx)
+
+    def _roll_back(self, tx: Transaction) -> None:
+        for subscription, messages in tx.settled_back():
+            subscription.queue.requeue(messages)
+
+    def _transaction(self, transaction: str) -> Transaction:
+        tx = self.transactions.get(transaction)
+        if tx is None:
+            raise UnknownTransaction(f"no open transaction {transaction!r}")
+        return tx
+
+    def _grow(self, tx: Transaction) -> None:
+        if tx.size >= self.broker.settings.max_transaction_messages:
+            raise LimitExceeded(
+                f"transaction {tx.id!r} holds too many frames (limit {self.broker.settings.max_transaction_messages})"
+            )
+        tx.size += 1
+
+    # -- leaving -----------------------------------------------------------
+
+    def close(self) -> None:
+        """Abort open transactions, return unacked messages to their queues,
+        and drop this client's temporary destinations.  Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self.broker.stats.clients -= 1
+        # Detach first, so rolled-back acks go to the other consumers, not to us.
+        subscriptions, self.subscriptions = self.subscriptions, {}
+        for subscription in subscriptions.values():
+            self._detach(subscription)
+        transactions, self.transactions = self.transactions, {}
+        for tx in transactions.values():
+            self._roll_back(tx)
+        for address in self.temporaries:
+            self.broker._release(address)
+        self.temporaries.clear()
+        for queue in self.blocked_on:
+            if queue.waiters is not None and self in queue.waiters:
+                queue.waiters.remove(self)
+        self.blocked_on.clear()
