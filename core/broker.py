@@ -22,6 +22,7 @@ from core.messages import DEFAULT_PRIORITY, Message
 from core import names
 from core.names import Address, Kind, matches
 from core.policies import Policies, check_entries
+from core.selectors import Selector, SelectorError, compile_selector
 from core.ports import Clock, NoStore, Sink, Store
 from core.clients import Client
 from core.subscriptions import Subscription
@@ -326,22 +327,33 @@ class Broker:
 
     # -- durable subscriptions ----------------------------------------------
 
-    def _durable(self, client_id: str, name: str, pattern: Address) -> tuple[DurableSubscription, int]:
-        """The durable subscription, created (and stored) if new or if its
-        topic changed (ActiveMQ: re-subscribing elsewhere replaces it)."""
+    def _durable(
+        self, client_id: str, name: str, pattern: Address, selector: Selector | None = None
+    ) -> tuple[DurableSubscription, int]:
+        """The durable subscription, created (and stored, selector included)
+        if new, or anew if its topic or selector changed: JMS 1.1 §6.11.1
+        makes changing a durable subscriber deleting it and creating another."""
         key = durable_key(client_id, name)
         lsn = 0
         durable = self.durables.get(key)
-        if durable is not None and durable.pattern != pattern:
+        text = selector.text if selector is not None else None
+        if durable is not None and (durable.pattern != pattern or _text(durable.queue.selector) != text):
             lsn = self._drop_durable(durable)
             durable = None
         if durable is None:
-            resident = self.policies.for_address(pattern).resident_messages
-            queue = self._arm(Queue(pattern, store=self.store, key=key, resident=resident))
-            durable = self.durables[key] = DurableSubscription(client_id, name, pattern, queue)
-            self._trees[pattern.kind].add(pattern.segments, durable)
-            lsn = self.store.add_subscription(key, pattern.text)
+            durable = self._add_durable(key, client_id, name, pattern, selector)
+            lsn = self.store.add_subscription(key, pattern.text, text)
         return durable, lsn
+
+    def _add_durable(
+        self, key: str, client_id: str, name: str, pattern: Address, selector: Selector | None
+    ) -> DurableSubscription:
+        resident = self.policies.for_address(pattern).resident_messages
+        queue = self._arm(Queue(pattern, store=self.store, key=key, resident=resident))
+        queue.selector = selector  # what it keeps, offline too
+        durable = self.durables[key] = DurableSubscription(client_id, name, pattern, queue)
+        self._trees[pattern.kind].add(pattern.segments, durable)
+        return durable
 
     def _drop_durable(self, durable: DurableSubscription) -> int:
         self._trees[durable.pattern.kind].remove(durable.pattern.segments, durable)
@@ -368,18 +380,21 @@ class Broker:
 
     def restore(
         self,
-        subscriptions: dict[str, tuple[str, str, Address]],
+        subscriptions: dict[str, tuple[str, str, Address, str | None]],
         queues: dict[str, list[Message]],
         retained: list[Message] = (),  # type: ignore[assignment]
     ) -> None:
         """Rebuild what the store recovered: durable subscriptions (key ->
-        client id, name, topic) and the messages of every stored queue, in
-        their order.  Called once, before any client connects."""
-        for key, (client_id, name, pattern) in subscriptions.items():
-            resident = self.policies.for_address(pattern).resident_messages
-            queue = self._arm(Queue(pattern, store=self.store, key=key, resident=resident))
-            durable = self.durables[key] = DurableSubscription(client_id, name, pattern, queue)
-            self._trees[pattern.kind].add(pattern.segments, durable)
+        client id, name, topic, selector text) and the messages of every
+        stored queue, in their order.  Called once, before any client connects."""
+        for key, (client_id, name, pattern, text) in subscriptions.items():
+            # A stored selector compiled once already; should this version
+            # refuse it, keeping everything loses nothing.
+            try:
+                selector = compile_selector(text) if text else None
+            except SelectorError:
+                selector = None
+            self._add_durable(key, client_id, name, pattern, selector)
         for key, messages in queues.items():
             durable = self.durables.get(key)
             if durable is not None:
@@ -439,3 +454,7 @@ class Broker:
             "queues": {q.address.text: (q.depth, len(q.consumers)) for q in self.queues.values()},
             "durable_subscriptions": {d.key: (d.queue.depth, d.active is not None) for d in self.durables.values()},
         }
+
+
+def _text(selector: Selector | None) -> str | None:
+    return selector.text if selector is not None else None

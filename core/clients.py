@@ -188,8 +188,7 @@ class Client:
         existing = self.broker.durables.get(durable_key(client_id, name))
         if existing is not None and existing.active is not None:
             raise DuplicateSubscription(f"durable subscription {name!r} of client {client_id!r} is already active")
-        durable, self.last_lsn = self.broker._durable(client_id, name, address)
-        durable.queue.selector = selector  # what is kept from now on
+        durable, self.last_lsn = self.broker._durable(client_id, name, address, selector)
         subscription = Subscription(token, address, durable.queue, self.sink, ack_mode, window, private=False, owner=self)
         subscription.durable = durable
         durable.active = subscription

@@ -87,7 +87,7 @@ class Store(Protocol):
         """An idempotency key fell out of the remembered window."""
         ...
 
-    def add_subscription(self, key: str, pattern: str) -> int: ...
+    def add_subscription(self, key: str, pattern: str, selector: str | None = None) -> int: ...
 
     def remove_subscription(self, key: str) -> int: ...
 
@@ -127,7 +127,7 @@ class NoStore:
     def forget_commit_key(self, key: str) -> int:
         return 0
 
-    def add_subscription(self, key: str, pattern: str) -> int:
+    def add_subscription(self, key: str, pattern: str, selector: str | None = None) -> int:
         return 0
 
     def remove_subscription(self, key: str) -> int:

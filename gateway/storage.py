@@ -25,6 +25,8 @@ RETAINED = "retained"
 # Idempotency keys of committed transactions, each with its commit's sequence
 # number (so the oldest are known after a restart).
 COMMIT_KEYS = "commit-keys"
+# Between a stored durable subscription's pattern and its selector (see add_subscription).
+SELECTOR_MARK = "\x00"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,8 +125,12 @@ class BrokerStore:
             self._commit_seq = numbered[-1][0]
         return [key for _, key in numbered]
 
-    def add_subscription(self, key: str, pattern: str) -> int:
-        return self.store.add_subscription(key, pattern)
+    def add_subscription(self, key: str, pattern: str, selector: str | None = None) -> int:
+        # The store keeps a subscription's description as one opaque string;
+        # a selector follows the pattern after a NUL, which no destination
+        # name can contain.  Folders written before selectors were kept read
+        # as having none.
+        return self.store.add_subscription(key, pattern if selector is None else f"{pattern}{SELECTOR_MARK}{selector}")
 
     def remove_subscription(self, key: str) -> int:
         return self.store.remove_subscription(key)
@@ -191,7 +197,9 @@ def restored_retained(recovered: Recovered) -> list[Message]:
     return out
 
 
-def restored(recovered: Recovered) -> tuple[dict[str, tuple[str, str, names.Address]], dict[str, list[Message]], int]:
+def restored(
+    recovered: Recovered,
+) -> tuple[dict[str, tuple[str, str, names.Address, str | None]], dict[str, list[Message]], int]:
     """What :meth:`core.broker.Broker.restore` takes, from what the store
     recovered, and how many records it had to skip as unusable.
 
@@ -200,14 +208,15 @@ def restored(recovered: Recovered) -> tuple[dict[str, tuple[str, str, names.Addr
     "redelivered", never a false "not redelivered").
     """
     skipped = 0
-    subscriptions: dict[str, tuple[str, str, names.Address]] = {}
-    for key, pattern in recovered.subscriptions.items():
+    subscriptions: dict[str, tuple[str, str, names.Address, str | None]] = {}
+    for key, stored in recovered.subscriptions.items():
         owner = parse_durable_key(key)
+        pattern, mark, selector = stored.partition(SELECTOR_MARK)
         address = names.parse(pattern)
         if owner is None or isinstance(address, str):
             skipped += 1
             continue
-        subscriptions[key] = (owner[0], owner[1], address)
+        subscriptions[key] = (owner[0], owner[1], address, selector if mark else None)
     at_least = 0 if recovered.clean else 1
     noted = recovered.kv.get(REDELIVERIES, {})
     queues: dict[str, list[Message]] = {}

@@ -110,8 +110,8 @@ class RecordingStore:
     def forget_commit_key(self, key: str) -> int:
         return self._next("forget", key)
 
-    def add_subscription(self, key: str, pattern: str) -> int:
-        return self._next("sub", key, pattern)
+    def add_subscription(self, key: str, pattern: str, selector: str | None = None) -> int:
+        return self._next("sub", key, pattern) if selector is None else self._next("sub", key, pattern, selector)
 
     def remove_subscription(self, key: str) -> int:
         return self._next("unsub", key)

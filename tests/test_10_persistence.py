@@ -189,3 +189,37 @@ def test_a_backlog_beyond_the_memory_budget_comes_back_whole_and_in_order(broker
     after = stomp_client(broker)
     after.subscribe(queue, "s", ack="client-individual", **{"activemq.prefetchSize": "7"})
     consume(after, 30, 30)  # recovered as stubs, read back on dispatch
+
+
+def test_a_durable_subscription_keeps_its_selector_while_away_and_across_a_restart(broker_factory, stomp_client):
+    broker = broker_factory()
+    topic = f"/topic/{unique('prices')}"
+    durable = {"activemq.subscriptionName": "eu-prices", "selector": "region = 'eu'"}
+    subscriber = stomp_client(broker, headers={"client-id": "eu-desk"})
+    subscriber.subscribe(topic, "d", ack="client-individual", **durable)
+    subscriber.close()
+    broker = restart(broker_factory, broker)
+    producer = stomp_client(broker)
+    for region in ("eu", "us", "eu", "apac"):
+        producer.send(topic, f"{region} price".encode(), region=region, **PERSISTENT)
+    broker = restart(broker_factory, broker)  # what was kept for it is kept again
+    back = stomp_client(broker, headers={"client-id": "eu-desk"})
+    back.subscribe(topic, "d", ack="client-individual", **durable)
+    back.barrier()
+    assert back.bodies == [b"eu price", b"eu price"]
+
+
+def test_changing_a_durable_subscriptions_selector_makes_it_a_new_subscription(broker_factory, stomp_client):
+    broker = broker_factory()
+    topic = f"/topic/{unique('prices')}"
+    subscriber = stomp_client(broker, headers={"client-id": "desk"})
+    subscriber.subscribe(topic, "d", **{"activemq.subscriptionName": "s", "selector": "region = 'eu'"})
+    subscriber.close()
+    stomp_client(broker).send(topic, b"kept for the eu selector", region="eu", **PERSISTENT)
+    back = stomp_client(broker, headers={"client-id": "desk"})
+    # JMS 1.1 §6.11.1: another selector is deleting the old subscription and making a new one.
+    back.subscribe(topic, "d", **{"activemq.subscriptionName": "s", "selector": "region = 'us'"})
+    stomp_client(broker).send(topic, b"new us price", region="us", **PERSISTENT)
+    back.wait_messages(1)
+    back.barrier()
+    assert back.bodies == [b"new us price"]
