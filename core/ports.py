@@ -99,6 +99,11 @@ class Store(Protocol):
         """Keep ``message`` as the retained message of ``topic`` (None clears)."""
         ...
 
+    def note(self, namespace: str, key: str, value: bytes | None) -> int:
+        """Keep a small piece of protocol state across restarts (None forgets
+        it); recovery hands back each namespace's notes."""
+        ...
+
 
 class NoStore:
     """The store of a broker that keeps nothing: every LSN is 0, always durable."""
@@ -134,6 +139,9 @@ class NoStore:
         return 0
 
     def retain(self, topic: str, message: Message | None) -> int:
+        return 0
+
+    def note(self, namespace: str, key: str, value: bytes | None) -> int:
         return 0
 
     def load(self, message: Message) -> None:

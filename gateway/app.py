@@ -131,6 +131,7 @@ async def serve(
         )
 
     registry = mqtt_session.Registry()
+    registry.restore(recovered.kv.get(mqtt_session.QOS2_NOTES, {}))
 
     def mqtt_connection(conn_id: str, conn_log: Any, transport: Transport) -> mqtt_session.MqttSession:
         return mqtt_session.MqttSession(

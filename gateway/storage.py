@@ -145,6 +145,11 @@ class BrokerStore:
             return self.store.delete(RETAINED, topic)
         return self.store.put(RETAINED, topic, _encode_retained(message))
 
+    def note(self, namespace: str, key: str, value: bytes | None) -> int:
+        if value is None:
+            return self.store.delete(namespace, key)
+        return self.store.put(namespace, key, value)
+
     def remember_redeliveries(self, queues: list[Queue]) -> int:
         """At a clean stop: note which stored messages had been delivered, so
         they come back marked redelivered (the store keeps no count per

@@ -119,6 +119,9 @@ class RecordingStore:
     def retain(self, topic: str, message: Message | None) -> int:
         return self._next("retain", topic, None if message is None else message.body)
 
+    def note(self, namespace: str, key: str, value: bytes | None) -> int:
+        return self._next("note", namespace, key, value)
+
     def load(self, message: Message) -> None:
         self.loads += 1
         message.headers, message.body = self.bodies[message.location]

@@ -175,3 +175,52 @@ def test_a_subacked_subscription_and_a_pubacked_retained_message_survive_sigkill
     finally:
         for client in made:
             client.close()
+
+
+def test_a_qos2_publish_resent_after_a_crash_between_pubrec_and_pubrel_is_delivered_once(gateway, tmp_path):
+    stomp_port, mqtt_port = free_port(), free_port()
+    args = ("--stomp-port", str(stomp_port), "--mqtt-port", str(mqtt_port), "--data-dir", str(tmp_path / "d"))
+    topic = unique("exactly-once")
+    process = gateway(*args)
+    process.wait_listening(mqtt_port)
+    made: list[RawMqtt] = []
+
+    def connect(client_id: str) -> RawMqtt:
+        client = RawMqtt(mqtt_port)
+        made.append(client)
+        client.send(p.Connect(client_id, clean_session=False))
+        ack = client.next()
+        assert isinstance(ack, p.ConnAck) and ack.return_code == 0
+        client.connack = ack
+        return client
+
+    try:
+        reader = connect("q2-reader")
+        reader.send(p.Subscribe(1, [(topic, 2)]))
+        assert reader.next() == p.SubAck(1, [2])
+        reader.send(p.Disconnect())
+        writer = connect("q2-writer")
+        writer.send(p.Publish(topic, b"once", qos=2, packet_id=7))
+        assert writer.next() == p.PubRec(7)
+        process.proc.send_signal(signal.SIGKILL)  # between PUBREC and PUBREL
+        process.wait_exit()
+        process = gateway(*args)
+        process.wait_listening(mqtt_port)
+        writer = connect("q2-writer")
+        assert writer.connack.session_present
+        # The writer could not know its PUBREC arrived before the crash: it resends.
+        writer.send(p.Publish(topic, b"once", qos=2, dup=True, packet_id=7))
+        assert writer.next() == p.PubRec(7)
+        writer.send(p.PubRel(7))
+        assert writer.next() == p.PubComp(7)
+        reader = connect("q2-reader")
+        got = reader.next()
+        assert (got.topic, got.payload, got.qos) == (topic, b"once", 2)
+        reader.send(p.PubRec(got.packet_id))
+        assert reader.next() == p.PubRel(got.packet_id)
+        reader.send(p.PubComp(got.packet_id))
+        reader.send(p.PingReq())
+        assert reader.next() == p.PingResp()  # and no second copy before it
+    finally:
+        for client in made:
+            client.close()

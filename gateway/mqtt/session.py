@@ -37,6 +37,10 @@ from gateway.outbox import Outbox
 # prefix, named "<granted qos>:<filter>".
 OWNER_PREFIX = "mqtt:"
 MAX_PACKET_ID = 65535
+# The store's namespace for a persistent session's inbound QoS 2 packet ids
+# between PUBREC and PUBREL: kept on disk, so a PUBLISH resent after a broker
+# restart is still recognised and not routed twice [MQTT-4.3.3-2].
+QOS2_NOTES = "mqtt-qos2"
 # Denied publishes are logged once per topic, for at most this many topics.
 DENIED_LOGGED = 64
 
@@ -68,9 +72,10 @@ class _Stage(enum.Enum):
 
 
 class SessionState:
-    """What outlives one connection of a persistent session (in memory):
-    packet ids in flight, so a resend keeps its id [MQTT-4.4.0-1], and
-    inbound QoS 2 ids not yet released, so a resent PUBLISH is not routed twice."""
+    """What outlives one connection of a persistent session: packet ids in
+    flight, so a resend keeps its id [MQTT-4.4.0-1] (in memory), and inbound
+    QoS 2 ids not yet released, so a resent PUBLISH is not routed twice (also
+    noted in the store, so across a restart too)."""
 
     __slots__ = ("outbound", "ids_by_message", "inbound_qos2", "_ids")
 
@@ -95,6 +100,17 @@ class Registry:
     def __init__(self) -> None:
         self.active: dict[str, MqttSession] = {}
         self.states: dict[str, SessionState] = {}
+
+    def restore(self, notes: dict[str, bytes]) -> None:
+        """Inbound QoS 2 ids the store kept (``QOS2_NOTES``) from before a restart."""
+        for key in notes:
+            client_id, _, packet_id = key.rpartition("\x00")
+            if client_id and packet_id.isdigit():
+                self.states.setdefault(client_id, SessionState()).inbound_qos2.add(int(packet_id))
+
+
+def _qos2_note(client_id: str, packet_id: int) -> str:
+    return f"{client_id}\x00{packet_id}"
 
 
 class _Sub:
@@ -342,6 +358,8 @@ class MqttSession:
         if packet.clean_session:
             for durable in durables:  # [MQTT-3.1.2-6]: a clean session starts from nothing
                 lsn = self.client.remove_durable(owner, durable.name)
+            for packet_id in saved.inbound_qos2 if saved is not None else ():
+                lsn = max(lsn, self.broker.store.note(QOS2_NOTES, _qos2_note(client_id, packet_id), None))
             durables = []
             present = False
         else:
@@ -395,6 +413,8 @@ class MqttSession:
             self.outbox.append(self.codec.send(packets.PubAck(packet.packet_id)), lsn)
         elif packet.qos == 2:
             state.inbound_qos2.add(packet.packet_id)
+            if not self.clean_session:  # the PUBREC promises it across a restart too
+                lsn = max(lsn, self.broker.store.note(QOS2_NOTES, _qos2_note(self.client_id, packet.packet_id), b""))
             self.outbox.append(self.codec.send(packets.PubRec(packet.packet_id)), lsn)
 
     def _on_puback(self, packet: packets.PubAck) -> None:
@@ -417,8 +437,12 @@ class MqttSession:
             self._resume()
 
     def _on_pubrel(self, packet: packets.PubRel) -> None:
-        self.session.inbound_qos2.discard(packet.packet_id)
-        self.outbox.append(self.codec.send(packets.PubComp(packet.packet_id)))
+        lsn = 0
+        if packet.packet_id in self.session.inbound_qos2:
+            self.session.inbound_qos2.discard(packet.packet_id)
+            if not self.clean_session:
+                lsn = self.broker.store.note(QOS2_NOTES, _qos2_note(self.client_id, packet.packet_id), None)
+        self.outbox.append(self.codec.send(packets.PubComp(packet.packet_id)), lsn)
 
     def _on_subscribe(self, packet: packets.Subscribe) -> None:
         codes = []
