@@ -85,9 +85,10 @@ class BrokerSettings:
 
 
 class BrokerStatistics:
-    __slots__ = ("messages_in", "messages_discarded", "clients", "producer_holds", "dead_lettered")
+    __slots__ = ("messages_in", "messages_discarded", "clients", "producer_holds", "dead_lettered", "denied")
 
     def __init__(self) -> None:
+        self.denied: dict[str, int] = {}  # operations the authorization map refused, by operation
         self.messages_in = 0
         self.dead_lettered = 0
         self.producer_holds = 0  # times a producer was held back by flow control

@@ -84,6 +84,8 @@ class Client:
                 self._decisions.clear()
             self._decisions[key] = allowed
         if not allowed:
+            denied = self.broker.stats.denied
+            denied[operation] = denied.get(operation, 0) + 1
             raise NotAuthorized(f"user {self.principal.name!r} may not {operation} {address.text!r}")
         if address.is_queue and address not in self.broker.queues and operation != "admin":
             self.authorize("admin", address)

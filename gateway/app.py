@@ -162,7 +162,7 @@ async def serve(
         server,
         users=users,
         ready=lambda: listening and not server.stopping,
-        metrics=lambda: metrics.render(broker, server, store, writes),
+        metrics=lambda: metrics.render(broker, server, store, writes, gatekeeper),
         archive=store.archive,
     )
 

@@ -136,9 +136,17 @@ class Gatekeeper:
         # back with the result (set by the app); None: verify inline.
         self.verifier: Callable[[str, str, Callable[[bool], None]], bool] | None = None
         self._clock = clock
+        self.refused: dict[str, int] = {}  # CONNECTs refused, by AccessDenied.kind
         self._failures: OrderedDict[str, tuple[float, int]] = OrderedDict()  # host -> (window start, count)
 
     def admit(self, login: str | None, passcode: str | None, transport: Transport) -> Principal:
+        try:
+            return self._admit(login, passcode, transport)
+        except AccessDenied as exc:
+            self.refused[exc.kind] = self.refused.get(exc.kind, 0) + 1
+            raise
+
+    def _admit(self, login: str | None, passcode: str | None, transport: Transport) -> Principal:
         if transport.refused is not None:
             raise AccessDenied(transport.refused, "unavailable")
         if transport.certificate_user is not None:

@@ -54,7 +54,7 @@ def _rss_bytes() -> int:
         return 0
 
 
-def render(broker: Any, server: Any, store: Any, writes: Histogram) -> str:
+def render(broker: Any, server: Any, store: Any, writes: Histogram, gatekeeper: Any = None) -> str:
     out = _Writer()
     by_protocol: dict[str, int] = {}
     for connection in list(server.connections.values()):
@@ -76,6 +76,15 @@ def render(broker: Any, server: Any, store: Any, writes: Histogram) -> str:
                [("", stats.producer_holds)])
     out.family("gateway_dead_letters_total", "counter", "Messages moved to a dead-letter queue.",
                [("", stats.dead_lettered)])
+    out.family("gateway_authorization_denied_total", "counter", "Operations the authorization map refused.",
+               ((f'{{operation="{op}"}}', stats.denied.get(op, 0)) for op in ("read", "write", "admin")))
+    if gatekeeper is not None:
+        out.family("gateway_logins_refused_total", "counter",
+                   "CONNECTs refused: wrong or missing credentials, an address locked out, a connection limit.",
+                   ((f'{{reason="{kind}"}}', gatekeeper.refused.get(kind, 0))
+                    for kind in ("credentials", "rate_limited", "unavailable")))
+    out.family("gateway_tls_handshakes_failed_total", "counter", "TLS handshakes that failed or timed out.",
+               [("", server.tls_handshakes_failed)])
     queues = [(q.address.text, q) for q in broker.queues.values()]
     queues += [(d.key, d.queue) for d in broker.durables.values()]
     fields = (

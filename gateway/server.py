@@ -264,6 +264,7 @@ class Server:
         self.admitted = 0
         self.by_host: dict[str, int] = {}
         self.refusing = 0
+        self.tls_handshakes_failed = 0
         self.connections: dict[str, Connection] = {}
         self._durable_lsn = durable_lsn
         self._conn_ids = itertools.count(1)
@@ -347,6 +348,7 @@ class Server:
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     failure = str(exc.__cause__ or exc)
             if failure is not None:
+                self.tls_handshakes_failed += 1
                 self.log.info("tls_handshake_failed", protocol=spec.name, peer=peer, reason=failure[:200])
                 with trio.CancelScope(shield=True):
                     await trio.aclose_forcefully(stream)

@@ -5,12 +5,15 @@ subscription and destination limits refused with their reason."""
 
 from __future__ import annotations
 
+import base64
+import http.client
 import json
 import signal
 import time
 from types import SimpleNamespace
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.auth import hash_password
 from gateway.mqtt import packets as p
@@ -221,3 +224,34 @@ def test_subscription_and_destination_limits(broker_factory, paho, raw_client):
         sender.expect("RECEIPT")
     sender.send_frame("SEND", {"destination": "/queue/one-too-many"}, b"x")
     assert sender.expect("ERROR").headers["message"] == "too many destinations (limit 3)"
+
+
+def test_refusals_and_denials_are_counted_in_the_metrics(broker_factory, raw_client):
+    ops = {"name": "ops", "password_hash": hash_password("ops-pw", iterations=ITER), "role": "read"}
+    broker = broker_factory(auth={"users": USERS, "acl": ACL, "max_failed_logins": 1}, admin={"users": [ops]})
+    assert refusal(broker, login="app", passcode="guess").command == "ERROR"  # credentials
+    assert refusal(broker, **login("app")).command == "ERROR"  # now rate limited
+    denied = raw_client(broker)
+    denied.send_frame("CONNECT", {"accept-version": "1.2", "host": "h"})
+    denied.expect("ERROR")
+    connection = http.client.HTTPConnection("127.0.0.1", broker.admin_port, timeout=5)
+    try:
+        connection.request("GET", "/metrics", headers={"Authorization": "Basic " + base64.b64encode(b"ops:ops-pw").decode()})
+        text = connection.getresponse().read().decode()
+    finally:
+        connection.close()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert samples[("gateway_logins_refused_total", (("reason", "credentials"),))] == 1
+    assert samples[("gateway_logins_refused_total", (("reason", "rate_limited"),))] == 2
+    assert samples[("gateway_tls_handshakes_failed_total", ())] == 0
+
+
+def test_denied_operations_are_counted_by_operation(secured, raw_client):
+    client = raw_session(raw_client, secured, "reader")
+    client.send_frame("SEND", {"destination": "/queue/orders.x"}, b"no")
+    client.expect("ERROR")
+    other = raw_session(raw_client, secured, "app")
+    other.send_frame("SUBSCRIBE", {"destination": "/topic/>", "id": "1"})
+    other.expect("ERROR")
+    assert secured.call(lambda: dict(secured.running.broker.stats.denied)) == {"write": 1, "read": 1}

@@ -139,6 +139,7 @@ def test_a_client_that_does_not_speak_tls_costs_only_its_connection(broker_facto
         plain_talker.close()
         silent.close()
     wait_for(lambda: broker.call(lambda: len(broker.running.server.connections)) == 0, what="no connection left")
+    assert broker.call(lambda: broker.running.server.tls_handshakes_failed) == 2  # gateway_tls_handshakes_failed_total
     assert stomp_tls(stomp_client, broker, pki).conn.is_connected()
 
 
