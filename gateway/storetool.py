@@ -51,7 +51,7 @@ def main(action: str, data_dir: str) -> int:
         return 1
     bar.done()
     _print_report(report)
-    return 1 if report.get("corrupt_records") else 0
+    return 1 if report.get("corrupt_records") or report.get("archive", {}).get("problems") else 0
 
 
 def _print_report(report: dict[str, Any], indent: str = "") -> None:

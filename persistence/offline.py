@@ -12,6 +12,7 @@ from typing import Any
 
 from persistence import checkpoint as checkpoints
 from persistence.archive import Archive
+from persistence.archive_check import check_archive
 from persistence.index import REFS, Index, ref_list
 from persistence.journal import OFFSET_BITS, Journal, list_segments, segment_name
 from persistence.records import CorruptRecord
@@ -125,6 +126,8 @@ def check(directory: Path, progress: Progress = None) -> dict[str, Any]:
         "keys": dict(sorted(keys.items())),
         "dead_ratio": dead_ratio,
         "corruptions": corruptions,
+        # The topic archives beside the store (a broker's data_dir/archive).
+        "archive": check_archive(directory.parent / "archive"),
     }
 
 

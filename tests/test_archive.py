@@ -381,3 +381,43 @@ def test_a_damaged_record_ends_its_segment_for_a_reader_without_huge_reads(tmp_p
     data[fifth + 8 : fifth + 12] = (0xFFFFFFF0).to_bytes(4, "little")  # an absurd length
     segment.write_bytes(bytes(data))
     assert [o for o, _, _ in read_all(archive, 0, 20)] == [0, 1, 2, 3, 4]
+
+
+def test_the_offline_check_reads_every_segment_and_names_damage_and_gaps(tmp_path: Path) -> None:
+    from persistence.archive_check import check_archive
+
+    archive = opened(tmp_path)
+    fill(archive, 200)
+    archive.close()
+    report = check_archive(tmp_path)
+    topic = report["by_topic"][TOPIC]
+    assert (report["topics"], report["corrupt_records"], report["problems"]) == (1, 0, [])
+    assert (topic["records"], topic["earliest"], topic["next_offset"]) == (200, 0, 200)
+    assert topic["segments"] > 3
+    folder = tmp_path / directory_name(TOPIC)
+    bases = sorted(int(p.name.split(".")[0]) for p in folder.glob("*.seg"))
+    damaged = folder / segment_name(bases[1])
+    data = bytearray(damaged.read_bytes())
+    data[40] ^= 0xFF  # inside the first record's payload: its checksum fails
+    damaged.write_bytes(bytes(data))
+    (folder / segment_name(bases[2])).unlink()
+    report = check_archive(tmp_path)
+    assert report["corrupt_records"] == 1
+    reasons = [(p["segment"], p["reason"]) for p in report["problems"]]
+    assert reasons[0][0] == segment_name(bases[1]) and "unreadable" in reasons[0][1]
+    assert (segment_name(bases[3]), f"offsets {bases[1]}..{bases[3] - 1} are missing before this segment") in reasons
+
+
+def test_a_torn_tail_of_the_newest_segment_is_reported_not_called_corrupt(tmp_path: Path) -> None:
+    from persistence.archive_check import check_archive
+
+    archive = opened(tmp_path, segment_bytes=1 << 20)
+    fill(archive, 10)
+    archive.close()
+    segment = tmp_path / directory_name(TOPIC) / segment_name(0)
+    tail = b"\xd5\x47 half a record"
+    with open(segment, "ab") as f:
+        f.write(tail)
+    report = check_archive(tmp_path)
+    assert (report["corrupt_records"], report["problems"], report["torn_bytes"]) == (0, [], len(tail))
+    assert report["by_topic"][TOPIC]["records"] == 10
