@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import ssl
 import time
 from functools import partial
 from pathlib import Path
@@ -26,7 +27,7 @@ from gateway.server import Limits, ListenerSpec, Server, TrioClock
 from gateway.stomp.session import StompSession
 from gateway.websocket import Upgrades
 from gateway.storage import BrokerStore, open_store, restored, restored_retained
-from gateway.tls import CertificateUsers, server_context
+from gateway.tls import CertificateUsers, TlsSettings, files_version, load_files, server_context
 from persistence.store import Store
 
 # After a failed write (disk full, I/O error) wait this long before the next
@@ -176,6 +177,8 @@ async def serve(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_commit, store, server, commit_lot, log, writes)
             nursery.start_soon(redelivery.run)
+            if tls is not None and config.tls.reload_interval_s > 0:
+                nursery.start_soon(_reload_tls, tls, config.tls, log)
             for _ in range(VERIFY_WORKERS):
                 nursery.start_soon(_verify_passwords, checks_receive)
             nursery.start_soon(_maintain, store, broker, config.store.maintenance_interval_s, commit_lot, log)
@@ -309,6 +312,25 @@ class _RedeliveryTimer:
 def run(config: Config, log: Any) -> None:
     """Run the broker in this (main) thread until a signal stops it."""
     trio.run(serve, config, log)
+
+
+async def _reload_tls(context: ssl.SSLContext, settings: TlsSettings, log: Any) -> None:
+    """Load a rotated certificate (and key and CA) for new handshakes once its
+    files change; a set that does not load (a half-written pair, say) is
+    logged and tried again, and the running one stays."""
+    version = files_version(settings)
+    while True:
+        await trio.sleep(settings.reload_interval_s)
+        current = files_version(settings)
+        if current == version:
+            continue
+        try:
+            load_files(context, settings)
+        except ValueError as exc:
+            log.warning("tls_reload_failed", reason=str(exc), detail="the previous certificate stays in use")
+            continue
+        version = current
+        log.info("tls_reloaded", cert=settings.cert)
 
 
 async def _stop_on_signal(server: Server, log: Any) -> None:

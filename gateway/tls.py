@@ -6,6 +6,7 @@ wraps its listeners with the context."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import ssl
 from typing import Any
 
@@ -29,6 +30,10 @@ class TlsSettings:
     # false: only the TLS listeners run (the plain STOMP, MQTT and admin ports stay closed).
     plain: bool = True
     handshake_timeout_s: float = 10.0
+    # How often the certificate, key and CA files are checked for a change
+    # (a rotated Kubernetes Secret, cert-manager); a changed set is loaded for
+    # new connections without a restart.  0: never.
+    reload_interval_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.client_certs not in CLIENT_CERTS:
@@ -52,16 +57,37 @@ def server_context(settings: TlsSettings) -> ssl.SSLContext:
     """The listeners' context; a missing or unreadable file raises ValueError naming it."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    load_files(context, settings)
+    context.verify_mode = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}[
+        settings.client_certs
+    ]
+    return context
+
+
+def load_files(context: ssl.SSLContext, settings: TlsSettings) -> None:
+    """(Re)load the certificate, key and CA into ``context``: handshakes that
+    start afterwards use them, established connections keep theirs."""
     try:
         context.load_cert_chain(settings.cert, settings.key)
         if settings.client_certs != "none":
             context.load_verify_locations(cafile=settings.ca)
     except (OSError, ssl.SSLError) as exc:
         raise ValueError(f"tls: cannot load the certificate, key or CA: {exc}") from None
-    context.verify_mode = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}[
-        settings.client_certs
-    ]
-    return context
+
+
+def files_version(settings: TlsSettings) -> tuple[tuple[int, int], ...]:
+    """What changes when a file is replaced: (mtime, size) of each file (a
+    Secret update swaps a symlink, which changes both on the path)."""
+    paths = [settings.cert, settings.key] + ([settings.ca] if settings.client_certs != "none" else [])
+    out = []
+    for path in paths:
+        try:
+            status = os.stat(path)
+        except OSError:
+            out.append((-1, -1))
+        else:
+            out.append((status.st_mtime_ns, status.st_size))
+    return tuple(out)
 
 
 def subject_text(certificate: dict[str, Any]) -> str:

@@ -153,3 +153,29 @@ def test_tls_settings_are_checked_at_start(tmp_path, pki):
         load(str(config))
     config.write_text(f'stomp_tls_port = 0\n[tls]\ncert = "{pki["server"]}"\nkey = "{pki["server"]}"\n')
     assert load(str(config)).tls.enabled
+
+
+def test_a_rotated_certificate_is_served_to_new_connections_without_a_restart(broker_factory, pki, tmp_path, stomp_client):
+    import trustme
+
+    broker = tls_broker(broker_factory, pki, reload_interval_s=0.1)
+    port = broker.running.ports["stomp-tls"]
+    held = stomp_tls(stomp_client, broker, pki)  # connected with the first certificate
+    queue = f"/queue/{unique()}"
+    held.subscribe(queue)
+    renewed = trustme.CA()  # as if cert-manager renewed it under another issuer
+    renewed.cert_pem.write_to_path(tmp_path / "renewed-ca.pem")
+    renewed.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(pki["server"])
+
+    def presents_the_renewed_one() -> bool:
+        context = ssl.create_default_context(cafile=str(tmp_path / "renewed-ca.pem"))
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+                with context.wrap_socket(raw, server_hostname="127.0.0.1"):
+                    return True
+        except ssl.SSLError:
+            return False
+
+    wait_for(presents_the_renewed_one, timeout=10, interval=0.05, what="the renewed certificate")
+    held.send(queue, b"the old connection goes on")
+    assert held.wait_messages(1)[0].body == b"the old connection goes on"
