@@ -469,7 +469,7 @@ class Archive:
         stop = min(stop, topic.next_offset)
         first = max(0, bisect.bisect_right(topic.bases, start) - 1)
         active = list(topic.index) if first == len(topic.bases) - 1 else None
-        return ArchiveReader(topic, list(topic.bases[first:]), start, stop, active)
+        return ArchiveReader(topic, list(topic.bases[first:]), start, stop, active, on_damage=self._emit)
 
     def _emit(self, event: str, **fields: Any) -> None:
         if self._log is not None:

@@ -8,6 +8,7 @@ import os
 import time
 import zlib
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from persistence.archive_format import PAIR, ROW, entry_holds, index_name, read_index, segment_name
@@ -40,8 +41,17 @@ class ArchiveReader:
     time, sequentially through its segments, with its own descriptors; safe
     in one worker thread while the main thread appends."""
 
-    def __init__(self, topic: Any, bases: list[int], start: int, stop: int, index: list[tuple[int, int]] | None = None) -> None:
+    def __init__(
+        self,
+        topic: Any,
+        bases: list[int],
+        start: int,
+        stop: int,
+        index: list[tuple[int, int]] | None = None,
+        on_damage: Callable[..., None] | None = None,
+    ) -> None:
         self.topic = topic
+        self._on_damage = on_damage  # (event, **fields): told of each damaged stretch
         self.start = start
         self.stop = stop
         self._bases = bases
@@ -52,6 +62,13 @@ class ArchiveReader:
         self._file_pos = 0  # of _data[0] in the segment
         self._p = 0
         self.done = start >= stop
+        # Damaged stretches skipped (each resynchronised past, as the
+        # journal's recovery does), and the last offset read, so a stale
+        # frame found while resynchronising can never go out of order.
+        self.damaged = 0
+        self._segment = ""
+        self._resyncing = False
+        self._last = -1
         # The first segment is opened now (on the caller's thread), so that
         # retention deleting it before the worker gets to it cannot fail the
         # read; it may not exist yet while its first records wait to be written.
@@ -87,6 +104,7 @@ class ArchiveReader:
         if not self._bases:
             return False
         base = self._bases.pop(0)
+        self._segment = segment_name(base)
         if self._first is not None:
             self._fd, self._first = self._first, None
         else:
@@ -149,27 +167,44 @@ class ArchiveReader:
         count = ends[-1]
         complete = True
         while len(offsets) < max_rows:
+            if self._last >= stop - 1:  # all of the range is read: what follows may be mid-write
+                self.done = True
+                break
             if n - p < HEADER_BYTES:
                 complete = False
                 break
             magic, crc, _version, _rtype, length = header(data, p)
             end = p + HEADER_BYTES + length
-            if end > n:
+            if end > n and not self._claims_past_the_end(n):
                 complete = False
                 break
-            if magic != MAGIC or crc32(view[p + 6 : end]) != crc:
-                # Damage (or a record being written right now, beyond stop):
-                # nothing after it in this segment is readable in order.
-                self._close_segment()
-                break
+            if end > n or magic != MAGIC or crc32(view[p + 6 : end]) != crc:
+                # Damage (a flipped bit, an absurd length; or, past stop, a
+                # record being written right now): skip to the next frame
+                # that checks out, as the journal's recovery does.
+                if not self._resyncing:
+                    self._resyncing = True
+                    self.damaged += 1
+                    if self._on_damage is not None:
+                        self._on_damage("archive_record_corrupt", topic=getattr(self.topic, "name", "?"),
+                                        segment=self._segment, position=self._file_pos + p)
+                found = data.find(MAGIC, p + 1)
+                if found < 0:
+                    p = max(p + 1, n - len(MAGIC) + 1)  # a magic may straddle the next read
+                    complete = False
+                    break
+                p = found
+                continue
+            self._resyncing = False
             q = p + HEADER_BYTES
             offset, timestamp, priority, tl, il, hl = row(data, q)
             if offset >= stop:
                 self.done = True
                 break
             p = end
-            if offset < start:
+            if offset < start or offset <= self._last:
                 continue
+            self._last = offset
             q += ROW.size + tl
             offsets.append(offset)
             timestamps.append(timestamp)
@@ -188,6 +223,12 @@ class ArchiveReader:
             bodies.append(data[stop_h:end])
         self._p = p
         return complete
+
+    def _claims_past_the_end(self, n: int) -> bool:
+        """Whether the buffer already runs to the segment's end, so a frame
+        longer than what is left is damage rather than a read to finish."""
+        assert self._fd is not None
+        return self._file_pos + n >= os.fstat(self._fd).st_size
 
     def close(self) -> None:
         self._close_segment()

@@ -370,17 +370,51 @@ def test_a_clean_close_saves_the_active_index_so_opening_scans_only_the_tail(tmp
     assert third.info(TOPIC).latest == 200 and third.topics[TOPIC].index  # type: ignore[union-attr]
 
 
-def test_a_damaged_record_ends_its_segment_for_a_reader_without_huge_reads(tmp_path: Path) -> None:
+def record_starts(data: bytes) -> list[int]:
+    starts, p = [], 0
+    while p < len(data):
+        starts.append(p)
+        p += 12 + int.from_bytes(data[p + 8 : p + 12], "little")
+    return starts
+
+
+def test_a_record_with_an_absurd_length_is_skipped_without_huge_reads(tmp_path: Path) -> None:
     archive = opened(tmp_path, segment_bytes=1 << 20)
     fill(archive, 20)
     segment = tmp_path / TOPIC / segment_name(0)
     data = bytearray(segment.read_bytes())
-    fifth = 0
-    for _ in range(5):  # walk to the sixth record
-        fifth += 12 + int.from_bytes(data[fifth + 8 : fifth + 12], "little")
-    data[fifth + 8 : fifth + 12] = (0xFFFFFFF0).to_bytes(4, "little")  # an absurd length
+    sixth = record_starts(bytes(data))[5]
+    data[sixth + 8 : sixth + 12] = (0xFFFFFFF0).to_bytes(4, "little")  # an absurd length
     segment.write_bytes(bytes(data))
-    assert [o for o, _, _ in read_all(archive, 0, 20)] == [0, 1, 2, 3, 4]
+    assert [o for o, _, _ in read_all(archive, 0, 20)] == [0, 1, 2, 3, 4] + list(range(6, 20))
+
+
+@pytest.mark.parametrize("chunk", [1 << 20, 97], ids=["one-read", "many-small-reads"])
+def test_a_reader_resynchronises_past_damaged_records_and_counts_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int) -> None:
+    from persistence import archive_reader
+
+    monkeypatch.setattr(archive_reader, "READ_CHUNK_BYTES", chunk)
+    told: list[tuple[str, dict]] = []
+    archive = Archive(tmp_path, segment_bytes=1 << 20, log=lambda event, **fields: told.append((event, fields)))
+    archive.open()
+    fill(archive, 50)
+    segment = tmp_path / TOPIC / segment_name(0)
+    data = bytearray(segment.read_bytes())
+    starts = record_starts(bytes(data))
+    data[starts[3] + 20] ^= 0xFF  # a flipped bit in record 3
+    data[starts[30] + 1] ^= 0xFF  # record 30's magic
+    data[starts[31] + 30] ^= 0xFF  # and its neighbour: one damaged stretch
+    segment.write_bytes(bytes(data))
+    reader = archive.reader(TOPIC, 0, 50)
+    reader.wait_written(1.0)
+    got = []
+    while not reader.done:
+        got += reader.read(7).offsets
+    reader.close()
+    assert got == [o for o in range(50) if o not in (3, 30, 31)]
+    assert reader.damaged == 2
+    assert [(e, f["segment"]) for e, f in told] == [("archive_record_corrupt", segment_name(0))] * 2
+    assert told[0][1]["position"] == starts[3] and told[1][1]["position"] == starts[30]
 
 
 def test_the_offline_check_reads_every_segment_and_names_damage_and_gaps(tmp_path: Path) -> None:
