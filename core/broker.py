@@ -173,22 +173,24 @@ class Broker:
         subscriber, storing it first if it is persistent and anything that
         keeps messages gets it.  Returns the LSN that makes it durable.
         A ``producer`` is held back if the message landed in congested queues."""
-        targets = self._targets(message.address)
-        if not message.address.is_queue:
+        address = message.address
+        policy = self.policies.for_address(address)
+        targets = self._targets(address)
+        if not address.is_queue:
             targets = self._selected(targets, message)
-        elif targets and targets[0].waiters is not None and self.policies.for_address(message.address).send_fail_if_no_space:
-            raise LimitExceeded(f"destination {message.address.text!r} is full (send_fail_if_no_space)")
+        elif targets and targets[0].waiters is not None and policy.send_fail_if_no_space:
+            raise LimitExceeded(f"destination {address.text!r} is full (send_fail_if_no_space)")
         self.stats.messages_in += 1
         lsn = 0
         if message.persistent:
             keys = [queue.key for queue in targets if queue.key is not None]
             if keys:
                 lsn = self.store.add_message(message, keys)
-        if message.address.kind is Kind.TOPIC and self.policies.for_address(message.address).archive:
-            archived = self.store.archive(message.address.name, message)
+        if policy.archive and address.kind is Kind.TOPIC:
+            archived = self.store.archive(address.name, message)
             if message.persistent:  # a receipt promises the archived copy too
                 lsn = max(lsn, archived)
-        if message.address.is_queue and self.policies.for_address(message.address).send_fail_if_no_space:
+        if address.is_queue and policy.send_fail_if_no_space:
             producer = None  # a full queue refuses the next SEND instead of holding this one
         self._put(message, targets, producer)
         return lsn
