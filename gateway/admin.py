@@ -82,6 +82,10 @@ async def _connection(
                 if refused is not None:
                     await _send(conn, stream, refused, close=True)
                 return
+            check = api.credentials_check(request)
+            if check is not None:  # PBKDF2 off the event loop, then handle() finds the answer
+                header, verify = check
+                api.remember(header, await trio.to_thread.run_sync(verify))
             try:
                 response = api.handle(request)
             except Exception:  # a bug answers 500 to this request; the broker goes on

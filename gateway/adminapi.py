@@ -40,6 +40,8 @@ from gateway import console
 from gateway.auth import verify_password
 
 ROLES = ("read", "write")
+# Credentials remembered (verified or refused) before starting over.
+VERIFIED_CACHE = 1024
 USERS_FILE_ENV = "GATEWAY_ADMIN_USERS_FILE"
 
 
@@ -118,7 +120,8 @@ class AdminApi:
         self.users = users
         self.ready = ready
         self.metrics = metrics
-        self._verified: dict[str, str] = {}  # Authorization header -> role, so PBKDF2 runs once per credential
+        # Authorization header -> role (None: refused), so PBKDF2 runs once per credential.
+        self._verified: dict[str, str | None] = {}
 
     def handle(self, request: Request) -> Response:
         parts = urlsplit(request.target)
@@ -141,16 +144,28 @@ class AdminApi:
         if not self.users:
             return error(403, "no admin users are configured ([admin] users or a users file)")
         header = request.headers.get("authorization", "")
-        role = self._verified.get(header)
+        if header not in self._verified:  # the admin server checks new ones off the loop first
+            self.remember(header, self._check(header))
+        role = self._verified[header]
         if role is None:
-            role = self._check(header)
-            if role is None:
-                return error(401, "credentials required", **{"WWW-Authenticate": 'Basic realm="gateway"'})
-            if len(self._verified) < 1024:
-                self._verified[header] = role
+            return error(401, "credentials required", **{"WWW-Authenticate": 'Basic realm="gateway"'})
         if need == "write" and role != "write":
             return error(403, "this user may only read")
         return None
+
+    def credentials_check(self, request: Request) -> tuple[str, Callable[[], str | None]] | None:
+        """Credentials not seen before, and the check of them (a PBKDF2 run),
+        for the admin server to do in a worker thread before :meth:`handle`,
+        so a wrong password costs the event loop nothing."""
+        header = request.headers.get("authorization", "")
+        if not self.users or not header or header in self._verified:
+            return None
+        return header, lambda: self._check(header)
+
+    def remember(self, header: str, role: str | None) -> None:
+        if len(self._verified) >= VERIFIED_CACHE:
+            self._verified.clear()
+        self._verified[header] = role
 
     def _check(self, header: str) -> str | None:
         scheme, _, encoded = header.partition(" ")
@@ -202,7 +217,7 @@ class AdminApi:
             return error(400, f"invalid destination: {address}")
         if action == "messages" and method == "POST":
             return self._send(address, body)
-        queue = self._find(address.text)
+        queue = self.broker.queue(address)
         if queue is None:
             return error(404, f"no destination {address.text!r}")
         if not action and method == "GET":
@@ -243,12 +258,6 @@ class AdminApi:
 
     def _queues(self) -> list[Any]:
         return list(self.broker.queues.values()) + [d.queue for d in self.broker.durables.values()]
-
-    def _find(self, text: str) -> Any:
-        for queue in self.broker.queues.values():
-            if queue.address.text == text:
-                return queue
-        return None
 
     def _destination(self, queue: Any) -> dict[str, Any]:
         durable = queue.key is not None and queue.key.startswith("durable:")
