@@ -128,7 +128,7 @@ async def serve(
     def stomp_session(conn_id: str, conn_log: Any, transport: Transport) -> StompSession:
         return StompSession(
             broker, clock, config.stomp, conn_id=conn_id, log=conn_log,
-            admit=lambda login, passcode: gatekeeper.admit(login, passcode, transport),
+            admit=partial(gatekeeper.admit, transport=transport),
         )
 
     registry = mqtt_session.Registry()
@@ -137,7 +137,7 @@ async def serve(
     def mqtt_connection(conn_id: str, conn_log: Any, transport: Transport) -> mqtt_session.MqttSession:
         return mqtt_session.MqttSession(
             broker, clock, config.mqtt, registry, conn_id=conn_id, log=conn_log,
-            admit=lambda login, passcode: gatekeeper.admit(login, passcode, transport),
+            admit=partial(gatekeeper.admit, transport=transport),
         )
 
     tls = server_context(config.tls) if config.tls.enabled else None

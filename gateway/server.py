@@ -260,8 +260,7 @@ class Server:
         self.grace_s = grace_s
         self.limits = limits
         self.certificate_user = certificate_user
-        # Connections served (not refused), in all and by source host.
-        self.admitted = 0
+        # Connections served (not refused) by source host, and those being refused.
         self.by_host: dict[str, int] = {}
         self.refusing = 0
         self.tls_handshakes_failed = 0
@@ -277,7 +276,15 @@ class Server:
         self.closed_bytes_in = 0
         self.closed_bytes_out = 0
         self.accepted: dict[str, int] = {}  # connections accepted, by protocol
-        self.stopping = False
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def admitted(self) -> int:
+        """Connections served, not being refused."""
+        return len(self.connections) - self.refusing
 
     def traffic(self) -> tuple[int, int]:
         """Bytes received and sent since start, all connections."""
@@ -302,7 +309,6 @@ class Server:
             connection.wake_writer()
 
     def stop(self) -> None:
-        self.stopping = True
         self._stop.set()
 
     async def run(self, specs: list[ListenerSpec], *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -375,9 +381,10 @@ class Server:
             return
         conn_id = f"{name}-{next(self._conn_ids)}"
         log = self.log.bind(conn_id=conn_id, peer=peer)
+        tls = _tls_stream(stream)
         transport = Transport(
-            peer=peer, host=host, tls=_tls_stream(stream) is not None, refused=refused,
-            certificate_user=self._certificate_user(stream, log),
+            peer=peer, host=host, tls=tls is not None, refused=refused,
+            certificate_user=self._certificate_user(tls, log),
         )
         session = factory(conn_id, log, transport)
         connection = Connection(stream, session, log, self._durable_lsn, self._gated, self.after_input)
@@ -386,7 +393,6 @@ class Server:
         self.accepted[name] = self.accepted.get(name, 0) + 1
         self.connections[conn_id] = connection
         if refused is None:
-            self.admitted += 1
             self.by_host[host] = self.by_host.get(host, 0) + 1
         else:
             self.refusing += 1
@@ -403,7 +409,6 @@ class Server:
             session.close("broker is shutting down")
             del self.connections[conn_id]
             if refused is None:
-                self.admitted -= 1
                 if self.by_host[host] == 1:
                     del self.by_host[host]
                 else:
@@ -418,8 +423,7 @@ class Server:
             log.info("connection_closed", reason=session.close_reason)
             await close_stream(stream)
 
-    def _certificate_user(self, stream: trio.abc.Stream, log: Any) -> str | None:
-        tls = _tls_stream(stream)
+    def _certificate_user(self, tls: trio.SSLStream | None, log: Any) -> str | None:
         if tls is None:
             return None
         certificate = tls.getpeercert()
