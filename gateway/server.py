@@ -276,10 +276,7 @@ class Server:
         self.closed_bytes_in = 0
         self.closed_bytes_out = 0
         self.accepted: dict[str, int] = {}  # connections accepted, by protocol
-
-    @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()
+        self.stopping = False
 
     @property
     def admitted(self) -> int:
@@ -309,6 +306,7 @@ class Server:
             connection.wake_writer()
 
     def stop(self) -> None:
+        self.stopping = True
         self._stop.set()
 
     async def run(self, specs: list[ListenerSpec], *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
