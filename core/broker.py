@@ -175,10 +175,8 @@ class Broker:
         A ``producer`` is held back if the message landed in congested queues."""
         address = message.address
         policy = self.policies.for_address(address)
-        targets = self._targets(address)
-        if not address.is_queue:
-            targets = self._selected(targets, message)
-        elif targets and targets[0].waiters is not None and policy.send_fail_if_no_space:
+        targets = self._targets_for(message)
+        if address.is_queue and targets and targets[0].waiters is not None and policy.send_fail_if_no_space:
             raise LimitExceeded(f"destination {address.text!r} is full (send_fail_if_no_space)")
         self.stats.messages_in += 1
         lsn = 0
@@ -232,6 +230,12 @@ class Broker:
                 queue = self._create_queue(address)
             return [queue]
         return [target.queue for target in self._trees[address.kind].match(address.segments)]
+
+    def _targets_for(self, message: Message) -> list[Queue]:
+        """Where ``message`` goes: its queue, or the topic subscriptions whose
+        selector (if any) takes it."""
+        targets = self._targets(message.address)
+        return targets if message.address.is_queue else self._selected(targets, message)
 
     @staticmethod
     def _selected(targets: list[Queue], message: Message) -> list[Queue]:
@@ -339,7 +343,7 @@ class Broker:
         key = durable_key(client_id, name)
         lsn = 0
         durable = self.durables.get(key)
-        text = selector.text if selector is not None else None
+        text = _text(selector)
         if durable is not None and (durable.pattern != pattern or _text(durable.queue.selector) != text):
             lsn = self._drop_durable(durable)
             durable = None

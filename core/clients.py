@@ -297,10 +297,7 @@ class Client:
         if len(broker.queues) + len(missing) > broker.settings.max_destinations:
             raise LimitExceeded(f"too many destinations (limit {broker.settings.max_destinations})")
         del self.transactions[transaction]
-        routed = [
-            (message, broker._targets(address) if address.is_queue else broker._selected(broker._targets(address), message))
-            for address, message in tx.sends
-        ]
+        routed = [(message, broker._targets_for(message)) for _, message in tx.sends]
         # One store record for all of it, so a crash keeps all or none.
         adds = []
         for message, targets in routed:

@@ -276,17 +276,17 @@ class Queue:
 
     def dispatch(self) -> None:
         pending = self.pending
-        message_aware = self.selective or self.groups is not None
-        if message_aware:
+        if self.selective or self.groups is not None:
             self._dispatch_selective()
-        while pending and not message_aware:
-            consumer = self._pick()
-            if consumer is None:
-                break
-            message = pending.pop()
-            if message.expires and self._expired(message):
-                continue  # never delivered once past its time
-            self._deliver(consumer, message)
+        else:
+            while pending:
+                consumer = self._pick()
+                if consumer is None:
+                    break
+                message = pending.pop()
+                if message.expires and self._expired(message):
+                    continue  # never delivered once past its time
+                self._deliver(consumer, message)
         if len(pending) <= self.high_water // 2:
             self.slow = False
             if self.waiters is not None:
@@ -436,12 +436,7 @@ class Queue:
 
     def browse(self, limit: int) -> list[Message]:
         """The first ``limit`` pending messages in delivery order, untouched."""
-        out = []
-        for message in self.pending:
-            if len(out) >= limit:
-                break
-            out.append(message)
-        return out
+        return list(itertools.islice(self.pending, limit))
 
     def sweep(self) -> int:
         """Remove every expired pending message; returns how many.  Cheap for

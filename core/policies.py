@@ -74,7 +74,9 @@ class Policies:
         for pattern, overrides in self._entries:
             if pattern.kind is address.kind and names.matches(pattern.segments, address.segments):
                 merged.update(overrides)
-        found = dataclasses.replace(self.base, **merged) if merged else self.base
+        # policies=[]: the derived settings need not (and must not, per miss)
+        # validate every entry again in BrokerSettings.__post_init__.
+        found = dataclasses.replace(self.base, policies=[], **merged) if merged else self.base
         if len(self._cache) >= CACHE_ENTRIES:
             self._cache.clear()
         self._cache[address] = found
