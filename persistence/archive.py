@@ -52,16 +52,16 @@ from urllib.parse import unquote
 
 from persistence import records
 from persistence.archive_format import (
-    ENTRY,
     INDEX_BYTES,
     OFFSET,
     ROW,
-    SEGMENT_NAME,
     decode_row,
     directory_name,
+    encode_index,
     encode_row,
     entry_holds,
     index_name,
+    list_bases,
     read_index,
     segment_name,
 )
@@ -166,7 +166,7 @@ class Archive:
             path = self.directory / entry
             if not path.is_dir():
                 continue
-            bases = sorted(int(m.group(1)) for m in map(SEGMENT_NAME.match, os.listdir(path)) if m)
+            bases = list_bases(path)
             if not bases:
                 continue
             topic = _Topic(unquote(entry), path, bases[0])
@@ -207,7 +207,7 @@ class Archive:
                     os.fsync(f.fileno())
                 break
             (last,) = OFFSET.unpack_from(data, p + HEADER_BYTES)
-            if from_ + p >= (index[-1][1] + INDEX_BYTES if index else INDEX_BYTES):
+            if _index_due(index, from_ + p):
                 index.append((last, from_ + p))
             p += HEADER_BYTES + length
         return from_ + p, last
@@ -254,14 +254,13 @@ class Archive:
         position = topic.sizes[-1]
         if position and position + n > self.segment_bytes:
             if topic.index:
-                entries = b"".join(ENTRY.pack(o, p) for o, p in topic.index)
-                self._pending_indexes.append((topic.path / index_name(topic.bases[-1]), entries))
+                self._pending_indexes.append((topic.path / index_name(topic.bases[-1]), encode_index(topic.index)))
                 topic.index = []
             topic.bases.append(topic.next_offset)
             topic.sizes.append(0)
             topic.run = None
             position = 0
-        elif position >= (topic.index[-1][1] + INDEX_BYTES if topic.index else INDEX_BYTES):
+        elif _index_due(topic.index, position):
             topic.index.append((topic.next_offset, position))
         run = topic.run
         if run is None:
@@ -393,9 +392,7 @@ class Archive:
         for topic in self.topics.values():
             if topic.index:
                 with contextlib.suppress(FileNotFoundError):
-                    (topic.path / index_name(topic.bases[-1])).write_bytes(
-                        b"".join(ENTRY.pack(o, p) for o, p in topic.index)
-                    )
+                    (topic.path / index_name(topic.bases[-1])).write_bytes(encode_index(topic.index))
 
     # -- retention (main thread) -------------------------------------------------
 
@@ -418,10 +415,7 @@ class Archive:
                 too_old = True  # never written (an empty segment): nothing to keep
             if not (too_big or too_old) or topic.unwritten and self._holds(topic, topic.bases[0]):
                 break
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(topic.path / index_name(topic.bases[0]))
+            _remove_segment(topic.path, topic.bases[0])
             total -= topic.sizes[0]
             del topic.bases[0], topic.sizes[0]
         if len(topic.bases) == 1 and topic.sizes[0] and max_age_s and not topic.unwritten:
@@ -444,9 +438,7 @@ class Archive:
         fd = os.open(topic.path / segment_name(topic.next_offset), os.O_WRONLY | os.O_CREAT, 0o644)
         os.close(fd)
         fsync_directory(topic.path)
-        os.remove(old)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(topic.path / index_name(topic.bases[0]))
+        _remove_segment(topic.path, topic.bases[0])
         topic.bases = [topic.next_offset]
         topic.sizes = [0]
         topic.index = []
@@ -474,6 +466,18 @@ class Archive:
     def _emit(self, event: str, **fields: Any) -> None:
         if self._log is not None:
             self._log(event, **fields)
+
+
+def _index_due(index: list[tuple[int, int]], position: int) -> bool:
+    """Whether a record at ``position`` gets a sparse index entry (one per INDEX_BYTES)."""
+    return position >= (index[-1][1] + INDEX_BYTES if index else INDEX_BYTES)
+
+
+def _remove_segment(directory: Path, base: int) -> None:
+    """A segment and its sparse index, whichever of them exists."""
+    for name in (segment_name(base), index_name(base)):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(directory / name)
 
 
 def list_topics(archive: Archive) -> Iterable[TopicInfo]:

@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from persistence import records
-from persistence.archive_format import OFFSET, SEGMENT_NAME, segment_name
+from persistence.archive_format import OFFSET, list_bases, segment_name
 from persistence.records import HEADER_BYTES, CorruptRecord
 
 # At most this many problems are listed one by one per report.
@@ -33,7 +33,7 @@ def check_archive(directory: Path) -> dict[str, Any]:
         if not path.is_dir():
             continue
         name = unquote(entry)
-        bases = sorted(int(m.group(1)) for m in map(SEGMENT_NAME.match, os.listdir(path)) if m)
+        bases = list_bases(path)
         if not bases:
             continue
         expected = bases[0]

@@ -83,6 +83,15 @@ def decode_row(payload: bytes | memoryview) -> tuple[str, int, str, dict[str, st
     return topic, offset, message_id, headers, bytes(payload[stop:]), priority, timestamp
 
 
+def list_bases(directory: Path) -> list[int]:
+    """The base offsets of a topic directory's segments, ascending."""
+    return sorted(int(m.group(1)) for m in map(SEGMENT_NAME.match, os.listdir(directory)) if m)
+
+
+def encode_index(entries: list[tuple[int, int]]) -> bytes:
+    return b"".join(ENTRY.pack(offset, position) for offset, position in entries)
+
+
 def read_index(path: Path) -> list[tuple[int, int]]:
     """A sparse index file's ``(offset, position)`` entries; none if missing."""
     try:

@@ -36,6 +36,10 @@ def ref_list(refs: str | tuple[str, ...]) -> tuple[str, ...]:
     return (refs,) if refs.__class__ is str else refs  # type: ignore[return-value]
 
 
+# The records a transaction may hold (its adds, acks, archive copies and the
+# idempotency key of its COMMIT), replayed like the same records outside one.
+_TX_OPS = frozenset({RecordType.MESSAGE_ADD, RecordType.ACK, RecordType.ARCHIVE, RecordType.KV_PUT})
+
 class Index:
     __slots__ = ("messages", "subscriptions", "kv", "seg_live", "seg_records", "orphans", "forward", "origin", "tracking", "_sub_ids", "_apply", "on_archive")
 
@@ -240,16 +244,9 @@ class Index:
         if len(ops) > 1:  # each op counts as a record for dead ratios
             self.seg_records[location >> OFFSET_BITS] += len(ops) - 1
         for at, rtype, op in ops:
-            if rtype == RecordType.MESSAGE_ADD:
-                self._replay_add(base + at, op)
-            elif rtype == RecordType.ACK:
-                self._replay_ack(base + at, op)
-            elif rtype == RecordType.ARCHIVE:
-                self._replay_archive(base + at, op)
-            elif rtype == RecordType.KV_PUT:
-                self._replay_kv_put(base + at, op)
-            else:
+            if rtype not in _TX_OPS:
                 raise CorruptRecord(f"record type {rtype} inside a transaction")
+            self._apply[rtype](base + at, op)
 
     def _replay_kv_put(self, location: int, payload: memoryview) -> None:
         self.put(*records.decode_kv_put(payload))

@@ -299,10 +299,7 @@ class Store(Maintenance):
         payload = self.archive.append(topic, message_id, headers, body, priority, timestamp)
         if payload is None:
             return self.appended_lsn
-        lsn, location = self._journal.append(RecordType.ARCHIVE, payload)
-        self._index.count_record(location)
-        self.appended_lsn = lsn
-        return lsn
+        return self._change(RecordType.ARCHIVE, payload, _nothing)
 
     def transaction(
         self,
@@ -512,3 +509,7 @@ def _abandon(store: Store) -> None:
     """Drop a store as a crash would (tests): no flush, no checkpoint."""
     with contextlib.suppress(OSError):
         store._release()
+
+
+def _nothing() -> None:
+    """An archive record changes no index state (the archive keeps its own)."""
