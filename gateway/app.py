@@ -305,8 +305,8 @@ class _RedeliveryTimer:
             with trio.CancelScope() as self._scope:
                 if due is None:
                     await trio.sleep_forever()
-                await trio.sleep(max(0.0, (due - time.time() * 1000) / 1000))
-            self.broker.release_redeliveries(int(time.time() * 1000))
+                await trio.sleep(max(0.0, (due - self.broker.clock.wall_ms()) / 1000))
+            self.broker.release_redeliveries(self.broker.clock.wall_ms())
 
 
 def run(config: Config, log: Any) -> None:

@@ -15,6 +15,7 @@ pyarrow is imported only when a range is actually read.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 from urllib.parse import unquote
 
@@ -104,7 +105,7 @@ def _messages(archive: Archive, info: TopicInfo, query: dict[str, list[str]]) ->
     try:
         reader = archive.reader(info.topic, start, min(stop, info.latest))
     except ArchiveGone as exc:
-        return Response(410, ok({"status": 410, "reason": str(exc), "earliest": exc.earliest}).body)
+        return ok({"status": 410, "reason": str(exc), "earliest": exc.earliest}, 410)
     return Response(200, b"", ARROW_STREAM, stream=ArrowStream(info.topic, reader))
 
 
@@ -137,6 +138,7 @@ class ArrowStream:
         self.reader.close()
 
 
+@functools.cache  # built once, on the first read (pyarrow is imported lazily)
 def schema() -> Any:
     import pyarrow as pa
 

@@ -6,7 +6,8 @@ access is off unless the config turns it back on.
 
 Wrong credentials cost the caller, not the broker: after a few failures from
 one address within a window, further attempts from it are refused before any
-password hash is computed (PBKDF2 is slow on purpose, and runs on the loop).
+password hash is computed (PBKDF2 is slow on purpose; the app computes it in a
+worker thread, see VerificationPending).
 The same gate refuses connections the server admitted past a limit, so each
 protocol can say so the way it says "no" to a login."""
 

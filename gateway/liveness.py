@@ -70,7 +70,8 @@ class Liveness:
             return "no CONNECT within the connect timeout" if now >= self.opened_at + self.connect_timeout_s else None
         if self.blocked and client is not None:
             for queue in client.check_held(now):
-                log.warning("slow_consumer", destination=queue.address.text, depth=queue.depth)
+                log.warning("slow_consumer", destination=queue.address.text,
+                            consumer_client=getattr(queue.owner, "number", None), depth=queue.depth)
         if not reading:
             self.last_read = now  # we are not reading: its silence is ours
         if self.silence_s and now >= self.last_read + self.silence_s:

@@ -9,6 +9,8 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from persistence.archive import list_topics
+
 # Seconds a store batch took to write and fdatasync.
 WRITE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
@@ -103,7 +105,7 @@ def render(broker: Any, server: Any, store: Any, writes: Histogram, gatekeeper: 
         out.family(name, kind, help_text, ((f'{{destination="{_label(text)}"}}', value(q)) for text, q in queues))
     archive = getattr(store, "archive", None)
     if archive is not None:
-        topics = [(f'{{topic="{_label(name)}"}}', archive.info(name)) for name in sorted(archive.topics)]
+        topics = [(f'{{topic="{_label(info.topic)}"}}', info) for info in list_topics(archive)]
         out.family("gateway_archive_earliest_offset", "gauge", "The oldest offset an archived topic still keeps.",
                    ((labels, info.earliest) for labels, info in topics))
         out.family("gateway_archive_latest_offset", "gauge", "The offset an archived topic's next message gets.",

@@ -100,7 +100,7 @@ class BrokerStore:
         lsn = self.store.transaction(
             stored,
             [(key, message.id) for key, message in acks],
-            archived=[(topic, m.id, m.headers, m.body or b"", m.priority, m.timestamp) for topic, m in archived],
+            archived=[_archived(topic, m) for topic, m in archived],
             puts=puts,
         )
         for (message, _), (record, _) in zip(adds, stored):
@@ -108,8 +108,7 @@ class BrokerStore:
         return lsn
 
     def archive(self, topic: str, message: Message) -> int:
-        m = message
-        return self.store.archive_message(topic, m.id, m.headers, m.body or b"", m.priority, m.timestamp)
+        return self.store.archive_message(*_archived(topic, message))
 
     def forget_commit_key(self, key: str) -> int:
         return self.store.delete(COMMIT_KEYS, key)
@@ -141,9 +140,7 @@ class BrokerStore:
         message.body = stored.body
 
     def retain(self, topic: str, message: Message | None) -> int:
-        if message is None:
-            return self.store.delete(RETAINED, topic)
-        return self.store.put(RETAINED, topic, _encode_retained(message))
+        return self.note(RETAINED, topic, None if message is None else _encode_retained(message))
 
     def note(self, namespace: str, key: str, value: bytes | None) -> int:
         if value is None:
@@ -170,6 +167,11 @@ class BrokerStore:
         """Once restored, the notes of the last stop are spent."""
         for message_id in recovered.kv.get(REDELIVERIES, {}):
             self.store.delete(REDELIVERIES, message_id)
+
+
+def _archived(topic: str, m: Message) -> tuple[str, str, dict[str, str], bytes, int, int]:
+    """What the store keeps of a message in ``topic``'s archive."""
+    return (topic, m.id, m.headers, m.body or b"", m.priority, m.timestamp)
 
 
 def _encode_retained(message: Message) -> bytes:

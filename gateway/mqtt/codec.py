@@ -34,7 +34,7 @@ MAX_PACKET_BYTES = 256 * 1024 * 1024
 # (protocol name, level) pairs we speak: 3.1.1, and 3.1 whose packets are the same
 # for everything parsed here ("MQIsdp" level 3).
 SUPPORTED_PROTOCOLS = frozenset({("MQTT", 4), ("MQIsdp", 3)})
-KNOWN_PROTOCOL_NAMES = frozenset({"MQTT", "MQIsdp"})
+KNOWN_PROTOCOL_NAMES = frozenset(name for name, _ in SUPPORTED_PROTOCOLS)
 
 _U16 = struct.Struct(">H")
 _BBH = struct.Struct(">BBH")  # first byte, one-byte remaining length, topic length

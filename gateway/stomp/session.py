@@ -570,9 +570,7 @@ class StompSession:
             self._receipt_if_asked(frame, self.client.commit(transaction))  # type: ignore[union-attr]
             return
         lsn, duplicate = self.client.commit_once(transaction, key)  # type: ignore[union-attr]
-        receipt = frame.headers.get("receipt")
-        if receipt is not None:
-            self._receipt(receipt, lsn, {"duplicate": "true"} if duplicate else None)
+        self._receipt_if_asked(frame, lsn, {"duplicate": "true"} if duplicate else None)
 
     def _on_abort(self, frame: frames.Frame) -> None:
         self.client.abort(_require(frame, "transaction"))  # type: ignore[union-attr]
@@ -584,10 +582,10 @@ class StompSession:
 
     # -- replies -----------------------------------------------------------
 
-    def _receipt_if_asked(self, frame: frames.Frame, lsn: int = 0) -> None:
+    def _receipt_if_asked(self, frame: frames.Frame, lsn: int = 0, extra: dict[str, str] | None = None) -> None:
         receipt = frame.headers.get("receipt")
         if receipt is not None:
-            self._receipt(receipt, lsn)
+            self._receipt(receipt, lsn, extra)
 
     def _receipt(self, receipt_id: str, lsn: int, extra: dict[str, str] | None = None) -> None:
         headers = {"receipt-id": receipt_id} if extra is None else {"receipt-id": receipt_id, **extra}
