@@ -140,8 +140,6 @@ def topic_name(text: str, *, pattern: bool) -> str:
         for i, level in enumerate(levels := text.split("/")):
             if ("+" in level and level != "+") or ("#" in level and (level != "#" or i != len(levels) - 1)):
                 raise OptionError(f"{text!r} is not a valid MQTT topic filter: + and # must be whole levels, # the last")
-            if not pattern and level in ("+", "#"):
-                raise OptionError(f"{text!r} names no single topic")
         address = topics.to_pattern(text)
     else:
         address = names.topic(text)

@@ -92,12 +92,12 @@ def next_offsets(start: Mapping[str, int], infos: Iterable[TopicInfo], max_rows:
     """The end offset of the next micro-batch: every topic's ``latest``, or, with
     ``max_rows``, at most that many new offsets shared across topics in
     proportion to their backlog.  Never below ``start``: an offset only moves on."""
-    ends = {topic: offset for topic, offset in start.items()}
+    ends = dict(start)
     backlog: list[tuple[str, int, int]] = []  # (topic, from, latest)
     for info in sorted(infos, key=lambda i: i.topic):
         # A topic new to the query starts at 0; what retention dropped is no backlog.
         begin = max(start.get(info.topic, 0), info.earliest)
-        ends[info.topic] = max(begin, start.get(info.topic, 0))
+        ends[info.topic] = begin
         if info.latest > begin:
             backlog.append((info.topic, begin, info.latest))
     total = sum(latest - begin for _, begin, latest in backlog)

@@ -103,7 +103,7 @@ class ArchiveStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self.target = {info.topic: info.latest for info in self.client.topics(self.options.pattern)}
+        self.target = self.reportLatestOffset()
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None

@@ -69,8 +69,7 @@ class StompClient:
         while True:
             for frame in self.codec.events():
                 if isinstance(frame, frames.Error):
-                    detail = frame.body.decode("utf-8", "replace")
-                    raise StompError(f"broker sent ERROR: {frame.headers.get('message', '')} {detail}".strip())
+                    raise _refusal(frame)
                 return frame
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -98,7 +97,7 @@ class StompClient:
         self.codec.receive_data(data)
         for frame in self.codec.events():
             if isinstance(frame, frames.Error):
-                raise StompError(f"broker sent ERROR: {frame.headers.get('message', '')}")
+                raise _refusal(frame)
 
     def request(self, frame: frames.Frame) -> frames.Frame:
         """Send ``frame`` with a receipt and return the RECEIPT (ERROR raises)."""
@@ -129,3 +128,9 @@ class StompClient:
 
     def disconnect(self) -> None:
         self.request(frames.Disconnect({}))
+
+
+def _refusal(frame: frames.Frame) -> StompError:
+    """The broker's ERROR as an exception: its message header, then its body."""
+    detail = frame.body.decode("utf-8", "replace")
+    return StompError(f"broker sent ERROR: {frame.headers.get('message', '')} {detail}".strip())

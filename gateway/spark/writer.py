@@ -92,10 +92,8 @@ class SentPartition(WriterCommitMessage):
     duplicate: bool  # the broker had committed this key already and dropped the replay
 
 
-def send_partition(options: WriteOptions, rows: Iterator[Any], key: str) -> SentPartition:
+def send_partition(options: WriteOptions, rows: Iterator[Any], partition: int, key: str) -> SentPartition:
     """Executor side: the partition's rows in one transaction, committed with ``key``."""
-    context = TaskContext.get()
-    partition = context.partitionId() if context is not None else 0
     transaction = f"spark-{uuid.uuid4().hex}"
     count = 0
     with StompClient(options.stomp_host, options.stomp_port, timeout_s=options.endpoint.timeout_s) as client:
@@ -118,7 +116,7 @@ class GatewayWriter(DataSourceWriter):
     def write(self, iterator: Iterator[Any]) -> SentPartition:
         context = TaskContext.get()
         partition = context.partitionId() if context is not None else 0
-        return send_partition(self.options, iterator, f"spark-write:{self.write_id}:{partition}")
+        return send_partition(self.options, iterator, partition, f"spark-write:{self.write_id}:{partition}")
 
 
 class GatewayStreamWriter(DataSourceStreamWriter):
@@ -132,7 +130,8 @@ class GatewayStreamWriter(DataSourceStreamWriter):
         batch = context.getLocalProperty(BATCH_ID_PROPERTY)
         if query is None or batch is None:
             raise RuntimeError("a gateway stream write ran outside a streaming micro-batch (no query or batch id)")
-        return send_partition(self.options, iterator, f"spark-stream:{query}:{batch}:{context.partitionId()}")
+        partition = context.partitionId()
+        return send_partition(self.options, iterator, partition, f"spark-stream:{query}:{batch}:{partition}")
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Each partition committed its own transaction already."""
