@@ -43,6 +43,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -177,14 +178,18 @@ def scenario_publish(args: argparse.Namespace, broker: persistent.Broker, admin:
     r["broker"] = broker.memory_mib()
 
 
-def run_scenario(name: str, args: argparse.Namespace) -> dict:
+def run_scenario(name: str, args: argparse.Namespace, body: Callable[..., None] | None = None) -> dict:
+    """Run ``body`` (by default the archive scenario ``name``) against a fresh
+    archiving broker, and report what it recorded, or what went wrong."""
+    if body is None:
+        body = scenario_read if name == "archive-read" else scenario_publish
     r: dict = {"scenario": name, "ok": False, "problems": [], "loadavg_before": bench._loadavg()}
     start = time.monotonic()
     deadline = start + args.timeout
     with tempfile.TemporaryDirectory(prefix="gateway-archive-bench-") as tmp:
         broker, admin = _broker(args, Path(tmp))
         try:
-            (scenario_read if name == "archive-read" else scenario_publish)(args, broker, admin, r, deadline)
+            body(args, broker, admin, r, deadline)
         except persistent.Failed as exc:
             r["problems"].append(str(exc))
         except Exception as exc:  # a bug in the runner: still clean up and report

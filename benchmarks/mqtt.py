@@ -35,18 +35,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from run import _free_port as free_port  # noqa: E402  (benchmarks/run.py)
 from gateway.mqtt import packets as p  # noqa: E402
 from gateway.mqtt.codec import MqttConnection, Role  # noqa: E402
 
 GATEWAY = str(Path(sys.executable).parent / "gateway")
 TOPIC = "bench/t"
 BODY = b"x" * 128
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Broker:

@@ -51,6 +51,7 @@ last SEND (the only receipt used).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -78,6 +79,14 @@ ARCHIVE_SCENARIOS = ("archive-read", "archive-publish")  # in archive.py, not pa
 SPARK_SCENARIOS = ("spark-read",)  # in spark_read.py, not part of "all"
 MQTT_SCENARIOS = ("mqtt-qos0", "mqtt-qos1", "mqtt-fanout", "mqtt-latency", "mqtt-idle", "mqtt-all")  # in mqtt.py, not part of "all"
 TRANSPORT_SCENARIOS = ("transports",)  # in transports.py (TCP vs WebSocket), not part of "all"
+# Scenario -> the module of benchmarks/ that runs it.
+DELEGATES = {
+    **dict.fromkeys(PERSISTENCE_SCENARIOS, "persistent"),
+    **dict.fromkeys(ARCHIVE_SCENARIOS, "archive"),
+    **dict.fromkeys(SPARK_SCENARIOS, "spark_read"),
+    **dict.fromkeys(MQTT_SCENARIOS, "mqtt"),
+    **dict.fromkeys(TRANSPORT_SCENARIOS, "transports"),
+}
 
 
 class ScenarioFailed(Exception):
@@ -648,7 +657,7 @@ def _default_broker_cmd() -> str:
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scenario", choices=(*SCENARIOS, *PERSISTENCE_SCENARIOS, *MQTT_SCENARIOS, *TRANSPORT_SCENARIOS, *ARCHIVE_SCENARIOS, *SPARK_SCENARIOS, "all"), default="all",
+    parser.add_argument("--scenario", choices=(*SCENARIOS, *DELEGATES, "all"), default="all",
                         help="persistent and restart are benchmarks/persistent.py's, mqtt-* benchmarks/mqtt.py's "
                              "(see their --help)")
     parser.add_argument("--messages", type=int, metavar="N",
@@ -685,31 +694,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--scenario")
-    if pre.parse_known_args(argv)[0].scenario in PERSISTENCE_SCENARIOS:
+    delegate = DELEGATES.get(pre.parse_known_args(argv)[0].scenario)
+    if delegate is not None:  # a scenario another module of benchmarks/ runs with these arguments
         sys.path.insert(0, str(HERE))
-        import persistent
-
-        return persistent.main(argv)
-    if pre.parse_known_args(argv)[0].scenario in ARCHIVE_SCENARIOS:
-        sys.path.insert(0, str(HERE))
-        import archive
-
-        return archive.main(argv)
-    if pre.parse_known_args(argv)[0].scenario in SPARK_SCENARIOS:
-        sys.path.insert(0, str(HERE))
-        import spark_read
-
-        return spark_read.main(argv)
-    if pre.parse_known_args(argv)[0].scenario in MQTT_SCENARIOS:
-        sys.path.insert(0, str(HERE))
-        import mqtt
-
-        return mqtt.main(argv)
-    if pre.parse_known_args(argv)[0].scenario in TRANSPORT_SCENARIOS:
-        sys.path.insert(0, str(HERE))
-        import transports
-
-        return transports.main(argv)
+        return importlib.import_module(delegate).main(argv)
     args = _parse(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored

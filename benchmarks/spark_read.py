@@ -29,7 +29,6 @@ import os
 import platform
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -46,28 +45,8 @@ BAR_ROWS_PER_S = 200_000
 
 
 def _tree_rss_mib(root: int) -> float:
-    """RSS of a process and all its descendants (the JVM and its Python workers), from /proc."""
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            status = Path(f"/proc/{entry}/status").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-        for line in status.splitlines():
-            if line.startswith("VmRSS:"):
-                rss[int(entry)] = int(line.split()[1])
-    total, todo = 0, [root]
-    while todo:
-        pid = todo.pop()
-        total += rss.get(pid, 0)
-        todo.extend(children.get(pid, []))
-    return total / 1024
+    """RSS of a process and all its descendants (the JVM and its Python workers)."""
+    return sum(bench._memory_kb(pid)["VmRSS"] for pid in bench._proc_tree(root)) / 1024
 
 
 def _spark(master: str):  # -> SparkSession
@@ -123,25 +102,7 @@ def scenario(args: argparse.Namespace, broker: persistent.Broker, admin: int, r:
 
 
 def run_scenario(args: argparse.Namespace) -> dict:
-    r: dict = {"scenario": "spark-read", "ok": False, "problems": [], "loadavg_before": bench._loadavg()}
-    start = time.monotonic()
-    deadline = start + args.timeout
-    with tempfile.TemporaryDirectory(prefix="gateway-spark-bench-") as tmp:
-        broker, admin = archive._broker(args, Path(tmp))
-        try:
-            scenario(args, broker, admin, r, deadline)
-        except persistent.Failed as exc:
-            r["problems"].append(str(exc))
-        except Exception as exc:  # a bug in the runner: still clean up and report
-            r["problems"].append(f"runner error: {type(exc).__name__}: {exc}")
-        finally:
-            broker.stop(wait=min(30.0, max(3.0, deadline - time.monotonic())))
-            if r["problems"]:
-                r["log_tail"] = broker.log_tail()
-            broker.cleanup()
-    r["ok"] = not r["problems"]
-    r["wall_s"] = time.monotonic() - start
-    return r
+    return archive.run_scenario("spark-read", args, scenario)
 
 
 def print_scenario(r: dict) -> None:

@@ -18,7 +18,6 @@ import http.client
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,18 +28,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
+from run import _free_port, _memory_kb  # noqa: E402
 from spark_read import _spark  # noqa: E402
 
 from gateway.auth import hash_password  # noqa: E402
 
 QUEUE = "/queue/bench.write"
 ADMIN = ("bench", "bench")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _depth(admin_port: int) -> int:
@@ -53,13 +47,6 @@ def _depth(admin_port: int) -> int:
         return 0 if response.status == 404 else json.loads(body)["depth"]
     finally:
         conn.close()
-
-
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                         best = elapsed if best is None else min(best, elapsed)
                     assert best is not None
                     print(f"   {p} partition(s): {args.rows / best:,.0f} rows/s written and committed (best of {args.repeat})")
-                print(f"   broker RSS {_rss_mib(broker.pid):.0f} MiB holding {expected:,} messages")
+                print(f"   broker RSS {_memory_kb(broker.pid)['VmRSS'] / 1024:.0f} MiB holding {expected:,} messages")
             finally:
                 spark.stop()
         finally:

@@ -45,6 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from run import _free_port as free_port  # noqa: E402  (benchmarks/run.py)
 import wsproto  # noqa: E402
 from wsproto import events as ws  # noqa: E402
 
@@ -59,12 +60,6 @@ TRANSPORTS = ("tcp", "tls", "ws", "wss")
 LISTENERS = ("stomp", "mqtt", "admin", "stomp-tls", "mqtt-tls", "admin-tls")
 PROTOCOLS = ("stomp", "mqtt")
 WAIT_S = 120.0  # every wait on the broker or a client is bounded by this
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Broker:
