@@ -218,8 +218,8 @@ def raw_mqtt(broker_factory: Callable[..., BrokerHandle]) -> Iterator[Callable[.
 
     made: list[RawMqtt] = []
 
-    def factory(target: BrokerHandle, client_id: str | None = None, **connect: Any) -> RawMqtt:
-        client = RawMqtt(target.mqtt_port)
+    def factory(target: BrokerHandle | int, client_id: str | None = None, **connect: Any) -> RawMqtt:
+        client = RawMqtt(target.mqtt_port if isinstance(target, BrokerHandle) else target)
         made.append(client)
         if client_id is not None:
             client.send(packets.Connect(client_id, **connect))

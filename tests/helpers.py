@@ -13,7 +13,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import stomp
@@ -303,3 +303,11 @@ class Client:
         thread = getattr(transport, "io_thread", None)
         if thread is not None:
             thread.join(TIMEOUT)
+
+
+def splits(wire: bytes) -> Iterator[list[bytes]]:
+    """All at once, byte by byte, and split in two at every index (h11 ``tr()``)."""
+    yield [wire]
+    yield [wire[i : i + 1] for i in range(len(wire))]
+    for i in range(1, len(wire)):
+        yield [wire[:i], wire[i:]]

@@ -17,14 +17,15 @@ def url(broker: Any) -> str:
 
 
 def read(spark: Any, broker: Any, topic: str, **options: Any) -> Any:
-    reader = spark.read.format("gateway").option("url", url(broker)).option("user", USER[0]).option("password", USER[1])
-    for key, value in options.items():
-        reader = reader.option(key, str(value))
-    return reader.option("topic", topic).load()
+    return _load(spark.read, broker, topic, options)
 
 
 def stream(spark: Any, broker: Any, topic: str, **options: Any) -> Any:
-    reader = spark.readStream.format("gateway").option("url", url(broker)).option("user", USER[0]).option("password", USER[1])
+    return _load(spark.readStream, broker, topic, options)
+
+
+def _load(entry: Any, broker: Any, topic: str, options: dict[str, Any]) -> Any:
+    reader = entry.format("gateway").option("url", url(broker)).option("user", USER[0]).option("password", USER[1])
     for key, value in options.items():
         reader = reader.option(key, str(value))
     return reader.option("topic", topic).load()

@@ -14,7 +14,7 @@ import pytest
 
 from gateway.mqtt import packets as p
 from tests.helpers import unique, wait_for
-from tests.mqtt_helpers import RawMqtt, run_amqtt
+from tests.mqtt_helpers import run_amqtt
 from tests.test_07_cli import free_port
 
 needs_mosquitto = pytest.mark.skipif(
@@ -130,97 +130,67 @@ def test_amqtt_persistent_session(broker, paho):
     assert run_amqtt(come_back()) == [(b"one", 1), (b"two", 1)]
 
 
-def test_a_subacked_subscription_and_a_pubacked_retained_message_survive_sigkill(gateway, tmp_path):
+def test_a_subacked_subscription_and_a_pubacked_retained_message_survive_sigkill(gateway, tmp_path, raw_mqtt):
     stomp_port, mqtt_port = free_port(), free_port()
     args = ("--stomp-port", str(stomp_port), "--mqtt-port", str(mqtt_port), "--data-dir", str(tmp_path / "d"))
     topic = unique("crash")
     process = gateway(*args)
     process.wait_listening(mqtt_port)
-    made: list[RawMqtt] = []
-
-    def connect(client_id: str, clean: bool = True) -> RawMqtt:
-        client = RawMqtt(mqtt_port)
-        made.append(client)
-        client.send(p.Connect(client_id, clean_session=clean))
-        ack = client.next()
-        assert isinstance(ack, p.ConnAck) and ack.return_code == 0
-        client.connack = ack
-        return client
-
-    try:
-        device = connect("crash-reader", clean=False)
-        device.send(p.Subscribe(1, [(f"{topic}/#", 1)]))
-        assert device.next() == p.SubAck(1, [1])
-        process.proc.send_signal(signal.SIGKILL)  # right after the SUBACK
-        process.wait_exit()
-        process = gateway(*args)
-        process.wait_listening(mqtt_port)
-        writer = connect("crash-writer")
-        writer.send(p.Publish(f"{topic}/state", b"retained", qos=1, retain=True, packet_id=1))
-        assert writer.next() == p.PubAck(1)
-        process.proc.send_signal(signal.SIGKILL)  # right after the PUBACK
-        process.wait_exit()
-        process = gateway(*args)
-        process.wait_listening(mqtt_port)
-        back = connect("crash-reader", clean=False)
-        assert back.connack.session_present
-        kept = back.next()  # it was subscribed when the message came: a plain delivery
-        assert (kept.topic, kept.payload, kept.qos, kept.retain) == (f"{topic}/state", b"retained", 1, False)
-        back.send(p.PubAck(kept.packet_id))
-        late = connect("crash-late")
-        late.send(p.Subscribe(1, [(f"{topic}/+", 1)]))
-        assert late.next() == p.SubAck(1, [1])
-        retained = late.next()
-        assert (retained.payload, retained.qos, retained.retain) == (b"retained", 1, True)
-    finally:
-        for client in made:
-            client.close()
+    device = raw_mqtt(mqtt_port, "crash-reader", clean_session=False)
+    device.send(p.Subscribe(1, [(f"{topic}/#", 1)]))
+    assert device.next() == p.SubAck(1, [1])
+    process.proc.send_signal(signal.SIGKILL)  # right after the SUBACK
+    process.wait_exit()
+    process = gateway(*args)
+    process.wait_listening(mqtt_port)
+    writer = raw_mqtt(mqtt_port, "crash-writer")
+    writer.send(p.Publish(f"{topic}/state", b"retained", qos=1, retain=True, packet_id=1))
+    assert writer.next() == p.PubAck(1)
+    process.proc.send_signal(signal.SIGKILL)  # right after the PUBACK
+    process.wait_exit()
+    process = gateway(*args)
+    process.wait_listening(mqtt_port)
+    back = raw_mqtt(mqtt_port, "crash-reader", clean_session=False)
+    assert back.connack.session_present
+    kept = back.next()  # it was subscribed when the message came: a plain delivery
+    assert (kept.topic, kept.payload, kept.qos, kept.retain) == (f"{topic}/state", b"retained", 1, False)
+    back.send(p.PubAck(kept.packet_id))
+    late = raw_mqtt(mqtt_port, "crash-late")
+    late.send(p.Subscribe(1, [(f"{topic}/+", 1)]))
+    assert late.next() == p.SubAck(1, [1])
+    retained = late.next()
+    assert (retained.payload, retained.qos, retained.retain) == (b"retained", 1, True)
 
 
-def test_a_qos2_publish_resent_after_a_crash_between_pubrec_and_pubrel_is_delivered_once(gateway, tmp_path):
+def test_a_qos2_publish_resent_after_a_crash_between_pubrec_and_pubrel_is_delivered_once(gateway, tmp_path, raw_mqtt):
     stomp_port, mqtt_port = free_port(), free_port()
     args = ("--stomp-port", str(stomp_port), "--mqtt-port", str(mqtt_port), "--data-dir", str(tmp_path / "d"))
     topic = unique("exactly-once")
     process = gateway(*args)
     process.wait_listening(mqtt_port)
-    made: list[RawMqtt] = []
-
-    def connect(client_id: str) -> RawMqtt:
-        client = RawMqtt(mqtt_port)
-        made.append(client)
-        client.send(p.Connect(client_id, clean_session=False))
-        ack = client.next()
-        assert isinstance(ack, p.ConnAck) and ack.return_code == 0
-        client.connack = ack
-        return client
-
-    try:
-        reader = connect("q2-reader")
-        reader.send(p.Subscribe(1, [(topic, 2)]))
-        assert reader.next() == p.SubAck(1, [2])
-        reader.send(p.Disconnect())
-        writer = connect("q2-writer")
-        writer.send(p.Publish(topic, b"once", qos=2, packet_id=7))
-        assert writer.next() == p.PubRec(7)
-        process.proc.send_signal(signal.SIGKILL)  # between PUBREC and PUBREL
-        process.wait_exit()
-        process = gateway(*args)
-        process.wait_listening(mqtt_port)
-        writer = connect("q2-writer")
-        assert writer.connack.session_present
-        # The writer could not know its PUBREC arrived before the crash: it resends.
-        writer.send(p.Publish(topic, b"once", qos=2, dup=True, packet_id=7))
-        assert writer.next() == p.PubRec(7)
-        writer.send(p.PubRel(7))
-        assert writer.next() == p.PubComp(7)
-        reader = connect("q2-reader")
-        got = reader.next()
-        assert (got.topic, got.payload, got.qos) == (topic, b"once", 2)
-        reader.send(p.PubRec(got.packet_id))
-        assert reader.next() == p.PubRel(got.packet_id)
-        reader.send(p.PubComp(got.packet_id))
-        reader.send(p.PingReq())
-        assert reader.next() == p.PingResp()  # and no second copy before it
-    finally:
-        for client in made:
-            client.close()
+    reader = raw_mqtt(mqtt_port, "q2-reader", clean_session=False)
+    reader.send(p.Subscribe(1, [(topic, 2)]))
+    assert reader.next() == p.SubAck(1, [2])
+    reader.send(p.Disconnect())
+    writer = raw_mqtt(mqtt_port, "q2-writer", clean_session=False)
+    writer.send(p.Publish(topic, b"once", qos=2, packet_id=7))
+    assert writer.next() == p.PubRec(7)
+    process.proc.send_signal(signal.SIGKILL)  # between PUBREC and PUBREL
+    process.wait_exit()
+    process = gateway(*args)
+    process.wait_listening(mqtt_port)
+    writer = raw_mqtt(mqtt_port, "q2-writer", clean_session=False)
+    assert writer.connack.session_present
+    # The writer could not know its PUBREC arrived before the crash: it resends.
+    writer.send(p.Publish(topic, b"once", qos=2, dup=True, packet_id=7))
+    assert writer.next() == p.PubRec(7)
+    writer.send(p.PubRel(7))
+    assert writer.next() == p.PubComp(7)
+    reader = raw_mqtt(mqtt_port, "q2-reader", clean_session=False)
+    got = reader.next()
+    assert (got.topic, got.payload, got.qos) == (topic, b"once", 2)
+    reader.send(p.PubRec(got.packet_id))
+    assert reader.next() == p.PubRel(got.packet_id)
+    reader.send(p.PubComp(got.packet_id))
+    reader.send(p.PingReq())
+    assert reader.next() == p.PingResp()  # and no second copy before it

@@ -10,7 +10,6 @@ RemoteProtocolError.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -27,6 +26,7 @@ from gateway.mqtt.codec import (
     validate_topic_filter,
     validate_topic_name,
 )
+from tests.helpers import splits
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 OTHER = {Role.CLIENT: Role.SERVER, Role.SERVER: Role.CLIENT}
@@ -82,12 +82,6 @@ def decode(role: Role, chunks: list[bytes], *, opened: bool = True, **kwargs: in
     return out
 
 
-def splits(wire: bytes) -> Iterator[list[bytes]]:
-    """All at once, byte by byte, and split in two at every index (h11 ``tr()``)."""
-    yield [wire]
-    yield [wire[i : i + 1] for i in range(len(wire))]
-    for i in range(1, len(wire)):
-        yield [wire[:i], wire[i:]]
 
 
 def encode(role: Role, packets: list[p.Packet]) -> bytes:

@@ -8,7 +8,6 @@ that arbitrary bytes raise nothing but RemoteProtocolError.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +15,7 @@ from hypothesis import strategies as st
 
 from gateway.stomp import codec, frames
 from gateway.stomp.codec import LocalProtocolError, RemoteProtocolError, Role, State, StompConnection
+from tests.helpers import splits
 
 VERSIONS = ("1.0", "1.1", "1.2")
 OTHER = {Role.CLIENT: Role.SERVER, Role.SERVER: Role.CLIENT}
@@ -44,12 +44,6 @@ def decode(chunks: list[bytes], role: Role = Role.SERVER, version: str = "1.2", 
     return out
 
 
-def splits(wire: bytes) -> Iterator[list[bytes]]:
-    """All at once, byte by byte, and split in two at every index (h11 ``tr()``)."""
-    yield [wire]
-    yield [wire[i : i + 1] for i in range(len(wire))]
-    for i in range(1, len(wire)):
-        yield [wire[:i], wire[i:]]
 
 
 def expected(frame: frames.Frame) -> frames.Frame:
