@@ -345,14 +345,16 @@ class Queue:
         if not pending or not any(c.has_room for c in self.consumers):
             return
         kept = []
+        room = True  # only a delivery can use room up, so look again only after one
         for message in pending.clear():
             if message.expires and self._expired(message):
                 continue
-            consumer = self._pick_for(message) if any(c.has_room for c in self.consumers) else None
+            consumer = self._pick_for(message) if room else None
             if consumer is None:
                 kept.append(message)
             else:
                 self._deliver(consumer, message)
+                room = any(c.has_room for c in self.consumers)
         for message in kept:
             pending.push(message)
 
