@@ -111,6 +111,9 @@ class Broker:
         self.clock = clock
         # None: no authorization map, every client may do everything.
         self.authorizer = authorizer
+        # True once users exist (the app sets it): durable state then needs a
+        # login and ownerless state is nobody's (core.durables.claim_refusal).
+        self.secured = False
         self.settings = settings or BrokerSettings()
         self.store: Store = store if store is not None else NoStore()
         self.policies = Policies(self.settings)
@@ -335,11 +338,12 @@ class Broker:
     # -- durable subscriptions ----------------------------------------------
 
     def _durable(
-        self, client_id: str, name: str, pattern: Address, selector: Selector | None = None
+        self, client_id: str, name: str, pattern: Address, selector: Selector | None = None, owner: str | None = None
     ) -> tuple[DurableSubscription, int]:
-        """The durable subscription, created (and stored, selector included)
-        if new, or anew if its topic or selector changed: JMS 1.1 §6.11.1
-        makes changing a durable subscriber deleting it and creating another."""
+        """The durable subscription, created (and stored, selector and owner
+        included) if new, or anew if its topic or selector changed: JMS 1.1
+        §6.11.1 makes changing a durable subscriber deleting it and creating
+        another.  Whether the caller may is the caller's check (Client)."""
         key = durable_key(client_id, name)
         lsn = 0
         durable = self.durables.get(key)
@@ -348,17 +352,17 @@ class Broker:
             lsn = self._drop_durable(durable)
             durable = None
         if durable is None:
-            durable = self._add_durable(key, client_id, name, pattern, selector)
-            lsn = self.store.add_subscription(key, pattern.text, text)
+            durable = self._add_durable(key, client_id, name, pattern, selector, owner)
+            lsn = self.store.add_subscription(key, pattern.text, text, owner)
         return durable, lsn
 
     def _add_durable(
-        self, key: str, client_id: str, name: str, pattern: Address, selector: Selector | None
+        self, key: str, client_id: str, name: str, pattern: Address, selector: Selector | None, owner: str | None
     ) -> DurableSubscription:
         resident = self.policies.for_address(pattern).resident_messages
         queue = self._arm(Queue(pattern, store=self.store, key=key, resident=resident))
         queue.selector = selector  # what it keeps, offline too
-        durable = self.durables[key] = DurableSubscription(client_id, name, pattern, queue)
+        durable = self.durables[key] = DurableSubscription(client_id, name, pattern, queue, owner)
         self._trees[pattern.kind].add(pattern.segments, durable)
         return durable
 
@@ -368,6 +372,16 @@ class Broker:
         durable.queue.pending.clear()
         durable.queue.relieve()
         return self.store.remove_subscription(durable.key)
+
+    def remove_durable(self, key: str) -> int:
+        """An administrator's removal of an offline durable subscription,
+        whoever owns it; returns the LSN of the removal."""
+        durable = self.durables.get(key)
+        if durable is None:
+            raise UnknownDestination(f"no durable subscription {key!r}")
+        if durable.active is not None:
+            raise InvalidRequest(f"durable subscription {key!r} is in use by a connection")
+        return self._drop_durable(durable)
 
     def archived(self, address: Address) -> bool:
         return address.kind is Kind.TOPIC and self.policies.for_address(address).archive
@@ -387,21 +401,21 @@ class Broker:
 
     def restore(
         self,
-        subscriptions: dict[str, tuple[str, str, Address, str | None]],
+        subscriptions: dict[str, tuple[str, str, Address, str | None, str | None]],
         queues: dict[str, list[Message]],
         retained: list[Message] = (),  # type: ignore[assignment]
     ) -> None:
         """Rebuild what the store recovered: durable subscriptions (key ->
-        client id, name, topic, selector text) and the messages of every
+        client id, name, topic, selector text, owner or None) and the messages of every
         stored queue, in their order.  Called once, before any client connects."""
-        for key, (client_id, name, pattern, text) in subscriptions.items():
+        for key, (client_id, name, pattern, text, owner) in subscriptions.items():
             # A stored selector compiled once already; should this version
             # refuse it, keeping everything loses nothing.
             try:
                 selector = compile_selector(text) if text else None
             except SelectorError:
                 selector = None
-            self._add_durable(key, client_id, name, pattern, selector)
+            self._add_durable(key, client_id, name, pattern, selector, owner)
         for key, messages in queues.items():
             durable = self.durables.get(key)
             if durable is not None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.authorization import ANONYMOUS_PRINCIPAL, DECISION_CACHE, Principal
 from core.destinations import Queue
-from core.durables import durable_key
+from core.durables import DurableSubscription, claim_refusal, durable_key, owner_of
 from core.errors import (
     DuplicateSubscription,
     InvalidDestination,
@@ -188,9 +188,11 @@ class Client:
         if address.kind is not Kind.TOPIC:
             raise InvalidDestination("durable subscriptions are for /topic/ destinations")
         existing = self.broker.durables.get(durable_key(client_id, name))
+        self.check_durable_owner(existing, client_id, name)
         if existing is not None and existing.active is not None:
             raise DuplicateSubscription(f"durable subscription {name!r} of client {client_id!r} is already active")
-        durable, self.last_lsn = self.broker._durable(client_id, name, address, selector)
+        owner = owner_of(self.principal)
+        durable, self.last_lsn = self.broker._durable(client_id, name, address, selector, owner)
         subscription = Subscription(token, address, durable.queue, self.sink, ack_mode, window, private=False, owner=self)
         subscription.durable = durable
         durable.active = subscription
@@ -212,11 +214,21 @@ class Client:
     def remove_durable(self, client_id: str, name: str) -> int:
         """Remove the offline durable subscription ``name`` of ``client_id``."""
         durable = self.broker.durables.get(durable_key(client_id, name))
+        self.check_durable_owner(durable, client_id, name)
         if durable is None:
             raise UnknownSubscription(f"no durable subscription {name!r} for client {client_id!r}")
         if durable.active is not None:
             raise InvalidRequest(f"durable subscription {name!r} is in use by another connection")
         return self.broker._drop_durable(durable)
+
+    def check_durable_owner(self, durable: DurableSubscription | None, client_id: str, name: str) -> None:
+        """Refuse (:class:`NotAuthorized`) resuming, replacing or removing a
+        durable subscription another principal made, or any durable state
+        this client may not hold (core.durables.claim_refusal)."""
+        owner = durable.owner if durable is not None else owner_of(self.principal)
+        reason = claim_refusal(owner, self.principal, self.broker.secured)
+        if reason is not None:
+            raise NotAuthorized(f"durable subscription {name!r} of client {client_id!r}: {reason}")
 
     def _detach(self, subscription: Subscription) -> None:
         queue = subscription.queue

@@ -9,9 +9,20 @@ and drains what waited, in order.
 
 from __future__ import annotations
 
+from core.authorization import ANONYMOUS_PRINCIPAL, Principal
 from core.destinations import Queue
 from core.names import Address
 from core.subscriptions import Subscription
+
+# Client ids in these namespaces are the broker's own: an MQTT session's
+# (the MQTT client id after "mqtt:") and a RabbitMQ-style durable's scope (the
+# owning user after "user:").  A STOMP client-id may not start with either, so
+# no STOMP client can name another protocol's or another user's durable state.
+MQTT_PREFIX = "mqtt:"
+USER_PREFIX = "user:"
+RESERVED_PREFIXES = (MQTT_PREFIX, USER_PREFIX)
+# The owner recorded for the anonymous principal (no user is named "").
+ANONYMOUS_OWNER = ""
 
 
 def durable_key(client_id: str, name: str) -> str:
@@ -30,18 +41,41 @@ def parse_durable_key(key: str) -> tuple[str, str] | None:
     return rest[:n], rest[n + 1 :]
 
 
+def owner_of(principal: Principal) -> str:
+    """The owner name recorded with the durable state ``principal`` makes."""
+    return ANONYMOUS_OWNER if principal is ANONYMOUS_PRINCIPAL else principal.name
+
+
+def claim_refusal(owner: str | None, principal: Principal, secured: bool) -> str | None:
+    """Why ``principal`` may not resume, replace or remove durable state
+    recorded as ``owner``'s (None: stored before owners were recorded), or
+    None if it may.  ``secured``: the broker has users, so an anonymous
+    client may hold no durable state and ownerless state is nobody's (an
+    administrator removes it); an open broker serves everyone as anonymous,
+    as before owners existed."""
+    if secured and principal is ANONYMOUS_PRINCIPAL:
+        return "anonymous clients cannot hold durable subscriptions or persistent sessions; log in"
+    if owner is None:
+        return "it was stored without an owner; an administrator can remove it" if secured else None
+    if owner != owner_of(principal):
+        return "it belongs to another user"
+    return None
+
+
 class DurableSubscription:
-    """A durable subscription of ``client_id`` named ``name`` to ``pattern``."""
+    """A durable subscription of ``client_id`` named ``name`` to ``pattern``,
+    made by the principal named ``owner`` (see :func:`claim_refusal`)."""
 
-    __slots__ = ("key", "client_id", "name", "pattern", "queue", "active")
+    __slots__ = ("key", "client_id", "name", "pattern", "queue", "active", "owner")
 
-    def __init__(self, client_id: str, name: str, pattern: Address, queue: Queue) -> None:
+    def __init__(self, client_id: str, name: str, pattern: Address, queue: Queue, owner: str | None = None) -> None:
         self.key = durable_key(client_id, name)
         self.client_id = client_id
         self.name = name
         self.pattern = pattern
         self.queue = queue
         self.active: Subscription | None = None
+        self.owner = owner
 
     def __repr__(self) -> str:
         state = "active" if self.active is not None else "offline"

@@ -87,7 +87,10 @@ class Store(Protocol):
         """An idempotency key fell out of the remembered window."""
         ...
 
-    def add_subscription(self, key: str, pattern: str, selector: str | None = None) -> int: ...
+    def add_subscription(self, key: str, pattern: str, selector: str | None = None, owner: str | None = None) -> int:
+        """Keep a durable subscription: its topic, selector and the name of
+        the principal that owns it (see core.durables.claim_refusal)."""
+        ...
 
     def remove_subscription(self, key: str) -> int: ...
 
@@ -132,7 +135,7 @@ class NoStore:
     def forget_commit_key(self, key: str) -> int:
         return 0
 
-    def add_subscription(self, key: str, pattern: str, selector: str | None = None) -> int:
+    def add_subscription(self, key: str, pattern: str, selector: str | None = None, owner: str | None = None) -> int:
         return 0
 
     def remove_subscription(self, key: str) -> int:

@@ -11,7 +11,8 @@ Routes (``gateway/admin.py`` runs them over h11):
     GET    /api/v1/destinations/{name}/messages  read: browse the first ?limit=N (default 20, max 1000)
     POST   /api/v1/destinations/{name}/messages  write: send {"body": str, "headers": {}, "persistent": bool}
     POST   /api/v1/destinations/{name}/purge     write: drop every pending message
-    DELETE /api/v1/destinations/{name}           write: delete an unused queue
+    DELETE /api/v1/destinations/{name}           write: delete an unused queue, or an offline durable
+                                                 subscription (its name is its key: durable:...)
     GET    /api/v1/connections                   read: every connection
     DELETE /api/v1/connections/{id}              write: close one
     GET    /api/v1/archive[/{topic}[/messages]]  read: topic archives (gateway/archiveapi.py)
@@ -212,6 +213,12 @@ class AdminApi:
             if rest.endswith(suffix):
                 rest, action = rest[: -len(suffix)], suffix[1:]
         text = unquote(rest)
+        if text.startswith("durable:") and not action and method == "DELETE":
+            # Whoever owns it: removing durable state is an administrator's power.
+            if text not in self.broker.durables:
+                return error(404, f"no durable subscription {text[:200]!r}")
+            self.broker.remove_durable(text)
+            return ok({"deleted": text})
         address = names.parse(text if text.startswith("/") else "/" + text)
         if isinstance(address, str):
             return error(400, f"invalid destination: {address}")
@@ -262,6 +269,7 @@ class AdminApi:
     def _destination(self, queue: Any) -> dict[str, Any]:
         durable = queue.key is not None and queue.key.startswith("durable:")
         stats = queue.stats
+        owner = self.broker.durables[queue.key].owner if durable and queue.key in self.broker.durables else None
         return {
             "name": queue.address.text if not durable else queue.key,
             "type": "durable-subscription" if durable else queue.address.kind.name.lower().replace("_", "-"),
@@ -273,6 +281,7 @@ class AdminApi:
             "redelivered": stats.redelivered,
             "discarded": stats.discarded,
             "expired": stats.expired,
+            **({"owner": owner} if durable else {}),
         }
 
     def _message(self, message: Any) -> dict[str, Any]:

@@ -109,6 +109,8 @@ async def serve(
     server.after_input = after_input
 
     gatekeeper = Gatekeeper(config.auth)
+    # With users, durable state is owned: anonymous clients hold none.
+    broker.secured = bool(gatekeeper.users)
     # Password hashes (PBKDF2, slow on purpose) are computed in worker threads,
     # so a burst of logins cannot stall every other client; hashlib releases
     # the GIL while it works.  The backlog is bounded: past it, "busy".

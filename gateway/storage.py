@@ -25,7 +25,8 @@ RETAINED = "retained"
 # Idempotency keys of committed transactions, each with its commit's sequence
 # number (so the oldest are known after a restart).
 COMMIT_KEYS = "commit-keys"
-# Between a stored durable subscription's pattern and its selector (see add_subscription).
+# Between a stored durable subscription's pattern, its selector and its owner
+# (see add_subscription).
 SELECTOR_MARK = "\x00"
 
 
@@ -124,12 +125,8 @@ class BrokerStore:
             self._commit_seq = numbered[-1][0]
         return [key for _, key in numbered]
 
-    def add_subscription(self, key: str, pattern: str, selector: str | None = None) -> int:
-        # The store keeps a subscription's description as one opaque string;
-        # a selector follows the pattern after a NUL, which no destination
-        # name can contain.  Folders written before selectors were kept read
-        # as having none.
-        return self.store.add_subscription(key, pattern if selector is None else f"{pattern}{SELECTOR_MARK}{selector}")
+    def add_subscription(self, key: str, pattern: str, selector: str | None = None, owner: str | None = None) -> int:
+        return self.store.add_subscription(key, encode_subscription(pattern, selector, owner))
 
     def remove_subscription(self, key: str) -> int:
         return self.store.remove_subscription(key)
@@ -204,9 +201,27 @@ def restored_retained(recovered: Recovered) -> list[Message]:
     return out
 
 
+def encode_subscription(pattern: str, selector: str | None, owner: str | None) -> str:
+    """The store keeps a subscription's description as one opaque string:
+    the pattern, then after a NUL (which no destination name or selector can
+    hold) the selector, then after another the owner's name ("" for the
+    anonymous principal).  Folders written before selectors, or before
+    owners, were kept read as having none (see :func:`decode_subscription`)."""
+    if owner is None:
+        return pattern if selector is None else f"{pattern}{SELECTOR_MARK}{selector}"
+    return f"{pattern}{SELECTOR_MARK}{selector or ''}{SELECTOR_MARK}{owner}"
+
+
+def decode_subscription(stored: str) -> tuple[str, str | None, str | None]:
+    """(pattern, selector or None, owner or None) of :func:`encode_subscription`."""
+    parts = stored.split(SELECTOR_MARK, 2)
+    selector = parts[1] if len(parts) > 1 and parts[1] else None
+    return parts[0], selector, parts[2] if len(parts) > 2 else None
+
+
 def restored(
     recovered: Recovered,
-) -> tuple[dict[str, tuple[str, str, names.Address, str | None]], dict[str, list[Message]], int]:
+) -> tuple[dict[str, tuple[str, str, names.Address, str | None, str | None]], dict[str, list[Message]], int]:
     """What :meth:`core.broker.Broker.restore` takes, from what the store
     recovered, and how many records it had to skip as unusable.
 
@@ -215,15 +230,15 @@ def restored(
     "redelivered", never a false "not redelivered").
     """
     skipped = 0
-    subscriptions: dict[str, tuple[str, str, names.Address, str | None]] = {}
+    subscriptions: dict[str, tuple[str, str, names.Address, str | None, str | None]] = {}
     for key, stored in recovered.subscriptions.items():
-        owner = parse_durable_key(key)
-        pattern, mark, selector = stored.partition(SELECTOR_MARK)
+        named = parse_durable_key(key)
+        pattern, selector, owner = decode_subscription(stored)
         address = names.parse(pattern)
-        if owner is None or isinstance(address, str):
+        if named is None or isinstance(address, str):
             skipped += 1
             continue
-        subscriptions[key] = (owner[0], owner[1], address, selector if mark else None)
+        subscriptions[key] = (named[0], named[1], address, selector, owner)
     at_least = 0 if recovered.clean else 1
     noted = recovered.kv.get(REDELIVERIES, {})
     queues: dict[str, list[Message]] = {}

@@ -110,7 +110,7 @@ class RecordingStore:
     def forget_commit_key(self, key: str) -> int:
         return self._next("forget", key)
 
-    def add_subscription(self, key: str, pattern: str, selector: str | None = None) -> int:
+    def add_subscription(self, key: str, pattern: str, selector: str | None = None, owner: str | None = None) -> int:
         return self._next("sub", key, pattern) if selector is None else self._next("sub", key, pattern, selector)
 
     def remove_subscription(self, key: str) -> int:

@@ -189,7 +189,7 @@ def test_restore_rebuilds_queues_and_durable_subscriptions() -> None:
     key = durable_key("app", "n")
     stub = Message("ID-1", Q, None, None, persistent=True, location=0)
     topic_stub = Message("ID-2", T, None, None, persistent=True, location=1)
-    broker.restore({key: ("app", "n", T, None)}, {"/queue/orders": [stub], key: [topic_stub]})
+    broker.restore({key: ("app", "n", T, None, "")}, {"/queue/orders": [stub], key: [topic_stub]})
     assert broker.queues[Q].depth == 1
     assert broker.durables[key].queue.depth == 1
     assert parse_durable_key(key) == ("app", "n")

@@ -24,6 +24,7 @@ from typing import Any
 from core.authorization import ANONYMOUS_PRINCIPAL, Principal
 from core.broker import Broker
 from core.clients import Client
+from core.durables import MQTT_PREFIX, claim_refusal, owner_of
 from core.errors import CoreError, NotAuthorized, UnknownMessage, UnknownSubscription
 from core.messages import Message
 from core.ports import Clock
@@ -34,13 +35,16 @@ from gateway.liveness import Liveness
 from gateway.outbox import Outbox
 
 # Durable subscriptions of MQTT sessions live beside STOMP's, under this owner
-# prefix, named "<granted qos>:<filter>".
-OWNER_PREFIX = "mqtt:"
+# prefix (reserved: no STOMP client-id may start with it), named
+# "<granted qos>:<filter>".
+OWNER_PREFIX = MQTT_PREFIX
 MAX_PACKET_ID = 65535
 # The store's namespace for a persistent session's inbound QoS 2 packet ids
 # between PUBREC and PUBREL: kept on disk, so a PUBLISH resent after a broker
-# restart is still recognised and not routed twice [MQTT-4.3.3-2].
+# restart is still recognised and not routed twice [MQTT-4.3.3-2].  The note's
+# value names the session's owner after this mark (empty in older folders).
 QOS2_NOTES = "mqtt-qos2"
+OWNER_MARK = b"owner:"
 # Denied publishes are logged once per topic, for at most this many topics.
 DENIED_LOGGED = 64
 
@@ -77,9 +81,12 @@ class SessionState:
     QoS 2 ids not yet released, so a resent PUBLISH is not routed twice (also
     noted in the store, so across a restart too)."""
 
-    __slots__ = ("outbound", "ids_by_message", "inbound_qos2", "_ids")
+    __slots__ = ("outbound", "ids_by_message", "inbound_qos2", "_ids", "owner")
 
     def __init__(self) -> None:
+        # Who may resume it (core.durables.owner_of).  None: restored from an
+        # older folder; it holds only packet ids, so its durables decide.
+        self.owner: str | None = None
         self.outbound: dict[int, list[Any]] = {}  # packet id -> [token, message id, qos, stage]
         self.ids_by_message: dict[str, int] = {}
         self.inbound_qos2: set[int] = set()
@@ -103,10 +110,13 @@ class Registry:
 
     def restore(self, notes: dict[str, bytes]) -> None:
         """Inbound QoS 2 ids the store kept (``QOS2_NOTES``) from before a restart."""
-        for key in notes:
+        for key, value in notes.items():
             client_id, _, packet_id = key.rpartition("\x00")
             if client_id and packet_id.isdigit():
-                self.states.setdefault(client_id, SessionState()).inbound_qos2.add(int(packet_id))
+                state = self.states.setdefault(client_id, SessionState())
+                state.inbound_qos2.add(int(packet_id))
+                if value.startswith(OWNER_MARK):
+                    state.owner = value[len(OWNER_MARK) :].decode("utf-8", "replace")
 
 
 def _qos2_note(client_id: str, packet_id: int) -> str:
@@ -277,6 +287,7 @@ class MqttSession:
             if stage is _Stage.PUBLISHED:
                 state.ids_by_message[message_id] = packet_id
                 del state.outbound[packet_id]
+        state.owner = owner_of(self.client.principal)
         self.registry.states[self.client_id] = state
 
     # -- Sink --------------------------------------------------------------
@@ -343,6 +354,10 @@ class MqttSession:
                 self._refuse(packets.IDENTIFIER_REJECTED, "an empty client id needs clean session")  # [MQTT-3.1.3-8]
                 return
             client_id = f"gw-{os.urandom(6).hex()}"  # [MQTT-3.1.3-6]
+        refusal = self._claim_refusal(client_id, principal, packet.clean_session)
+        if refusal is not None:  # checked before anything is taken over or cleaned
+            self._refuse(packets.NOT_AUTHORIZED, f"user {principal.name!r} may not use client id {client_id[:80]!r}: {refusal}")
+            return
         previous = self.registry.active.get(client_id)
         if previous is not None:
             previous.close("session taken over by a new connection")  # [MQTT-3.1.4-2]
@@ -385,6 +400,27 @@ class MqttSession:
             self.log.warning("mqtt_session_overflow", client_id=client_id, dropped=dropped,
                              limit=self.settings.max_queued_messages)
 
+    def _claim_refusal(self, client_id: str, principal: Principal, clean_session: bool) -> str | None:
+        """Why ``principal`` may not connect as ``client_id``: a session in
+        use or kept (its durables, its packet ids) belongs to the user that
+        made it; taking it over, resuming it or cleaning it away is theirs
+        alone.  A persistent session is durable state (claim_refusal)."""
+        previous = self.registry.active.get(client_id)
+        if previous is not None and previous.client is not None:
+            if owner_of(previous.client.principal) != owner_of(principal):
+                return "it is in use by another user"
+        owners = [d.owner for d in self.broker.durables.values() if d.client_id == OWNER_PREFIX + client_id]
+        saved = self.registry.states.get(client_id)
+        if saved is not None and saved.owner is not None:
+            owners.append(saved.owner)
+        if not clean_session:
+            owners.append(owner_of(principal))  # anonymous may not keep one on a secured broker
+        for owner in owners:
+            reason = claim_refusal(owner, principal, self.broker.secured)
+            if reason is not None:
+                return reason
+        return None
+
     def _on_publish(self, packet: packets.Publish) -> None:
         address = topics.to_address(packet.topic)
         if isinstance(address, str):
@@ -417,7 +453,8 @@ class MqttSession:
         elif packet.qos == 2:
             state.inbound_qos2.add(packet.packet_id)
             if not self.clean_session:  # the PUBREC promises it across a restart too
-                lsn = max(lsn, self.broker.store.note(QOS2_NOTES, _qos2_note(self.client_id, packet.packet_id), b""))
+                owner = OWNER_MARK + owner_of(client.principal).encode()
+                lsn = max(lsn, self.broker.store.note(QOS2_NOTES, _qos2_note(self.client_id, packet.packet_id), owner))
             self.outbox.append(self.codec.send(packets.PubRec(packet.packet_id)), lsn)
 
     def _on_puback(self, packet: packets.PubAck) -> None:

@@ -18,6 +18,7 @@ from core import names
 from core.authorization import ANONYMOUS_PRINCIPAL, Principal
 from core.broker import Broker
 from core.clients import Client
+from core.durables import RESERVED_PREFIXES, USER_PREFIX
 from core.errors import CoreError, InvalidDestination, UnknownMessage, UnknownSubscription
 from core.messages import DEFAULT_PRIORITY, MAX_PRIORITY, Message
 from core.ports import Clock
@@ -374,6 +375,10 @@ class StompSession:
         except AccessDenied as exc:
             self.log.warning("login_refused", login=(headers.get("login") or "")[:80], kind=exc.kind, reason=exc.reason)
             raise FrameRejected(exc.reason) from None
+        client_id = headers.get("client-id")
+        if client_id is not None and client_id.startswith(RESERVED_PREFIXES):
+            # Those name MQTT sessions and users' durable subscriptions.
+            raise FrameRejected(f"client-id {client_id[:80]!r}: the prefixes {', '.join(RESERVED_PREFIXES)} are reserved")
         client_beat = headers.get("heart-beat", "0,0")
         try:
             cx, cy = (int(part) for part in client_beat.split(","))
@@ -498,9 +503,14 @@ class StompSession:
                 raise FrameRejected("a durable subscription needs a client-id header on CONNECT")
             return client_id, name
         if "true" in (headers.get("durable"), headers.get("persistent")) and headers.get("auto-delete") != "true":
-            # RabbitMQ: the subscription id names it, broker-wide.
-            client_id = self.client.client_id if self.client is not None else None
-            return client_id or "", sub_id
+            # RabbitMQ: the subscription id names it, within the client-id if
+            # there is one, else within the user's own scope, so one user's
+            # id:sub-0 is not another's.  (Anonymous: the old broker-wide
+            # scope, for an open broker; a secured one refuses it.)
+            assert self.client is not None
+            principal = self.client.principal
+            scope = "" if principal is ANONYMOUS_PRINCIPAL else USER_PREFIX + principal.name
+            return self.client.client_id or scope, sub_id
         return None
 
     def _on_unsubscribe(self, frame: frames.Frame) -> None:

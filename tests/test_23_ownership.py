@@ -1,0 +1,247 @@
+"""Durable state belongs to the user that made it: a STOMP durable
+subscription, a RabbitMQ-style durable without client-id and an MQTT session
+are resumed, replaced, removed or taken over by their owner only, across a
+restart too.  Bob (a consumer) makes them, Alice (a producer) fills them,
+Mallory (no grants beyond the open topics) tries to take them, through the
+doors a client uses."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+
+import pytest
+
+from gateway.auth import hash_password
+from gateway.mqtt import packets as p
+from gateway.storage import BrokerStore, StoreSettings, decode_subscription, encode_subscription, open_store
+from tests.helpers import unique
+
+ITER = 1000
+
+
+def user(name, *groups):
+    return {"name": name, "password_hash": hash_password(f"{name}-pw", iterations=ITER), "groups": list(groups)}
+
+
+USERS = [user("alice", "producers"), user("bob", "consumers"), user("mallory")]
+ACL = [
+    {"destination": "/topic/secret.>", "read": ["consumers"], "write": ["producers"]},
+    {"destination": "/topic/open.>", "read": ["*"], "write": ["producers"]},
+    {"destination": "/topic/barrier.>", "write": ["*"]},
+]
+AUTH = {"users": USERS, "acl": ACL}
+PERSISTENT = {"persistent": "true"}
+DURABLE = {"activemq.subscriptionName": "news"}
+
+
+def login(name):
+    return {"login": name, "passcode": f"{name}-pw"}
+
+
+@pytest.fixture
+def secured(broker_factory):
+    return broker_factory(auth=AUTH)
+
+
+def restart(broker_factory, running):
+    running.stop()
+    return broker_factory(auth=AUTH)
+
+
+def publish(stomp_client, broker, topic, *bodies):
+    alice = stomp_client(broker, headers=login("alice"))
+    for body in bodies:
+        alice.send(topic, body, **PERSISTENT)
+    alice.close()
+
+
+def bob_away(stomp_client, broker, topic, client_id, **dialect):
+    """Bob subscribes durably and leaves; returns nothing, his state stays."""
+    bob = stomp_client(broker, headers={**login("bob"), **({"client-id": client_id} if client_id else {})})
+    bob.subscribe(topic, "d", ack="client-individual", **dialect)
+    bob.close()
+
+
+def bob_back(stomp_client, broker, topic, client_id, n, **dialect):
+    bob = stomp_client(broker, headers={**login("bob"), **({"client-id": client_id} if client_id else {})})
+    bob.subscribe(topic, "d", ack="client-individual", **dialect)
+    bob.wait_messages(n)
+    bob.barrier()
+    bob.close()
+    return bob.bodies
+
+
+def mallory_refused(raw_client, broker, command, headers, client_id="bob-app"):
+    mallory = raw_client(broker)
+    mallory.connect(**login("mallory"), **{"client-id": client_id})
+    mallory.send_frame(command, {**headers, "receipt": "r"})
+    error = mallory.expect_error_and_close()
+    assert error.headers["receipt-id"] == "r"
+    return error.headers["message"]
+
+
+# -- STOMP durable subscriptions ------------------------------------------------
+
+
+def test_another_user_cannot_unsubscribe_a_durable_subscription_and_its_backlog_stays(secured, stomp_client, raw_client):
+    topic = f"/topic/secret.{unique('news')}"
+    bob_away(stomp_client, secured, topic, "bob-app", **DURABLE)
+    publish(stomp_client, secured, topic, b"one", b"two")
+    reason = mallory_refused(raw_client, secured, "UNSUBSCRIBE", {"id": "d", **DURABLE})
+    assert "another user" in reason and "news" in reason
+    assert bob_back(stomp_client, secured, topic, "bob-app", 2, **DURABLE) == [b"one", b"two"]
+
+
+@pytest.mark.parametrize("same_topic", [True, False], ids=["resume", "replace-with-another-topic"])
+def test_another_user_cannot_subscribe_under_the_same_client_id_and_name(secured, stomp_client, raw_client, same_topic):
+    topic = f"/topic/open.{unique('news')}"  # Mallory may read it: only ownership stands in her way
+    bob_away(stomp_client, secured, topic, "bob-app", **DURABLE)
+    publish(stomp_client, secured, topic, b"one", b"two")
+    theirs = topic if same_topic else f"/topic/open.{unique('other')}"
+    reason = mallory_refused(raw_client, secured, "SUBSCRIBE", {"destination": theirs, "id": "d", "ack": "client", **DURABLE})
+    assert "another user" in reason
+    assert bob_back(stomp_client, secured, topic, "bob-app", 2, **DURABLE) == [b"one", b"two"]
+
+
+def test_a_rabbitmq_style_durable_id_is_each_users_own(secured, stomp_client):
+    topic = f"/topic/open.{unique('feed')}"
+    rabbit = {"durable": "true", "auto-delete": "false"}
+    bob_away(stomp_client, secured, topic, None, **rabbit)
+    publish(stomp_client, secured, topic, b"for bob")
+    mallory = stomp_client(secured, headers=login("mallory"))
+    mallory.subscribe(topic, "d", ack="client-individual", **rabbit)  # the same id: her own subscription
+    mallory.barrier()  # the backlog, had she got it, came before the SUBSCRIBE's receipt
+    assert mallory.bodies == [] and mallory.rec.errors == []
+    mallory.close()
+    assert bob_back(stomp_client, secured, topic, None, 1, **rabbit) == [b"for bob"]
+
+
+def test_a_stomp_client_id_cannot_reach_into_mqtt_sessions(secured, paho, stomp_client, raw_client):
+    topic = unique("open/phone").replace("open-", "open/")
+    phone = paho(secured, "bob-phone", clean=False, username="bob", password="bob-pw")
+    assert phone.subscribe((f"{topic}/#", 1)) == [1]
+    phone.close()
+    publish(stomp_client, secured, "/topic/" + topic.replace("/", ".") + ".x", b"queued")
+    for client_id in ("mqtt:bob-phone", "user:bob"):
+        mallory = raw_client(secured)
+        mallory.send_frame("CONNECT", {"accept-version": "1.2", "host": "h", **login("mallory"), "client-id": client_id})
+        assert "reserved" in mallory.expect_error_and_close().headers["message"]
+    back = paho(secured, "bob-phone", clean=False, username="bob", password="bob-pw")
+    assert back.connacks == [(True, 0)]
+    assert [m.payload for m in back.wait(1)] == [b"queued"]
+
+
+def test_anonymous_clients_hold_no_durable_state_on_a_broker_with_users(broker_factory, stomp_client, raw_mqtt):
+    broker = broker_factory(auth={**AUTH, "anonymous": "true"})
+    anonymous = stomp_client(broker, headers={"client-id": "anon"})
+    anonymous.conn.subscribe(f"/topic/open.{unique('x')}", "d", headers=DURABLE)
+    assert "anonymous" in anonymous.wait_error().headers["message"]
+    raw = raw_mqtt(broker)
+    raw.send(p.Connect("anon-device", clean_session=False))
+    assert raw.next() == p.ConnAck(False, p.NOT_AUTHORIZED)
+    raw.wait_closed()
+
+
+def test_the_owner_resumes_and_removes_their_own_durable_subscription(secured, stomp_client):
+    topic = f"/topic/secret.{unique('news')}"
+    bob_away(stomp_client, secured, topic, "bob-app", **DURABLE)
+    publish(stomp_client, secured, topic, b"one")
+    assert bob_back(stomp_client, secured, topic, "bob-app", 1, **DURABLE) == [b"one"]
+    bob = stomp_client(secured, headers={**login("bob"), "client-id": "bob-app"})
+    rid = unique("unsub-")
+    bob.conn.unsubscribe("d", headers={**DURABLE, "receipt": rid})
+    bob.wait_receipt(rid)
+    assert bob.rec.errors == []
+
+
+# -- MQTT client ids --------------------------------------------------------------
+
+
+def mallory_mqtt(raw_mqtt, broker, clean):
+    raw = raw_mqtt(broker)
+    raw.send(p.Connect("bob-phone", clean_session=clean, username="mallory", password=b"mallory-pw"))
+    assert raw.next() == p.ConnAck(False, p.NOT_AUTHORIZED)
+    raw.wait_closed()
+
+
+@pytest.mark.parametrize("clean", [False, True], ids=["resume", "clean-start"])
+def test_another_user_cannot_take_an_mqtt_client_id_online_or_offline(secured, paho, raw_mqtt, stomp_client, clean):
+    topic = unique("open/t").replace("open-", "open/")
+    stomp_topic = "/topic/" + topic.replace("/", ".")
+    bob = paho(secured, "bob-phone", clean=False, username="bob", password="bob-pw")
+    assert bob.subscribe((topic, 1)) == [1]
+    mallory_mqtt(raw_mqtt, secured, clean)  # while bob is connected: he stays
+    publish(stomp_client, secured, stomp_topic, b"live")
+    assert [m.payload for m in bob.wait(1)] == [b"live"]
+    bob.close()
+    publish(stomp_client, secured, stomp_topic, b"queued")
+    mallory_mqtt(raw_mqtt, secured, clean)  # while he is away: his session stays
+    back = paho(secured, "bob-phone", clean=False, username="bob", password="bob-pw")
+    assert back.connacks == [(True, 0)]
+    assert [m.payload for m in back.wait(1)] == [b"queued"]
+
+
+def test_the_same_user_still_takes_over_their_own_mqtt_session(secured, paho, raw_mqtt):
+    first = raw_mqtt(secured, "bob-phone", clean_session=False, username="bob", password=b"bob-pw")
+    second = raw_mqtt(secured, "bob-phone", clean_session=False, username="bob", password=b"bob-pw")
+    assert second.connack == p.ConnAck(True, 0)  # his session, handed to his new connection
+    first.wait_closed()
+
+
+# -- across a restart ---------------------------------------------------------------
+
+
+def test_ownership_survives_a_restart(broker_factory, stomp_client, raw_client, paho, raw_mqtt):
+    broker = broker_factory(auth=AUTH)
+    topic = f"/topic/open.{unique('news')}"
+    mqtt_topic = topic[len("/topic/") :].replace(".", "/")
+    bob_away(stomp_client, broker, topic, "bob-app", **DURABLE)
+    phone = paho(broker, "bob-phone", clean=False, username="bob", password="bob-pw")
+    assert phone.subscribe((mqtt_topic, 1)) == [1]
+    phone.close()
+    publish(stomp_client, broker, topic, b"kept")
+    broker = restart(broker_factory, broker)
+    assert "another user" in mallory_refused(raw_client, broker, "UNSUBSCRIBE", {"id": "d", **DURABLE})
+    mallory_mqtt(raw_mqtt, broker, clean=True)
+    assert bob_back(stomp_client, broker, topic, "bob-app", 1, **DURABLE) == [b"kept"]
+    back = paho(broker, "bob-phone", clean=False, username="bob", password="bob-pw")
+    assert back.connacks == [(True, 0)]
+    assert [m.payload for m in back.wait(1)] == [b"kept"]
+
+
+def test_a_durable_subscription_stored_without_an_owner_is_left_to_an_administrator(tmp_path, broker_factory, raw_client, stomp_client):
+    # A folder written before owners were recorded: the subscription has none.
+    store = open_store(str(tmp_path / "data"), StoreSettings(sync="always"), log=_Silent())
+    store.open()
+    key = "durable:7:bob-app:news"
+    BrokerStore(store).add_subscription(key, "/topic/open.legacy")
+    store.close()
+    ops = {"name": "ops", "password_hash": hash_password("ops-pw", iterations=ITER), "role": "write"}
+    broker = broker_factory(auth=AUTH, admin={"users": [ops]})
+    bob = raw_client(broker)
+    bob.connect(**login("bob"), **{"client-id": "bob-app"})
+    bob.send_frame("SUBSCRIBE", {"destination": "/topic/open.legacy", "id": "d", **DURABLE})
+    assert "without an owner" in bob.expect_error_and_close().headers["message"]
+    connection = http.client.HTTPConnection("127.0.0.1", broker.admin_port, timeout=10)
+    auth = {"Authorization": "Basic " + base64.b64encode(b"ops:ops-pw").decode()}
+    connection.request("DELETE", "/api/v1/destinations/" + key.replace(":", "%3A"), headers=auth)
+    response = connection.getresponse()
+    assert (response.status, json.loads(response.read())["deleted"]) == (200, key)
+    connection.close()
+    assert bob_back(stomp_client, broker, "/topic/open.legacy", "bob-app", 0, **DURABLE) == []
+
+
+class _Silent:
+    def info(self, *args, **kwargs):
+        pass
+
+    warning = info
+
+
+def test_the_stored_description_keeps_the_owner_and_older_ones_still_read():
+    assert decode_subscription("/topic/a") == ("/topic/a", None, None)
+    assert decode_subscription("/topic/a\x00x = 1") == ("/topic/a", "x = 1", None)
+    for selector, owner in ((None, "bob"), ("x = 1", "bob"), (None, ""), ("x = 1", "a\x00b")):
+        assert decode_subscription(encode_subscription("/topic/a", selector, owner)) == ("/topic/a", selector, owner)
