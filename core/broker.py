@@ -309,19 +309,29 @@ class Broker:
         if isinstance(target, str):
             target = names.parse("/queue/DLQ")
         assert not isinstance(target, str)
+        body = message.body
         headers = dict(message.headers or {})
+        if body is None and message.location >= 0:
+            # A stub: its headers and body are on disk.  Read into a copy of
+            # the stub (the new message has no place on disk yet).
+            loaded = message.stub()
+            if not self.store.load(loaded):
+                # Its record is damaged (the store reported it): nothing is
+                # left to dead-letter, so it is only forgotten.
+                if queue.key is not None:
+                    self.store.ack(queue.key, message)
+                queue.stats.discarded += 1
+                return
+            body, headers = loaded.body, dict(loaded.headers or {})
         headers["originalDestination"] = message.address.text
         headers["originalMessageId"] = message.id
         headers["dlqDeliveryFailureCause"] = reason
         # A new id: the store knows the original by its id until the move commits.
         copy = Message(
-            self._id_prefix + str(next(self._seq)), target, headers, message.body, persistent=message.persistent,
+            self._id_prefix + str(next(self._seq)), target, headers, body, persistent=message.persistent,
             priority=message.priority, expires=0, timestamp=message.timestamp,  # a dead letter does not expire
             redeliveries=message.redeliveries + 1, qos=message.qos,
         )
-        if copy.body is None and message.location >= 0:
-            self.store.load(copy)  # a stub: its headers and body are on disk
-            copy.headers = {**(copy.headers or {}), **headers}
         dead = self.queues.get(target) or self._create_queue(target)
         if message.persistent and message.location >= 0 and queue.key is not None:
             # Atomically: in the DLQ and out of its queue, or neither.

@@ -70,6 +70,8 @@ class BrokerStore:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._commit_seq = 0
+        # Locations whose record failed to read: never read (or reported) again.
+        self._damaged: set[int] = set()
 
     @property
     def durable_lsn(self) -> int:
@@ -134,10 +136,22 @@ class BrokerStore:
     def remove_subscription(self, key: str) -> int:
         return self.store.remove_subscription(key)
 
-    def load(self, message: Message) -> None:
-        stored = self.store.read_message(message.location)
+    def load(self, message: Message) -> bool:
+        location = message.location
+        if location in self._damaged:
+            return False
+        try:
+            stored = self.store.read_message(location)
+        except (records.CorruptRecord, ValueError, IndexError) as exc:  # struct.error is a ValueError
+            # Found only now because a clean start trusts its checkpoint and
+            # leaves bodies on disk: handled as recovery would have, reported
+            # once (every queue holding the record asks again).
+            self._damaged.add(location)
+            self.store.report_damaged(location, getattr(exc, "reason", None) or str(exc), destination=message.address.text)
+            return False
         message.headers = stored.headers
         message.body = stored.body
+        return True
 
     def retain(self, topic: str, message: Message | None) -> int:
         return self.note(RETAINED, topic, None if message is None else _encode_retained(message))
