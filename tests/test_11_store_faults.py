@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from gateway.auth import hash_password
-from tests.helpers import RawClient, unique, wait_for
+from tests.helpers import RawClient, encode_frame, unique, wait_for
 from tests.test_07_cli import GATEWAY, free_port
 
 PERSISTENT = {"persistent": "true"}
@@ -92,6 +92,7 @@ def test_a_full_disk_fails_the_sends_it_cannot_store_and_the_broker_recovers(bro
     victim.send_frame("SEND", {"destination": queue, "receipt": "lost", **PERSISTENT}, b"unstorable")
     error = victim.expect_error_and_close()
     assert "No space left" in error.headers["message"]
+    assert error.headers["receipt-id"] == "lost"  # which SEND failed
     assert "RECEIPT" not in [f.command for f in victim.frames]
     # Non-persistent traffic keeps flowing meanwhile, on the healthy connection.
     healthy.send_frame("SEND", {"destination": "/topic/ping", "receipt": "still"}, b"")
@@ -106,6 +107,27 @@ def test_a_full_disk_fails_the_sends_it_cannot_store_and_the_broker_recovers(bro
     assert broker.call(lambda: store.durable_lsn >= store.appended_lsn or store.stats()["pending_bytes"] == 0)
     for client in (healthy, victim, later):
         client.close()
+
+
+def test_a_full_disk_names_every_withdrawn_receipt_of_the_sends_in_flight(broker, monkeypatch):
+    queue = f"/queue/{unique('full')}"
+    producer = RawClient(broker.stomp_address)
+    producer.connect(heart_beat="0,0")
+
+    def disk_full(*args: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", disk_full)
+    # Three SENDs in flight at once, as a pipelining producer has them.
+    producer.send(b"".join(
+        encode_frame("SEND", {"destination": queue, "receipt": f"lost-{i}", **PERSISTENT}, b"unstorable") for i in range(3)
+    ))
+    error = producer.expect_error_and_close()
+    assert error.headers["receipt-id"] == "lost-0"
+    named = {line.split()[1] for line in error.body.decode().splitlines() if line.startswith("receipt ")}
+    assert "lost-0" in named and named <= {"lost-0", "lost-1", "lost-2"}
+    assert "RECEIPT" not in [f.command for f in producer.frames]
+    producer.close()
 
 
 def run_tool(*args: str) -> subprocess.CompletedProcess[str]:

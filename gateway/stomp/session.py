@@ -292,9 +292,16 @@ class StompSession:
 
     def storage_failed(self, first_lsn: int, last_lsn: int, reason: str) -> None:
         """The store could not write these LSNs: a receipt waiting on one is
-        withdrawn, and the client is told with an ERROR instead."""
-        if self.outbox.drop_gated(first_lsn, last_lsn) and self.state is not State.CLOSED:
-            self._fail(f"the store could not write this connection's messages: {reason}", None)
+        withdrawn, and the client is told with an ERROR instead, which names
+        them: the first as its receipt-id (STOMP allows one), all in the body,
+        so a producer with many SENDs in flight knows which failed."""
+        withdrawn = self.outbox.drop_gated(first_lsn, last_lsn)
+        if withdrawn and self.state is not State.CLOSED:
+            receipts = [r for r in withdrawn if r is not None]
+            body = "".join(f"receipt {r} withdrawn: not stored\n" for r in receipts).encode()
+            more = f" (receipts {', '.join(receipts[:5])}{', ...' if len(receipts) > 5 else ''})" if len(receipts) > 1 else ""
+            self._fail(f"the store could not write this connection's messages: {reason}{more}", None,
+                       receipt=receipts[0] if receipts else None, body=body)
 
     def close(self, reason: str) -> None:
         """The connection is gone (or going): release everything it held."""
@@ -589,7 +596,7 @@ class StompSession:
 
     def _receipt(self, receipt_id: str, lsn: int, extra: dict[str, str] | None = None) -> None:
         headers = {"receipt-id": receipt_id} if extra is None else {"receipt-id": receipt_id, **extra}
-        self.outbox.append(self.codec.send(frames.Receipt(headers)), lsn)
+        self.outbox.append(self.codec.send(frames.Receipt(headers)), lsn, receipt_id)
 
     def _reject_out_of_state(self, frame: frames.Frame) -> None:
         if self.state is State.AWAITING_CONNECT:
@@ -603,6 +610,7 @@ class StompSession:
         frame: frames.Frame | None,
         headers: dict[str, str] | None = None,
         receipt: str | None = None,
+        body: bytes = b"",
     ) -> None:
         """Send one ERROR frame, log it once, and close this connection."""
         reply = {"message": reason}
@@ -613,7 +621,6 @@ class StompSession:
             receipt = frame.headers.get("receipt")
         if receipt is not None:
             reply["receipt-id"] = receipt
-        body = b""
         if frame is not None:
             body = f"The rejected frame was {frame.command}.\n".encode()
         self.outbox.append(self.codec.send(frames.Error(reply, body)))
