@@ -133,6 +133,24 @@ class Broker:
         # the LSN that made its commit durable (0 once restored).
         self.commit_keys: dict[str, int] = {}
         self.stats = BrokerStatistics()
+        # The disk alarm (free space below the store's minimum, told by the
+        # app): persistent producers wait in ``disk_waiters``, in order.
+        self.disk_alarm = False
+        self.disk_waiters: dict[Client, None] = {}
+
+    def set_disk_alarm(self, on: bool) -> bool:
+        """Free space went below the store's minimum (on) or came back (off);
+        True if that changed anything.  Clearing it lets every producer it
+        held go on, unless a congested queue still holds it."""
+        if on == self.disk_alarm:
+            return False
+        self.disk_alarm = on
+        if not on:
+            waiters, self.disk_waiters = self.disk_waiters, {}
+            for client in waiters:
+                if not client.closed and not client.blocked_on:
+                    client.sink.unblocked()
+        return True
 
     @property
     def durable_lsn(self) -> int:

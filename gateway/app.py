@@ -4,6 +4,7 @@ committer and maintenance tasks, and signal handling."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import ssl
 import time
@@ -38,6 +39,46 @@ STATS_INTERVAL_S = 10.0
 # Password checks running at once (threads) and waiting to run.
 VERIFY_WORKERS = 2
 VERIFY_BACKLOG = 256
+
+
+def disk_free_bytes(path: str) -> int:
+    """Bytes still free for the broker on ``path``'s filesystem (not counting
+    root's reserve).  A module function so tests can make the disk look full."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+class DiskWatch:
+    """The disk alarm: looks at the data folder's free space and tells the
+    core when it falls below ``min_free_bytes`` and when it is back, logging
+    each change once (``disk_alarm``).  Acting before ENOSPC means a full disk
+    holds producers instead of failing their writes."""
+
+    def __init__(self, path: str, min_free_bytes: int, broker: Broker, log: Any) -> None:
+        self.path = path
+        self.min_free_bytes = min_free_bytes
+        self.broker = broker
+        self.log = log
+        self.free_bytes = -1  # last seen; -1 until looked at (or when it cannot be)
+
+    def check(self) -> None:
+        if not self.min_free_bytes:
+            return
+        try:
+            free = disk_free_bytes(self.path)
+        except OSError as exc:
+            if self.free_bytes != -1:
+                self.log.warning("disk_free_unknown", data_dir=self.path, reason=exc.strerror or str(exc))
+            self.free_bytes = -1
+            return  # not knowing is no reason to stop producers
+        self.free_bytes = free
+        on = free < self.min_free_bytes
+        if self.broker.set_disk_alarm(on):
+            # Both at warning: a log that shows the alarm set must show it cleared.
+            self.log.warning(
+                "disk_alarm", state="set" if on else "cleared", free_bytes=free, min_free_bytes=self.min_free_bytes,
+                data_dir=self.path,
+            )
 
 
 @dataclasses.dataclass
@@ -153,6 +194,8 @@ async def serve(
             ListenerSpec("mqtt-tls", config.bind, config.mqtt_tls_port, mqtt_connection, tls),
         ]
     finished = trio.Event()
+    disk = DiskWatch(config.data_dir, config.store.min_free_bytes, broker, log)
+    disk.check()  # before anyone connects
     writes = metrics.Histogram()
     listening = False
     users = load_users(config.admin)
@@ -163,7 +206,7 @@ async def serve(
         server,
         users=users,
         ready=lambda: listening and not server.stopping,
-        metrics=lambda: metrics.render(broker, server, store, writes, gatekeeper),
+        metrics=lambda: metrics.render(broker, server, store, writes, gatekeeper, disk),
         archive=store.archive,
     )
 
@@ -182,6 +225,7 @@ async def serve(
             for _ in range(VERIFY_WORKERS):
                 nursery.start_soon(_verify_passwords, checks_receive)
             nursery.start_soon(_maintain, store, broker, config.store.maintenance_interval_s, commit_lot, log)
+            nursery.start_soon(_watch_disk, disk, config.store.maintenance_interval_s)
             if handle_signals:
                 nursery.start_soon(_stop_on_signal, server, log)
             ports = await nursery.start(run_server)
@@ -268,6 +312,14 @@ async def _maintain(
         if trio.current_time() >= next_stats:
             next_stats = trio.current_time() + STATS_INTERVAL_S
             log.info("store_stats", **store.stats())
+
+
+async def _watch_disk(disk: DiskWatch, interval_s: float) -> None:
+    # Its own task: statvfs is cheap, and a long compaction must not delay
+    # the alarm.
+    while True:
+        await trio.sleep(interval_s)
+        disk.check()
 
 
 def _archive_retention(store: Store, broker: Broker, log: Any) -> None:

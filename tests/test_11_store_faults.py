@@ -242,7 +242,7 @@ def corrupt_log_lines(capfd) -> list[str]:
 
 
 @pytest.mark.parametrize("ack", ["auto", "client-individual"])
-def test_a_damaged_record_read_on_dispatch_loses_only_its_message(broker_factory, stomp_client, tmp_path, capfd, ack):
+def test_a_damaged_record_read_on_dispatch_loses_only_its_message(capfd, broker_factory, stomp_client, tmp_path, ack):
     broker = start(broker_factory)
     queue = f"/queue/{unique('corr')}"
     producer = stomp_client(broker)
@@ -278,7 +278,7 @@ def test_a_damaged_record_read_on_dispatch_loses_only_its_message(broker_factory
     assert corrupt_records_metric(broker) == 0
 
 
-def test_a_durable_subscriber_gets_all_but_the_damaged_message(broker_factory, stomp_client, tmp_path, capfd):
+def test_a_durable_subscriber_gets_all_but_the_damaged_message(capfd, broker_factory, stomp_client, tmp_path):
     broker = start(broker_factory)
     topic = f"/topic/{unique('corr')}"
     durable = {"activemq.subscriptionName": "audit"}
@@ -322,3 +322,118 @@ def test_an_mqtt_persistent_session_gets_all_but_the_damaged_message(broker_fact
     back.wait(COUNT)
     assert back.payloads == [body(i) for i in range(COUNT) if i != DAMAGED] + [b"after"]
     assert corrupt_records_metric(broker) == 1
+
+
+# -- the disk alarm: free space below store.min_free_bytes ---------------------
+
+
+@pytest.fixture
+def disk(monkeypatch):
+    """Free space as the broker sees it, settable: no disk has to fill up."""
+    from gateway import app
+
+    free = {"bytes": 1 << 40}
+    monkeypatch.setattr(app, "disk_free_bytes", lambda path: free["bytes"])
+    return free
+
+
+def alarm_broker(broker_factory, **broker_settings):
+    from gateway.storage import StoreSettings
+
+    return broker_factory(store=StoreSettings(maintenance_interval_s=0.05, min_free_bytes=50 << 20),
+                          broker=broker_settings, admin=ADMIN)
+
+
+def metric(broker, name: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    conn = http.client.HTTPConnection("127.0.0.1", broker.admin_port, timeout=5)
+    token = base64.b64encode(f"{VIEWER[0]}:{VIEWER[1]}".encode()).decode()
+    conn.request("GET", "/metrics", headers={"Authorization": f"Basic {token}"})
+    text = conn.getresponse().read().decode()
+    conn.close()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return sample.value
+    raise AssertionError(f"no {name} in /metrics")
+
+
+def set_free(broker, disk, free_bytes: int, alarm: bool) -> None:
+    disk["bytes"] = free_bytes
+    wait_for(lambda: metric(broker, "gateway_disk_alarm") == int(alarm), what=f"the disk alarm {'on' if alarm else 'off'}")
+
+
+def test_low_disk_space_holds_persistent_producers_until_it_is_back(capfd, broker_factory, disk):
+    broker = alarm_broker(broker_factory)
+    queue = f"/queue/{unique('disk')}"
+    consumer = RawClient(broker.stomp_address)
+    consumer.connect(heart_beat="0,0")
+    consumer.send_frame("SUBSCRIBE", {"destination": queue, "id": "1", "receipt": "sub"})
+    consumer.receipt("sub")
+    set_free(broker, disk, 10 << 20, alarm=True)
+    assert metric(broker, "gateway_disk_free_bytes") == 10 << 20
+
+    producer = RawClient(broker.stomp_address)
+    producer.connect(heart_beat="0,0")
+    producer.send_frame("SEND", {"destination": queue, "receipt": "held", **PERSISTENT}, b"persistent")
+    core = broker.running.broker
+    wait_for(lambda: broker.call(lambda: len(core.disk_waiters)) == 1, what="the producer held")
+    # Non-persistent traffic and consumers go on meanwhile.
+    other = RawClient(broker.stomp_address)
+    other.connect(heart_beat="0,0")
+    other.send_frame("SEND", {"destination": queue, "receipt": "light"}, b"transient")
+    other.receipt("light")
+    assert consumer.expect("MESSAGE").body == b"transient"
+    assert [f.command for f in producer.quiet_for(0.2)] == []  # no receipt: nothing was stored
+    assert broker.call(lambda: broker.running.store.stats()["live_messages"]) == 0
+
+    set_free(broker, disk, 1 << 40, alarm=False)
+    producer.receipt("held")
+    assert consumer.expect("MESSAGE").body == b"persistent"
+    # The same connection goes on producing.
+    producer.send_frame("SEND", {"destination": queue, "receipt": "next", **PERSISTENT}, b"again")
+    producer.receipt("next")
+    assert consumer.expect("MESSAGE").body == b"again"
+    alarms = [line for line in capfd.readouterr().err.splitlines() if "disk_alarm" in line]
+    assert len(alarms) == 2 and "set" in alarms[0] and "cleared" in alarms[1]
+    for client in (consumer, producer, other):
+        client.close()
+
+
+def test_low_disk_space_refuses_a_persistent_send_with_send_fail_if_no_space(broker_factory, disk):
+    broker = alarm_broker(broker_factory, send_fail_if_no_space=True)
+    queue = f"/queue/{unique('disk')}"
+    set_free(broker, disk, 0, alarm=True)
+    producer = RawClient(broker.stomp_address)
+    producer.connect(heart_beat="0,0")
+    producer.send_frame("SEND", {"destination": queue, "receipt": "refused", **PERSISTENT}, b"persistent")
+    error = producer.expect_error_and_close()
+    assert error.headers["receipt-id"] == "refused" and "disk" in error.headers["message"]
+    producer.close()
+    set_free(broker, disk, 1 << 40, alarm=False)
+    later = RawClient(broker.stomp_address)
+    later.connect(heart_beat="0,0")
+    later.send_frame("SEND", {"destination": queue, "receipt": "stored", **PERSISTENT}, b"persistent")
+    later.receipt("stored")
+    later.close()
+
+
+def test_low_disk_space_holds_an_mqtt_qos1_publisher_until_it_is_back(broker_factory, disk, paho):
+    broker = alarm_broker(broker_factory)
+    topic = unique("disk")
+    watcher = paho(broker)
+    watcher.subscribe((f"{topic}/#", 1))
+    set_free(broker, disk, 0, alarm=True)
+    device = paho(broker)
+    device.publish(f"{topic}/light", b"qos0", qos=0)  # QoS 0 keeps flowing
+    watcher.wait(1)
+    held = device.client.publish(f"{topic}/x", b"qos1", qos=1)
+    core = broker.running.broker
+    wait_for(lambda: broker.call(lambda: len(core.disk_waiters)) == 1, what="the publisher held")
+    assert not held.is_published() and watcher.payloads == [b"qos0"]
+    set_free(broker, disk, 1 << 40, alarm=False)
+    held.wait_for_publish(5)
+    assert held.is_published()
+    watcher.wait(2)
+    assert watcher.payloads == [b"qos0", b"qos1"]

@@ -219,7 +219,8 @@ class StompSession:
 
     def resume_input(self) -> None:
         """Handle the frames that arrived before producing was held back (or
-        while a CONNECT's password was being checked: that CONNECT first)."""
+        while a CONNECT's password was being checked, or a SEND waited out the
+        disk alarm: that frame first)."""
         if self.state is not State.CLOSED and not self.live.blocked:
             if self.live.deferred is not None:
                 self._process(self.live.take_deferred())
@@ -421,6 +422,11 @@ class StompSession:
         address = names.parse(destination)
         if isinstance(address, str):
             raise InvalidDestination(f"invalid destination {destination[:80]!r}: {address}")
+        if headers.get("persistent") == "true" and self.client.held_for_disk(address):  # type: ignore[union-attr]
+            # The disk alarm: not stored, not receipted; reading stops, and
+            # this frame is handled again once free space is back.
+            self.live.defer(frame)
+            return
         persistent = False
         priority = DEFAULT_PRIORITY
         expires = 0
