@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -437,3 +438,72 @@ def test_low_disk_space_holds_an_mqtt_qos1_publisher_until_it_is_back(broker_fac
     assert held.is_published()
     watcher.wait(2)
     assert watcher.payloads == [b"qos0", b"qos1"]
+
+
+@pytest.fixture
+def small_volume(tmp_path):
+    """A 20 MB tmpfs as the data folder; skips where mounting is impossible."""
+    mountpoint = tmp_path / "data"
+    mountpoint.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(mountpoint)],
+                             capture_output=True, text=True) if os.geteuid() == 0 else None
+    if mounted is None or mounted.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root and mount rights)")
+    yield mountpoint
+    subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True)
+
+
+def test_a_really_filling_volume_holds_the_producer_and_loses_nothing(small_volume, broker_factory):
+    from gateway.storage import StoreSettings
+
+    broker = broker_factory(store=StoreSettings(segment_bytes=1 << 20, min_free_bytes=5 << 20,
+                                                maintenance_interval_s=0.05))
+    core = broker.running.broker
+    queue = f"/queue/{unique('fill')}"
+    producer = RawClient(broker.stomp_address)
+    producer.connect(heart_beat="0,0")
+    receipted: set[str] = set()
+
+    def held() -> bool:
+        return broker.call(lambda: bool(core.disk_waiters))
+
+    def settle(ids: list[str]) -> bool:
+        """Read receipts until the burst is receipted (False) or the producer is held (True)."""
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if receipted.issuperset(ids):
+                return False
+            if held():
+                return True
+            try:
+                frame = producer.next_frame(timeout=0.05)
+            except AssertionError:
+                continue  # nothing yet
+            assert frame.command == "RECEIPT", frame
+            receipted.add(frame.headers["receipt-id"])
+        raise AssertionError("the burst was neither receipted nor held")
+
+    sent = 0
+    for _ in range(400):  # far more than 20 MB, in bursts of 32 x 8 KiB in flight
+        ids = [f"r{i}" for i in range(sent, sent + 32)]
+        producer.send(b"".join(encode_frame("SEND", {"destination": queue, "receipt": r, **PERSISTENT}, b"x" * 8192)
+                               for r in ids))
+        sent += 32
+        if settle(ids):
+            break
+    else:
+        raise AssertionError("the disk alarm never held the producer")
+    # A consumer drains the queue; its segments are deleted, space comes back,
+    # and every SEND, the held ones too, is stored, receipted and delivered.
+    consumer = RawClient(broker.stomp_address)
+    consumer.connect(heart_beat="0,0")
+    consumer.send_frame("SUBSCRIBE", {"destination": queue, "id": "1"})
+    for _ in range(sent):
+        assert consumer.next_frame().command == "MESSAGE"
+    while len(receipted) < sent:
+        frame = producer.next_frame()
+        assert frame.command == "RECEIPT", frame
+        receipted.add(frame.headers["receipt-id"])
+    assert not broker.call(lambda: core.disk_alarm)
+    for client in (producer, consumer):
+        client.close()
