@@ -136,6 +136,24 @@ class Broker:
         # the LSN that made its commit durable (0 once restored).
         self.commit_keys: dict[str, int] = {}
         self.stats = BrokerStatistics()
+        # The disk alarm (free space below the store's minimum, told by the
+        # app): persistent producers wait in ``disk_waiters``, in order.
+        self.disk_alarm = False
+        self.disk_waiters: dict[Client, None] = {}
+
+    def set_disk_alarm(self, on: bool) -> bool:
+        """Free space went below the store's minimum (on) or came back (off);
+        True if that changed anything.  Clearing it lets every producer it
+        held go on, unless a congested queue still holds it."""
+        if on == self.disk_alarm:
+            return False
+        self.disk_alarm = on
+        if not on:
+            waiters, self.disk_waiters = self.disk_waiters, {}
+            for client in waiters:
+                if not client.closed and not client.blocked_on:
+                    client.sink.unblocked()
+        return True
 
     @property
     def durable_lsn(self) -> int:
@@ -312,19 +330,29 @@ class Broker:
         if isinstance(target, str):
             target = names.parse("/queue/DLQ")
         assert not isinstance(target, str)
+        body = message.body
         headers = dict(message.headers or {})
+        if body is None and message.location >= 0:
+            # A stub: its headers and body are on disk.  Read into a copy of
+            # the stub (the new message has no place on disk yet).
+            loaded = message.stub()
+            if not self.store.load(loaded):
+                # Its record is damaged (the store reported it): nothing is
+                # left to dead-letter, so it is only forgotten.
+                if queue.key is not None:
+                    self.store.ack(queue.key, message)
+                queue.stats.discarded += 1
+                return
+            body, headers = loaded.body, dict(loaded.headers or {})
         headers["originalDestination"] = message.address.text
         headers["originalMessageId"] = message.id
         headers["dlqDeliveryFailureCause"] = reason
         # A new id: the store knows the original by its id until the move commits.
         copy = Message(
-            self._id_prefix + str(next(self._seq)), target, headers, message.body, persistent=message.persistent,
+            self._id_prefix + str(next(self._seq)), target, headers, body, persistent=message.persistent,
             priority=message.priority, expires=0, timestamp=message.timestamp,  # a dead letter does not expire
             redeliveries=message.redeliveries + 1, qos=message.qos,
         )
-        if copy.body is None and message.location >= 0:
-            self.store.load(copy)  # a stub: its headers and body are on disk
-            copy.headers = {**(copy.headers or {}), **headers}
         dead = self.queues.get(target) or self._create_queue(target)
         if message.persistent and message.location >= 0 and queue.key is not None:
             # Atomically: in the DLQ and out of its queue, or neither.

@@ -94,6 +94,22 @@ class Client:
         """Claim a temporary destination named in a reply-to before it is subscribed."""
         self.broker._claim(address, self)
 
+    def held_for_disk(self, address: Address) -> bool:
+        """Before a persistent message to ``address`` is taken: while the disk
+        alarm is on, refuse it (:class:`LimitExceeded`, with
+        send_fail_if_no_space) or hold this producer until free space comes
+        back (True: the caller keeps the message, stops reading, and offers it
+        again once :meth:`Sink.unblocked`).  Nothing is stored meanwhile."""
+        broker = self.broker
+        if not broker.disk_alarm:
+            return False
+        if broker.policies.for_address(address).send_fail_if_no_space:
+            raise LimitExceeded("the broker's disk is nearly full: persistent messages are refused (send_fail_if_no_space)")
+        if self not in broker.disk_waiters:
+            broker.disk_waiters[self] = None
+            broker.stats.producer_holds += 1
+        return True
+
     def _hold(self, queues: list[Queue]) -> None:
         if not self.blocked_on:
             self.held_until = self.broker.clock.monotonic() + self.broker.settings.slow_consumer_s
@@ -386,3 +402,4 @@ class Client:
             if queue.waiters is not None and self in queue.waiters:
                 queue.waiters.remove(self)
         self.blocked_on.clear()
+        self.broker.disk_waiters.pop(self, None)

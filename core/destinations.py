@@ -221,6 +221,8 @@ class Queue:
         if self.selective or self.groups is not None:
             # Waiting messages are ones no consumer with room selects, so a
             # newcomer some consumer takes does not jump ahead of its own kind.
+            if message.headers is None and not self._load(message):
+                return
             consumer = self._pick_for(message)
             if consumer is not None:
                 self._deliver(consumer, message)
@@ -349,6 +351,8 @@ class Queue:
         for message in pending.clear():
             if message.expires and self._expired(message):
                 continue
+            if room and message.headers is None and not self._load(message):
+                continue  # a selector reads headers: bring them in (or drop a damaged one)
             consumer = self._pick_for(message) if room else None
             if consumer is None:
                 kept.append(message)
@@ -359,9 +363,8 @@ class Queue:
             pending.push(message)
 
     def _pick_for(self, message: Message) -> Subscription | None:
-        """Round robin over the consumers with room that select ``message``."""
-        if message.headers is None and self.store is not None:
-            self.store.load(message)  # a selector reads headers: bring them in
+        """Round robin over the consumers with room that select ``message``
+        (its headers in memory)."""
         group = message.headers.get(GROUP_HEADER) if self.groups is not None and message.headers else None
         if group is not None:
             owner = self.groups.get(group)  # type: ignore[union-attr]
@@ -474,10 +477,21 @@ class Queue:
         if message.location >= 0 and self.key is not None and self.store is not None:
             self.store.ack(self.key, message)
 
+    def _load(self, message: Message) -> bool:
+        """Bring a stub's headers and body in from the store.  A damaged
+        record (the store reported and counted it) loses exactly its own
+        message: forgotten here and in the store, so a restart does not bring
+        it back, and dispatch goes on with the next."""
+        if self.store is None or self.store.load(message):
+            return True
+        self.stats.discarded += 1
+        self._forget(message)
+        return False
+
     def _deliver(self, consumer: Subscription, message: Message) -> None:
+        if message.body is None and not self._load(message):
+            return
         self.stats.delivered += 1
-        if message.body is None and self.store is not None:
-            self.store.load(message)
         if consumer.ack_mode is AckMode.AUTO:
             self.stats.dequeued += 1
             if message.location >= 0 and self.key is not None and self.store is not None:

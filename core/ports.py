@@ -94,8 +94,10 @@ class Store(Protocol):
 
     def remove_subscription(self, key: str) -> int: ...
 
-    def load(self, message: Message) -> None:
-        """Fill in a stub's headers and body from disk."""
+    def load(self, message: Message) -> bool:
+        """Fill in a stub's headers and body from disk.  False when its record
+        is unreadable (a bad checksum, undecodable): the store has reported
+        and counted it, and the caller drops the message."""
         ...
 
     def retain(self, topic: str, message: Message | None) -> int:
@@ -147,5 +149,5 @@ class NoStore:
     def note(self, namespace: str, key: str, value: bytes | None) -> int:
         return 0
 
-    def load(self, message: Message) -> None:
+    def load(self, message: Message) -> bool:
         raise LookupError(f"message {message.id!r} has no body in memory and there is no store")

@@ -285,9 +285,10 @@ class AdminApi:
         }
 
     def _message(self, message: Any) -> dict[str, Any]:
+        damaged = False
         if message.body is None:  # on disk: read a copy, leave the queue's stub alone
             copy = message.stub()
-            self.broker.store.load(copy)
+            damaged = not self.broker.store.load(copy)  # reported; dispatch drops it
             message = copy
         body = message.body or b""
         try:
@@ -298,7 +299,7 @@ class AdminApi:
             "message_id": message.id, "destination": message.address.text, "priority": message.priority,
             "timestamp": message.timestamp, "expires": message.expires, "persistent": message.persistent,
             "redelivered": message.redelivered, "headers": message.headers or {}, "body": text,
-            "body_encoding": encoding,
+            "body_encoding": encoding, **({"damaged": True} if damaged else {}),
         }
 
     def _connection(self, conn_id: str, connection: Any) -> dict[str, Any]:

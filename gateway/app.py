@@ -4,6 +4,7 @@ committer and maintenance tasks, and signal handling."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import ssl
 import time
@@ -38,6 +39,46 @@ STATS_INTERVAL_S = 10.0
 # Password checks running at once (threads) and waiting to run.
 VERIFY_WORKERS = 2
 VERIFY_BACKLOG = 256
+
+
+def disk_free_bytes(path: str) -> int:
+    """Bytes still free for the broker on ``path``'s filesystem (not counting
+    root's reserve).  A module function so tests can make the disk look full."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+class DiskWatch:
+    """The disk alarm: looks at the data folder's free space and tells the
+    core when it falls below ``min_free_bytes`` and when it is back, logging
+    each change once (``disk_alarm``).  Acting before ENOSPC means a full disk
+    holds producers instead of failing their writes."""
+
+    def __init__(self, path: str, min_free_bytes: int, broker: Broker, log: Any) -> None:
+        self.path = path
+        self.min_free_bytes = min_free_bytes
+        self.broker = broker
+        self.log = log
+        self.free_bytes = -1  # last seen; -1 until looked at (or when it cannot be)
+
+    def check(self) -> None:
+        if not self.min_free_bytes:
+            return
+        try:
+            free = disk_free_bytes(self.path)
+        except OSError as exc:
+            if self.free_bytes != -1:
+                self.log.warning("disk_free_unknown", data_dir=self.path, reason=exc.strerror or str(exc))
+            self.free_bytes = -1
+            return  # not knowing is no reason to stop producers
+        self.free_bytes = free
+        on = free < self.min_free_bytes
+        if self.broker.set_disk_alarm(on):
+            # Both at warning: a log that shows the alarm set must show it cleared.
+            self.log.warning(
+                "disk_alarm", state="set" if on else "cleared", free_bytes=free, min_free_bytes=self.min_free_bytes,
+                data_dir=self.path,
+            )
 
 
 @dataclasses.dataclass
@@ -155,6 +196,8 @@ async def serve(
             ListenerSpec("mqtt-tls", config.bind, config.mqtt_tls_port, mqtt_connection, tls),
         ]
     finished = trio.Event()
+    disk = DiskWatch(config.data_dir, config.store.min_free_bytes, broker, log)
+    disk.check()  # before anyone connects
     writes = metrics.Histogram()
     listening = False
     users = load_users(config.admin)
@@ -165,7 +208,7 @@ async def serve(
         server,
         users=users,
         ready=lambda: listening and not server.stopping,
-        metrics=lambda: metrics.render(broker, server, store, writes, gatekeeper),
+        metrics=lambda: metrics.render(broker, server, store, writes, gatekeeper, disk),
         archive=store.archive,
     )
 
@@ -177,13 +220,14 @@ async def serve(
 
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_commit, store, server, commit_lot, log, writes)
+            nursery.start_soon(_commit, store, server, commit_lot, log, writes, disk)
             nursery.start_soon(redelivery.run)
             if tls is not None and config.tls.reload_interval_s > 0:
                 nursery.start_soon(_reload_tls, tls, config.tls, log)
             for _ in range(VERIFY_WORKERS):
                 nursery.start_soon(_verify_passwords, checks_receive)
             nursery.start_soon(_maintain, store, broker, config.store.maintenance_interval_s, commit_lot, log)
+            nursery.start_soon(_watch_disk, disk, config.store.maintenance_interval_s)
             if handle_signals:
                 nursery.start_soon(_stop_on_signal, server, log)
             ports = await nursery.start(run_server)
@@ -216,10 +260,14 @@ async def _verify_passwords(checks: trio.MemoryReceiveChannel[tuple[str, str, Ca
 
 
 async def _commit(
-    store: Store, server: Server, lot: trio.lowlevel.ParkingLot, log: Any, writes: metrics.Histogram
+    store: Store, server: Server, lot: trio.lowlevel.ParkingLot, log: Any, writes: metrics.Histogram,
+    disk: DiskWatch | None = None,
 ) -> None:
     """Group commit: write (and fsync) whatever accumulated while the last
-    write ran, in a worker thread, then release the receipts it covers."""
+    write ran, in a worker thread, then release the receipts it covers.
+    After each write the free space is looked at too: a fast producer fills
+    more than ``min_free_bytes`` between two maintenance ticks (seen filling
+    a 20 MB tmpfs), and one statvfs per batch is nothing beside its fsync."""
     while True:
         batch = store.take_batch()
         if batch is None:
@@ -238,6 +286,8 @@ async def _commit(
                 failed = None
                 store.batch_written(batch)
                 server.durable_advanced()
+        if disk is not None and batch.runs:
+            disk.check()
         if failed is not None:
             first, last = store.batch_failed(batch, failed)
             reason = failed.strerror or str(failed)
@@ -270,6 +320,14 @@ async def _maintain(
         if trio.current_time() >= next_stats:
             next_stats = trio.current_time() + STATS_INTERVAL_S
             log.info("store_stats", **store.stats())
+
+
+async def _watch_disk(disk: DiskWatch, interval_s: float) -> None:
+    # Its own task: statvfs is cheap, and a long compaction must not delay
+    # the alarm.
+    while True:
+        await trio.sleep(interval_s)
+        disk.check()
 
 
 def _archive_retention(store: Store, broker: Broker, log: Any) -> None:

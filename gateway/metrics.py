@@ -56,7 +56,7 @@ def _rss_bytes() -> int:
         return 0
 
 
-def render(broker: Any, server: Any, store: Any, writes: Histogram, gatekeeper: Any = None) -> str:
+def render(broker: Any, server: Any, store: Any, writes: Histogram, gatekeeper: Any = None, disk: Any = None) -> str:
     out = _Writer()
     by_protocol: dict[str, int] = {}
     for connection in list(server.connections.values()):
@@ -120,6 +120,12 @@ def render(broker: Any, server: Any, store: Any, writes: Histogram, gatekeeper: 
     out.family("gateway_store_fsyncs_total", "counter", "fdatasync calls on the journal.", [("", store_stats["fsyncs"])])
     out.family("gateway_store_corrupt_records_total", "counter", "Records skipped for a bad checksum.",
                [("", store_stats["corrupt_records"])])
+    out.family("gateway_disk_alarm", "gauge",
+               "1 while the data folder's free space is below store.min_free_bytes (persistent producers held).",
+               [("", int(broker.disk_alarm))])
+    if disk is not None and disk.free_bytes >= 0:
+        out.family("gateway_disk_free_bytes", "gauge", "Free bytes on the data folder's filesystem, last looked at.",
+                   [("", disk.free_bytes)])
     cumulative = 0
     samples = []
     for bound, count in zip(writes.buckets, writes.counts):

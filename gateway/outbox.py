@@ -23,7 +23,8 @@ class Outbox:
         self._chunks: list[bytes] = []
         self._nbytes = 0
         self._base = 0  # absolute index of _chunks[0]
-        self._gates: deque[tuple[int, int]] = deque()  # (absolute chunk index, lsn)
+        # (absolute chunk index, lsn, what it promises: a receipt id, or None)
+        self._gates: deque[tuple[int, int, str | None]] = deque()
         self.high_water = high_water
         self.wakeup = wakeup
         self.sent_bytes = 0
@@ -39,10 +40,11 @@ class Outbox:
     def __bool__(self) -> bool:
         return self._nbytes > 0
 
-    def append(self, data: bytes, lsn: int = 0) -> None:
-        """Queue bytes; with ``lsn`` they leave only once that LSN is durable."""
+    def append(self, data: bytes, lsn: int = 0, promise: str | None = None) -> None:
+        """Queue bytes; with ``lsn`` they leave only once that LSN is durable.
+        ``promise`` names them (a receipt id) should the write fail."""
         if lsn:
-            self._gates.append((self._base + len(self._chunks), lsn))
+            self._gates.append((self._base + len(self._chunks), lsn, promise))
         if not self._chunks and self.wakeup is not None:
             self.wakeup()
         self._chunks.append(data)
@@ -78,19 +80,21 @@ class Outbox:
         self.sent_bytes += size
         return data
 
-    def drop_gated(self, first_lsn: int, last_lsn: int) -> int:
+    def drop_gated(self, first_lsn: int, last_lsn: int) -> list[str | None]:
         """Withdraw every gated entry waiting on an LSN in the range (the store
-        failed to write it: its promise must never go out).  Returns how many."""
-        dropped = 0
-        kept: deque[tuple[int, int]] = deque()
-        for index, lsn in self._gates:
+        failed to write it: its promise must never go out).  Returns what
+        each promised, in order (None for an unnamed one)."""
+        dropped = []
+        kept: deque[tuple[int, int, str | None]] = deque()
+        for gate in self._gates:
+            index, lsn, promise = gate
             if first_lsn <= lsn <= last_lsn:
                 chunk = index - self._base
                 self._nbytes -= len(self._chunks[chunk])
                 self._chunks[chunk] = b""
-                dropped += 1
+                dropped.append(promise)
             else:
-                kept.append((index, lsn))
+                kept.append(gate)
         self._gates = kept
         return dropped
 

@@ -39,12 +39,19 @@ class StoreSettings:
     segment_bytes: int = 32 * 1024 * 1024
     # Topic archives: segment size (retention drops whole segments).
     archive_segment_bytes: int = 16 * 1024 * 1024
-    # How often the maintenance task checkpoints, collects and compacts.
+    # How often the maintenance task checkpoints, collects and compacts (and
+    # the free space of the data folder is looked at).
     maintenance_interval_s: float = 1.0
+    # The disk alarm (RabbitMQ's disk_free_limit): below this many free bytes
+    # on the data folder's filesystem persistent producers are held (or
+    # refused, with send_fail_if_no_space) until space comes back; 0 = off.
+    min_free_bytes: int = 50 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.sync not in SYNC_POLICIES:
             raise ValueError(f"store.sync must be one of {', '.join(SYNC_POLICIES)}, not {self.sync!r}")
+        if self.min_free_bytes < 0:
+            raise ValueError(f"store.min_free_bytes must not be negative, not {self.min_free_bytes}")
         if self.archive_segment_bytes <= 0:
             raise ValueError(f"store.archive_segment_bytes must be positive, not {self.archive_segment_bytes}")
 
@@ -71,6 +78,8 @@ class BrokerStore:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._commit_seq = 0
+        # Locations whose record failed to read: never read (or reported) again.
+        self._damaged: set[int] = set()
 
     @property
     def durable_lsn(self) -> int:
@@ -131,10 +140,22 @@ class BrokerStore:
     def remove_subscription(self, key: str) -> int:
         return self.store.remove_subscription(key)
 
-    def load(self, message: Message) -> None:
-        stored = self.store.read_message(message.location)
+    def load(self, message: Message) -> bool:
+        location = message.location
+        if location in self._damaged:
+            return False
+        try:
+            stored = self.store.read_message(location)
+        except (records.CorruptRecord, ValueError, IndexError) as exc:  # struct.error is a ValueError
+            # Found only now because a clean start trusts its checkpoint and
+            # leaves bodies on disk: handled as recovery would have, reported
+            # once (every queue holding the record asks again).
+            self._damaged.add(location)
+            self.store.report_damaged(location, getattr(exc, "reason", None) or str(exc), destination=message.address.text)
+            return False
         message.headers = stored.headers
         message.body = stored.body
+        return True
 
     def retain(self, topic: str, message: Message | None) -> int:
         return self.note(RETAINED, topic, None if message is None else _encode_retained(message))

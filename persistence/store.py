@@ -380,6 +380,16 @@ class Store(Maintenance):
         mid, dest, headers, body, priority, expires, timestamp, count, _ = records.decode_message(payload)
         return StoredMessage(mid, dest, headers, body, priority, expires, timestamp, count, location)
 
+    def report_damaged(self, location: int, reason: str, **fields: Any) -> None:
+        """A record :meth:`read_message` could not read: counted and logged
+        like one that recovery skips (the caller drops its message)."""
+        index = self._index
+        if index.forward:
+            location = index.forward.get(location, location)
+        self._journal.corrupt_records += 1
+        seg, off = location >> OFFSET_BITS, location & ((1 << OFFSET_BITS) - 1)
+        self._emit("record_corrupt", segment=str(self._journal.path(seg)), offset=off, reason=reason, **fields)
+
     # -- committer protocol --------------------------------------------------
 
     def take_batch(self) -> Batch | None:

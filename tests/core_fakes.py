@@ -74,6 +74,7 @@ class RecordingStore:
         self.durable_lsn = 0
         self.bodies: dict[int, tuple[dict[str, str], bytes]] = {}
         self.loads = 0
+        self.damaged: set[int] = set()  # locations whose record fails to read
 
     def _next(self, *call: Any) -> int:
         self.calls.append(call)
@@ -122,9 +123,12 @@ class RecordingStore:
     def note(self, namespace: str, key: str, value: bytes | None) -> int:
         return self._next("note", namespace, key, value)
 
-    def load(self, message: Message) -> None:
+    def load(self, message: Message) -> bool:
         self.loads += 1
+        if message.location in self.damaged:
+            return False
         message.headers, message.body = self.bodies[message.location]
+        return True
 
     def kinds(self) -> list[str]:
         return [call[0] for call in self.calls]

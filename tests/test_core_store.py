@@ -195,3 +195,55 @@ def test_restore_rebuilds_queues_and_durable_subscriptions() -> None:
     assert parse_durable_key(key) == ("app", "n")
     assert parse_durable_key("/queue/orders") is None
     assert parse_durable_key(durable_key("a:b", "c:d")) == ("a:b", "c:d")
+
+
+def backlog(selector: object = None, ack: AckMode = AckMode.AUTO, **settings: object) -> tuple[Broker, RecordingStore, list[Message]]:
+    """Five stored messages, the last three paged out; the fourth's record is damaged."""
+    broker, store = make(resident_messages=2, **settings)
+    producer = broker.open_client(RecordingSink())
+    sent = [send(broker, producer, body=str(i).encode())[0] for i in range(5)]
+    store.damaged.add(sent[3].location)
+    return broker, store, sent
+
+
+@pytest.mark.parametrize("ack", [AckMode.AUTO, INDIVIDUAL])
+def test_a_damaged_record_loses_only_its_message_and_dispatch_goes_on(ack: AckMode) -> None:
+    broker, store, sent = backlog()
+    sink = RecordingSink()
+    broker.open_client(sink).subscribe("c", Q, ack)
+    assert sink.bodies == [b"0", b"1", b"2", b"4"]
+    # Forgotten in the store too, so a restart does not bring it back.
+    assert ("ack", "/queue/orders", sent[3].id) in store.calls
+    acked = {call[2] for call in store.calls if call[0] == "ack"}
+    assert acked == ({m.id for m in sent} if ack is AckMode.AUTO else {sent[3].id})
+    assert broker.queues[Q].depth == 0 and broker.queues[Q].stats.discarded == 1
+
+
+def test_a_damaged_record_is_dropped_by_a_selective_dispatch_too() -> None:
+    from core.selectors import compile_selector
+
+    broker, store, sent = backlog()
+    sink = RecordingSink()
+    broker.open_client(sink).subscribe("c", Q, AckMode.AUTO, selector=compile_selector("h = 'v'"))
+    assert sink.bodies == [b"0", b"1", b"2", b"4"]
+    assert ("ack", "/queue/orders", sent[3].id) in store.calls
+
+
+def test_a_damaged_record_due_for_the_dead_letter_queue_is_only_forgotten() -> None:
+    broker, store, sent = backlog(max_redeliveries=0)
+    store.damaged.add(sent[0].location)
+    queue = broker.queues[Q]
+    assert queue.max_redeliveries == 0
+    queue.requeue([sent[0].stub()])  # delivered too often: to the DLQ, but its record is unreadable
+    assert ("ack", "/queue/orders", sent[0].id) in store.calls
+    assert not any(call[0] == "tx" for call in store.calls)
+
+
+def test_a_paged_out_message_goes_to_the_dead_letter_queue_with_its_body_and_headers() -> None:
+    broker, store, sent = backlog(max_redeliveries=0)
+    queue = broker.queues[Q]
+    queue.requeue([sent[4].stub()])  # as a restart holds it: on disk only
+    dead = broker.queues[address("/queue/DLQ")]
+    [letter] = list(dead.pending)
+    assert letter.body == b"4" and letter.headers is not None
+    assert letter.headers["h"] == "v" and letter.headers["originalMessageId"] == sent[4].id

@@ -204,12 +204,12 @@ class MqttSession:
 
     def resume_input(self) -> None:
         if self.state is not State.CLOSED and not self.live.blocked:
-            if self.live.deferred is not None:  # a CONNECT whose password check is done
+            if self.live.deferred is not None:  # a CONNECT checked, or a PUBLISH past the disk alarm
                 self._process(self.live.take_deferred())
             elif self.codec.buffered_bytes:
                 self._process()
 
-    def _process(self, replay: packets.Connect | None = None) -> None:
+    def _process(self, replay: packets.Connect | packets.Publish | None = None) -> None:
         packet: Any = None
         events = self.codec.events() if replay is None else itertools.chain((replay,), self.codec.events())
         try:
@@ -432,6 +432,11 @@ class MqttSession:
         if packet.qos == 2 and packet.packet_id in state.inbound_qos2:
             # A resend before PUBREL: it was routed already; answer again only.
             self.outbox.append(self.codec.send(packets.PubRec(packet.packet_id)))
+            return
+        if packet.qos and client.held_for_disk(address):
+            # The disk alarm: no ack, reading stops, and this PUBLISH is
+            # handled again once free space is back.
+            self.live.defer(packet)
             return
         message = self.broker.message(address, {}, packet.payload, persistent=packet.qos > 0)
         message.qos = packet.qos

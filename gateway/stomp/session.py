@@ -220,7 +220,8 @@ class StompSession:
 
     def resume_input(self) -> None:
         """Handle the frames that arrived before producing was held back (or
-        while a CONNECT's password was being checked: that CONNECT first)."""
+        while a CONNECT's password was being checked, or a SEND waited out the
+        disk alarm: that frame first)."""
         if self.state is not State.CLOSED and not self.live.blocked:
             if self.live.deferred is not None:
                 self._process(self.live.take_deferred())
@@ -293,9 +294,16 @@ class StompSession:
 
     def storage_failed(self, first_lsn: int, last_lsn: int, reason: str) -> None:
         """The store could not write these LSNs: a receipt waiting on one is
-        withdrawn, and the client is told with an ERROR instead."""
-        if self.outbox.drop_gated(first_lsn, last_lsn) and self.state is not State.CLOSED:
-            self._fail(f"the store could not write this connection's messages: {reason}", None)
+        withdrawn, and the client is told with an ERROR instead, which names
+        them: the first as its receipt-id (STOMP allows one), all in the body,
+        so a producer with many SENDs in flight knows which failed."""
+        withdrawn = self.outbox.drop_gated(first_lsn, last_lsn)
+        if withdrawn and self.state is not State.CLOSED:
+            receipts = [r for r in withdrawn if r is not None]
+            body = "".join(f"receipt {r} withdrawn: not stored\n" for r in receipts).encode()
+            more = f" (receipts {', '.join(receipts[:5])}{', ...' if len(receipts) > 5 else ''})" if len(receipts) > 1 else ""
+            self._fail(f"the store could not write this connection's messages: {reason}{more}", None,
+                       receipt=receipts[0] if receipts else None, body=body)
 
     def close(self, reason: str) -> None:
         """The connection is gone (or going): release everything it held."""
@@ -419,6 +427,11 @@ class StompSession:
         address = names.parse(destination)
         if isinstance(address, str):
             raise InvalidDestination(f"invalid destination {destination[:80]!r}: {address}")
+        if headers.get("persistent") == "true" and self.client.held_for_disk(address):  # type: ignore[union-attr]
+            # The disk alarm: not stored, not receipted; reading stops, and
+            # this frame is handled again once free space is back.
+            self.live.defer(frame)
+            return
         persistent = False
         priority = DEFAULT_PRIORITY
         expires = 0
@@ -599,7 +612,7 @@ class StompSession:
 
     def _receipt(self, receipt_id: str, lsn: int, extra: dict[str, str] | None = None) -> None:
         headers = {"receipt-id": receipt_id} if extra is None else {"receipt-id": receipt_id, **extra}
-        self.outbox.append(self.codec.send(frames.Receipt(headers)), lsn)
+        self.outbox.append(self.codec.send(frames.Receipt(headers)), lsn, receipt_id)
 
     def _reject_out_of_state(self, frame: frames.Frame) -> None:
         if self.state is State.AWAITING_CONNECT:
@@ -613,6 +626,7 @@ class StompSession:
         frame: frames.Frame | None,
         headers: dict[str, str] | None = None,
         receipt: str | None = None,
+        body: bytes = b"",
     ) -> None:
         """Send one ERROR frame, log it once, and close this connection."""
         reply = {"message": reason}
@@ -623,7 +637,6 @@ class StompSession:
             receipt = frame.headers.get("receipt")
         if receipt is not None:
             reply["receipt-id"] = receipt
-        body = b""
         if frame is not None:
             body = f"The rejected frame was {frame.command}.\n".encode()
         self.outbox.append(self.codec.send(frames.Error(reply, body)))
