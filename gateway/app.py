@@ -70,7 +70,7 @@ async def serve(
         log.warning("store_sync_never", detail="persistent messages are NOT safe from a crash; for tests only")
     clock = TrioClock()
     adapter = BrokerStore(store)
-    acl = parse_entries(config.auth.acl)
+    acl = parse_entries(config.auth.acl, groups=config.auth.groups)
     broker = Broker(clock, config.broker, store=adapter, authorizer=Authorizer(acl) if acl else None)
     subscriptions, queues, skipped = restored(recovered)
     broker.restore(subscriptions, queues, restored_retained(recovered))

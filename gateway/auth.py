@@ -108,6 +108,11 @@ class AuthSettings:
     max_failed_logins: int = 5
     failed_login_window_s: float = 60.0
 
+    @property
+    def groups(self) -> frozenset[str]:
+        """The declared groups: those users are in, and "anonymous" (anonymous clients')."""
+        return frozenset(g for entry in self.users for g in entry.get("groups", ())) | {ANONYMOUS_PRINCIPAL.name}
+
     def __post_init__(self) -> None:
         if self.anonymous not in ANONYMOUS:
             raise ValueError(f"auth.anonymous must be one of {', '.join(ANONYMOUS)}, not {self.anonymous!r}")
@@ -117,7 +122,12 @@ class AuthSettings:
             groups = entry.get("groups", [])
             if not isinstance(groups, list) or not all(isinstance(g, str) and g for g in groups):
                 raise ValueError(f"auth.users {entry['name']!r}: groups must be a list of names")
-        parse_entries(self.acl)
+        users = {entry["name"] for entry in self.users}
+        clash = sorted(users & self.groups)
+        if clash:
+            # Which of the two a plain name in the map means would be a guess.
+            raise ValueError(f"auth: {', '.join(map(repr, clash))} is both a user and a group; rename one")
+        parse_entries(self.acl, groups=self.groups)
         if self.max_failed_logins < 1 or self.failed_login_window_s <= 0:
             raise ValueError("auth.max_failed_logins must be >= 1 and auth.failed_login_window_s > 0")
 

@@ -235,3 +235,12 @@ def test_a_cert_users_subject_that_is_not_rfc_4514_is_refused_at_start(pki):
     with pytest.raises(ValueError, match="expected type=value"):  # unescaped, the comma starts an RDN
         TlsSettings(cert=pki["server"], key=pki["server"], client_certs="optional", ca=pki["ca"],
                     cert_users=[{"subject": "CN=Smith, J", "user": "x"}])
+
+
+def test_a_certificate_named_like_a_group_does_not_get_the_groups_grants(broker_factory, pki, ca, tmp_path):
+    # cn_as_user: the CN "sensors" is a user of that name, not the sensors group the ACL grants.
+    impostor = _certificate_files(ca, tmp_path, "sensors")
+    broker = tls_broker(broker_factory, pki, auth=CERT_AUTH, client_certs="optional", ca=pki["ca"], cn_as_user=True)
+    send = b"SEND\ndestination:/topic/plant.1.temp\nreceipt:r1\n\nhot\x00"
+    reply = _tls_connect_reply(broker, pki, impostor, then=send)
+    assert reply.startswith(b"CONNECTED\n") and b"user 'sensors' may not write" in reply and b"RECEIPT" not in reply
