@@ -10,7 +10,7 @@ import h11
 import trio
 
 from gateway.server import close_stream, peer_address
-from gateway.adminapi import AdminApi, AdminSettings, Request, Response, error
+from gateway.adminapi import SECURITY_HEADERS, AdminApi, AdminSettings, Request, Response, error
 from gateway.websocket import Upgrades
 
 MAX_HEAD_BYTES = 16 * 1024
@@ -175,8 +175,8 @@ def _headers(response: Response, length: int | None) -> list[tuple[bytes, bytes]
     headers += [
         (b"server", SERVER_HEADER),
         (b"cache-control", b"no-store"),
-        (b"x-content-type-options", b"nosniff"),
     ]
+    headers += [(name.lower().encode(), value.encode()) for name, value in SECURITY_HEADERS]
     headers += [(name.encode(), value.encode()) for name, value in response.headers]
     return headers
 

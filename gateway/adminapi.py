@@ -28,7 +28,7 @@ import dataclasses
 import json
 import os
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -40,6 +40,16 @@ from gateway import console
 from gateway.auth import verify_password
 
 ROLES = ("read", "write")
+WRITE_METHODS = frozenset({"POST", "PUT", "DELETE", "PATCH"})
+# The headers every answer carries: no page may frame the console
+# (clickjacking), no body is sniffed into another type, and no page address
+# leaks to elsewhere through links.
+SECURITY_HEADERS = (
+    ("X-Frame-Options", "DENY"),
+    ("Content-Security-Policy", "frame-ancestors 'none'"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Referrer-Policy", "no-referrer"),
+)
 # Credentials remembered (verified or refused) before starting over.
 VERIFIED_CACHE = 1024
 USERS_FILE_ENV = "GATEWAY_ADMIN_USERS_FILE"
@@ -57,6 +67,17 @@ class AdminSettings:
     # ("https://app.example.com"); empty: any.  Clients that send no Origin
     # (not browsers) are not affected.
     websocket_origins: list[str] = dataclasses.field(default_factory=list)
+    # Pages besides the console itself (same host and port) whose scripts may
+    # change things here (POST, PUT, DELETE); websocket_origins count too.
+    # A browser's request from any other page is refused (CSRF).
+    allowed_origins: list[str] = dataclasses.field(default_factory=list)
+    # Connections to this port at once (API and WebSockets): its own bound,
+    # so a flood here cannot take the file descriptors STOMP and MQTT need.
+    max_connections: int = 256
+
+    def __post_init__(self) -> None:
+        if self.max_connections < 1:
+            raise ValueError("admin.max_connections must be >= 1")
 
 
 def load_users(settings: AdminSettings) -> dict[str, tuple[str, str]]:
@@ -97,6 +118,34 @@ def error(status: int, reason: str, **headers: str) -> Response:
     return Response(status, json.dumps({"status": status, "reason": reason}).encode(), headers=list(headers.items()))
 
 
+def _same_host(origin: str, host: str) -> bool:
+    """Whether ``origin`` (scheme://host[:port]) names the host and port the
+    request was sent to (its Host header), default ports filled in."""
+    parts = urlsplit(origin)
+    if parts.scheme not in ("http", "https") or not parts.hostname or not host:
+        return False  # "null" (a sandboxed or file: page) is never ours
+    default = 443 if parts.scheme == "https" else 80
+    try:
+        origin_port = parts.port or default
+        target = urlsplit("//" + host.strip().lower())
+        target_port = target.port or default
+    except ValueError:
+        return False
+    return parts.hostname == target.hostname and origin_port == target_port
+
+
+def _json_only(request: Request) -> Response | None:
+    """A request that changes things carries JSON or nothing: the types an
+    HTML form can send (urlencoded, multipart, text/plain) are refused, so no
+    page elsewhere can forge one without the browser asking first (CORS)."""
+    declared = request.headers.get("content-type")
+    if declared is None:
+        return None
+    if declared.split(";", 1)[0].strip().lower() != "application/json":
+        return error(415, f"expected Content-Type application/json, not {declared[:100]}")
+    return None
+
+
 def ok(payload: Any, status: int = 200) -> Response:
     return Response(status, json.dumps(payload, separators=(",", ":")).encode())
 
@@ -113,6 +162,7 @@ class AdminApi:
         ready: Callable[[], bool],
         metrics: Callable[[], str],
         archive: Any = None,
+        origins: Iterable[str] = (),
     ) -> None:
         self.broker = broker
         self.archive = archive  # persistence.archive.Archive, or None
@@ -120,6 +170,7 @@ class AdminApi:
         self.users = users
         self.ready = ready
         self.metrics = metrics
+        self.origins = frozenset(o.strip().rstrip("/").lower() for o in origins)
         # Authorization header -> role (None: refused), so PBKDF2 runs once per credential.
         self._verified: dict[str, str | None] = {}
 
@@ -131,7 +182,11 @@ class AdminApi:
         if path == "/readyz":
             ready = self.ready()
             return Response(200 if ready else 503, b"ready\n" if ready else b"not ready\n", "text/plain")
-        write = request.method in ("POST", "DELETE", "PUT")
+        write = request.method in WRITE_METHODS
+        if write:
+            refused = self._same_origin(request) or _json_only(request)
+            if refused is not None:
+                return refused
         denied = self._authorize(request, "write" if write else "read")
         if denied is not None:
             return denied
@@ -139,6 +194,24 @@ class AdminApi:
             return self._route(request.method, path, parse_qs(parts.query), request.body)
         except CoreError as exc:
             return error(409, exc.reason)
+
+    def _same_origin(self, request: Request) -> Response | None:
+        """A browser says which page a request comes from (Origin, or at
+        least Referer); one that changes things must come from the console
+        itself or an allowed page, or a page elsewhere could use the
+        operator's logged-in browser (CSRF).  Without either header the
+        client is no browser (curl, scripts) and is not affected."""
+        origin = request.headers.get("origin")
+        if origin is None and "referer" in request.headers:
+            parts = urlsplit(request.headers["referer"])
+            origin = f"{parts.scheme}://{parts.netloc}"
+        if origin is None:
+            return None
+        origin = origin.strip().rstrip("/").lower()
+        if origin in self.origins or _same_host(origin, request.headers.get("host", "")):
+            return None
+        return error(403, f"cross-origin request from {origin[:200]} refused: not this console's own page "
+                          "(admin.allowed_origins)")
 
     def _authorize(self, request: Request, need: str) -> Response | None:
         if not self.users:
@@ -247,11 +320,10 @@ class AdminApi:
         if not isinstance(text, str):
             return error(400, "body must be a string")
         message = self.broker.message(address, headers, text.encode(), persistent=persistent)
-        producer = self.broker.open_client(_NullSink())
-        try:
-            producer.send(message)
-        finally:
-            producer.close()
+        # The sender is the operator (a write-role admin user, already checked),
+        # whose rights cover every destination as purge and delete do; the
+        # clients' authorization map is not theirs to answer to.
+        self.broker.route(message)
         return ok({"message_id": message.id}, 201)
 
     # -- views ---------------------------------------------------------------
@@ -301,15 +373,3 @@ class AdminApi:
             "subscriptions": len(client.subscriptions) if client is not None else 0,
             "bytes_in": connection.bytes_in, "bytes_out": session.outbox.sent_bytes,
         }
-
-
-class _NullSink:
-    """The admin API produces, never consumes."""
-
-    accepting = True
-
-    def deliver(self, subscription: Any, message: Any) -> None:
-        return None
-
-    def unblocked(self) -> None:
-        return None

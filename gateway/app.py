@@ -165,6 +165,7 @@ async def serve(
         ready=lambda: listening and not server.stopping,
         metrics=lambda: metrics.render(broker, server, store, writes, gatekeeper),
         archive=store.archive,
+        origins=config.admin.allowed_origins + config.admin.websocket_origins,
     )
 
     async def run_server(*, task_status: Any) -> None:

@@ -182,3 +182,72 @@ def test_the_console_page_is_served(admin_broker):
     status, body, response = call(admin_broker, "GET", "/")
     assert status == 200 and response.getheader("Content-Type").startswith("text/html")
     assert b"/api/v1/destinations" in body and b"purge" in body
+
+
+# -- cross-site requests and framing ------------------------------------------------
+
+
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
+
+
+def test_a_cross_origin_form_post_is_refused_and_purges_nothing(admin_broker, stomp_client):
+    queue = f"/queue/{unique('orders.csrf')}"
+    fill(stomp_client, admin_broker, queue, 3)
+    path = f"/api/v1/destinations/{queue[1:].replace('/', '%2F')}/purge"
+    evil = {"Origin": "https://evil.example", **FORM}
+    status, body, _ = call(admin_broker, "POST", path, b"", headers=evil)
+    assert status == 403 and "cross-origin request from https://evil.example" in json.loads(body)["reason"]
+    # Without Origin, a Referer from elsewhere says the same; a lying "null" origin too.
+    assert call(admin_broker, "POST", path, headers={"Referer": "https://evil.example/page"})[0] == 403
+    assert call(admin_broker, "POST", path, headers={"Origin": "null"})[0] == 403
+    assert call(admin_broker, "DELETE", f"/api/v1/destinations{queue}", headers={"Origin": "http://localhost:1"})[0] == 403
+    assert call(admin_broker, "GET", f"/api/v1/destinations{queue}")[1].count(b'"depth":3') == 1
+    # The console's own page (same host and port), and a client with no Origin (curl), may.
+    own = {"Origin": f"http://127.0.0.1:{admin_broker.admin_port}"}
+    assert call(admin_broker, "POST", path, headers=own)[:2] == (200, b'{"purged":3}')
+    fill(stomp_client, admin_broker, queue, 1)
+    assert call(admin_broker, "POST", path)[:2] == (200, b'{"purged":1}')
+
+
+def test_only_json_bodies_are_taken_where_json_is_expected(admin_broker, stomp_client):
+    queue = f"/queue/{unique('ctype')}"
+    path = f"/api/v1/destinations{queue}/messages"
+    for kind in ("application/x-www-form-urlencoded", "text/plain", "multipart/form-data; boundary=x"):
+        status, body, _ = call(admin_broker, "POST", path, b'{"body": "x"}', headers={"Content-Type": kind})
+        assert status == 415 and "application/json" in json.loads(body)["reason"]
+    assert call(admin_broker, "POST", f"/api/v1/destinations{queue}/purge", b"", headers=FORM)[0] == 415
+    status, _, _ = call(admin_broker, "POST", path, b'{"body": "x"}', headers={"Content-Type": "application/json; charset=utf-8"})
+    assert status == 201
+
+
+def test_an_allowed_origin_may_post(broker_factory):
+    broker = broker_factory(admin={"users": USERS, "allowed_origins": ["https://ops.example"]})
+    path = f"/api/v1/destinations/queue%2F{unique('allowed')}/messages"
+    assert call(broker, "POST", path, {"body": "x"}, headers={"Origin": "https://ops.example"})[0] == 201
+    assert call(broker, "POST", path, {"body": "x"}, headers={"Origin": "https://other.example"})[0] == 403
+
+
+@pytest.mark.parametrize(("method", "path", "auth"), [
+    ("GET", "/", WRITER), ("GET", "/healthz", None), ("GET", "/api/v1/destinations", None),
+    ("GET", "/api/v1/nothing", WRITER), ("POST", "/api/v1/destinations/queue%2Fx/purge", WRITER),
+])
+def test_every_answer_forbids_framing_and_sniffing(admin_broker, method, path, auth):
+    _, _, response = call(admin_broker, method, path, auth=auth)
+    assert response.getheader("X-Frame-Options") == "DENY"
+    assert "frame-ancestors 'none'" in response.getheader("Content-Security-Policy")
+    assert response.getheader("X-Content-Type-Options") == "nosniff"
+    assert response.getheader("Referrer-Policy") == "no-referrer"
+
+
+def test_a_send_through_the_api_acts_as_the_operator_under_an_acl(broker_factory, stomp_client):
+    from tests.test_22_authorization import ACL, USERS as CLIENTS, login
+
+    broker = broker_factory(admin={"users": USERS}, auth={"users": CLIENTS, "acl": ACL})
+    # Not granted to anyone as such: the operator's send creates the queue too.
+    status, body, _ = call(broker, "POST", "/api/v1/destinations/queue%2Forders.eu/messages", {"body": "by ops"})
+    assert status == 201, body
+    consumer = stomp_client(broker, headers=login("reader"))
+    consumer.subscribe("/queue/orders.eu")
+    assert consumer.wait_messages(1)[0].body == b"by ops"
+    # A reader stays a reader.
+    assert call(broker, "POST", "/api/v1/destinations/queue%2Forders.eu/messages", {"body": "x"}, auth=READER)[0] == 403
