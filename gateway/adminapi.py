@@ -37,7 +37,7 @@ from core import names
 from core.broker import Broker
 from core.errors import CoreError
 from gateway import console
-from gateway.auth import verify_password
+from gateway.auth import ADMIN, AccessDenied, AuthSettings, Gatekeeper, dummy_hash
 
 ROLES = ("read", "write")
 WRITE_METHODS = frozenset({"POST", "PUT", "DELETE", "PATCH"})
@@ -50,8 +50,6 @@ SECURITY_HEADERS = (
     ("X-Content-Type-Options", "nosniff"),
     ("Referrer-Policy", "no-referrer"),
 )
-# Credentials remembered (verified or refused) before starting over.
-VERIFIED_CACHE = 1024
 USERS_FILE_ENV = "GATEWAY_ADMIN_USERS_FILE"
 
 
@@ -101,6 +99,7 @@ class Request:
     target: str
     headers: dict[str, str]
     body: bytes = b""
+    peer: str = "unknown"  # host:port of the client
 
 
 @dataclasses.dataclass
@@ -116,6 +115,18 @@ class Response:
 
 def error(status: int, reason: str, **headers: str) -> Response:
     return Response(status, json.dumps({"status": status, "reason": reason}).encode(), headers=list(headers.items()))
+
+
+def _basic(header: str) -> tuple[str | None, str]:
+    """(user, password) from a Basic Authorization header; (None, "") if it is none."""
+    scheme, _, encoded = header.partition(" ")
+    if scheme.lower() != "basic":
+        return None, ""
+    try:
+        name, _, password = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return None, ""
+    return name, password
 
 
 def _same_host(origin: str, host: str) -> bool:
@@ -163,6 +174,7 @@ class AdminApi:
         metrics: Callable[[], str],
         archive: Any = None,
         origins: Iterable[str] = (),
+        gate: Gatekeeper | None = None,
     ) -> None:
         self.broker = broker
         self.archive = archive  # persistence.archive.Archive, or None
@@ -171,8 +183,9 @@ class AdminApi:
         self.ready = ready
         self.metrics = metrics
         self.origins = frozenset(o.strip().rstrip("/").lower() for o in origins)
-        # Authorization header -> role (None: refused), so PBKDF2 runs once per credential.
-        self._verified: dict[str, str | None] = {}
+        # Password checks: the broker's gate (lockout, hashing off the loop, cache).
+        self.gate = gate if gate is not None else Gatekeeper(AuthSettings())
+        self.dummy = dummy_hash(hashed for hashed, _ in users.values())
 
     def handle(self, request: Request) -> Response:
         parts = urlsplit(request.target)
@@ -214,44 +227,30 @@ class AdminApi:
                           "(admin.allowed_origins)")
 
     def _authorize(self, request: Request, need: str) -> Response | None:
+        """The caller's role must cover ``need``.  The password check goes
+        through the broker's one gate (per-address lockout, bounded hashing
+        off the loop): it raises VerificationPending for the admin server to
+        wait on, then handle() is called again and finds the answer."""
         if not self.users:
             return error(403, "no admin users are configured ([admin] users or a users file)")
-        header = request.headers.get("authorization", "")
-        if header not in self._verified:  # the admin server checks new ones off the loop first
-            self.remember(header, self._check(header))
-        role = self._verified[header]
-        if role is None:
+        header = request.headers.get("authorization")
+        if not header:  # a browser's first request: ask, no failure counted
             return error(401, "credentials required", **{"WWW-Authenticate": 'Basic realm="gateway"'})
-        if need == "write" and role != "write":
+        host = request.peer.rsplit(":", 1)[0] if ":" in request.peer else request.peer
+        try:
+            self.gate.gate(ADMIN, host)
+        except AccessDenied as exc:
+            return error(429, exc.reason, **{"Retry-After": str(max(1, self.gate.retry_after(ADMIN, host)))})
+        name, password = _basic(header)
+        entry = self.users.get(name) if name is not None else None
+        ok = self.gate.password(ADMIN, host, name or "", password, entry[0] if entry else self.dummy)
+        ok = ok and entry is not None
+        self.gate.answered(ADMIN, host, ok)
+        if not ok or entry is None:
+            return error(401, "credentials required", **{"WWW-Authenticate": 'Basic realm="gateway"'})
+        if need == "write" and entry[1] != "write":
             return error(403, "this user may only read")
         return None
-
-    def credentials_check(self, request: Request) -> tuple[str, Callable[[], str | None]] | None:
-        """Credentials not seen before, and the check of them (a PBKDF2 run),
-        for the admin server to do in a worker thread before :meth:`handle`,
-        so a wrong password costs the event loop nothing."""
-        header = request.headers.get("authorization", "")
-        if not self.users or not header or header in self._verified:
-            return None
-        return header, lambda: self._check(header)
-
-    def remember(self, header: str, role: str | None) -> None:
-        if len(self._verified) >= VERIFIED_CACHE:
-            self._verified.clear()
-        self._verified[header] = role
-
-    def _check(self, header: str) -> str | None:
-        scheme, _, encoded = header.partition(" ")
-        if scheme.lower() != "basic":
-            return None
-        try:
-            name, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            return None
-        entry = self.users.get(name)
-        if entry is None or not verify_password(password, entry[0]):
-            return None
-        return entry[1]
 
     def _route(self, method: str, path: str, query: dict[str, list[str]], body: bytes) -> Response:
         if path == "/" and method == "GET":
