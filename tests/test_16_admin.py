@@ -251,3 +251,142 @@ def test_a_send_through_the_api_acts_as_the_operator_under_an_acl(broker_factory
     assert consumer.wait_messages(1)[0].body == b"by ops"
     # A reader stays a reader.
     assert call(broker, "POST", "/api/v1/destinations/queue%2Forders.eu/messages", {"body": "x"}, auth=READER)[0] == 403
+
+
+# -- the admin API's password checks share the broker's one gate ----------------------
+
+
+def basic(name, password):
+    return {"Authorization": "Basic " + base64.b64encode(f"{name}:{password}".encode()).decode()}
+
+
+def test_admin_login_failures_lock_the_address_out_without_hashing(broker_factory, stomp_client, monkeypatch):
+    import hashlib
+
+    broker = broker_factory(admin={"users": USERS}, auth={"max_failed_logins": 3, "failed_login_window_s": 60.0})
+    for _ in range(3):
+        assert call(broker, "GET", "/api/v1/destinations", auth=(WRITER[0], "guess"))[0] == 401
+    runs = []
+    real = hashlib.pbkdf2_hmac
+    monkeypatch.setattr(hashlib, "pbkdf2_hmac", lambda *args: runs.append(args) or real(*args))
+    # Locked out: even the right password is refused, unchecked, with the reason.
+    status, body, response = call(broker, "GET", "/api/v1/destinations", auth=("someone", "new-guess"))
+    assert status == 429 and "too many failed logins from 127.0.0.1" in json.loads(body)["reason"]
+    assert int(response.getheader("Retry-After")) > 0
+    assert call(broker, "GET", "/api/v1/destinations", auth=WRITER)[0] == 429
+    assert runs == []
+    assert call(broker, "GET", "/healthz", auth=None)[0] == 200  # the probes need no login
+    # The messaging door keeps its own count: clients on this host still connect.
+    stomp_client(broker).send(f"/queue/{unique('still')}", b"ok")
+
+
+def test_hammering_admin_logins_do_not_hold_up_receipts(broker_factory, stomp_client, monkeypatch):
+    import hashlib
+    import random
+    import threading
+
+    from gateway.app import PASSWORD_THREADS
+
+    # Slow hashes, and a lockout too lenient to help: every attempt costs a PBKDF2 run.
+    slow = [{"name": "ops", "password_hash": hash_password("s3cret", iterations=200_000), "role": "write"}]
+    broker = broker_factory(admin={"users": slow}, auth={"max_failed_logins": 1_000_000})
+    hashing, most, lock, real = [0], [0], threading.Lock(), hashlib.pbkdf2_hmac
+
+    def counted(*args):
+        with lock:
+            hashing[0] += 1
+            most[0] = max(most[0], hashing[0])
+        try:
+            return real(*args)
+        finally:
+            with lock:
+                hashing[0] -= 1
+
+    monkeypatch.setattr(hashlib, "pbkdf2_hmac", counted)
+    producer = stomp_client(broker)
+    stop = threading.Event()
+    answers = []
+
+    def hammer():
+        for _ in range(1000):
+            if stop.is_set():
+                return
+            name = random.choice(["ops", f"u{random.randrange(10**6)}"])
+            try:
+                answers.append(call(broker, "GET", "/api/v1/destinations", auth=(name, str(random.random())))[0])
+            except OSError:
+                answers.append("refused")
+
+    threads = [threading.Thread(target=hammer) for _ in range(40)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: len(answers) >= 20, timeout=30, what="admin login attempts under way")
+        queue = f"/queue/{unique('durable')}"
+        for i in range(5):  # each waits for its receipt, i.e. the store's write and fsync
+            producer.send(queue, f"m{i}".encode(), persistent="true")
+        assert not stop.is_set() and all(t.is_alive() for t in threads)  # still hammering meanwhile
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    assert set(answers) <= {401, 429, 503, "refused"} and 401 in answers
+    assert 1 <= most[0] <= PASSWORD_THREADS  # hashing never took more threads than its own
+    consumer = stomp_client(broker)
+    consumer.subscribe(queue)
+    assert consumer.wait_messages(5)
+
+
+def test_a_full_admin_port_closes_the_extra_sockets_and_messaging_goes_on(broker_factory, stomp_client):
+    cap, extra = 4, 3
+    broker = broker_factory(admin={"users": USERS, "max_connections": cap, "request_timeout_s": 60.0})
+    idle = [socket.create_connection(("127.0.0.1", broker.admin_port), timeout=5) for _ in range(cap + extra)]
+    try:
+        for sock in idle:
+            sock.setblocking(False)
+
+        def closed():
+            count = 0
+            for sock in idle:
+                try:
+                    count += sock.recv(1) == b""
+                except BlockingIOError:
+                    pass  # open and silent: being served
+                except ConnectionResetError:
+                    count += 1
+            return count
+
+        wait_for(lambda: closed() >= extra, what=f"{extra} sockets past the admin cap closed")
+        assert closed() == extra
+        # The messaging listeners are untouched by a full admin port.
+        client = stomp_client(broker)
+        queue = f"/queue/{unique('beside')}"
+        client.subscribe(queue)
+        client.send(queue, b"still here")
+        assert client.wait_messages(1)[0].body == b"still here"
+    finally:
+        for sock in idle:
+            sock.close()
+    wait_for(lambda: healthy(broker), what="the admin port serving again")
+
+
+def healthy(broker):
+    try:
+        return call(broker, "GET", "/healthz", auth=None)[0] == 200
+    except OSError:  # still full: closed at accept
+        return False
+
+
+def test_admin_sockets_count_against_the_per_address_limit(broker_factory):
+    broker = broker_factory(admin={"users": USERS, "request_timeout_s": 60.0}, max_connections_per_address=2)
+    held = []
+    for _ in range(2):  # each served (a kept-alive request answered) before the next opens
+        held.append(socket.create_connection(("127.0.0.1", broker.admin_port), timeout=5))
+        held[-1].sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert held[-1].recv(100).startswith(b"HTTP/1.1 200")
+    try:
+        assert not healthy(broker)  # a third from this address is closed at accept
+    finally:
+        for sock in held:
+            sock.close()
+    wait_for(lambda: healthy(broker), what="the address's slots given back")
