@@ -4,8 +4,15 @@ authorization map.
 Entries name a destination pattern (``*`` one segment, ``>`` the rest) and,
 per operation, the users and groups granted it.  Grants add up: a principal
 may act on a destination if any entry that covers it grants the operation to
-the principal's name, one of its groups, or ``*`` (everyone, anonymous
-clients included).  Once any entry exists, anything not granted is denied;
+the principal's user, one of its groups, or ``*`` (everyone, anonymous
+clients included).
+
+Users and groups are kept apart: ``group:ops`` and ``user:ops`` say which is
+meant, and a plain ``ops`` is the group when some user is in a group of that
+name (ActiveMQ's entries name groups) and the user otherwise.  So a user, or a
+certificate whose common name is taken as its user, named ``producers`` never
+gets what the ``producers`` group is granted; the auth settings refuse a user
+and a group of the same name.  Once any entry exists, anything not granted is denied;
 with none, the broker is open, as a fresh ActiveMQ is.
 
 A wildcard subscription is checked as a whole: ``orders.>`` needs an entry
@@ -18,7 +25,7 @@ connection that made them (anyone may reply to one).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from core import names
 from core.names import Address
@@ -40,16 +47,19 @@ class Principal:
 
     @property
     def identities(self) -> frozenset[str]:
-        return self.groups | {self.name, EVERYONE}
+        """What grants name: ``user:<name>``, ``group:<group>`` and ``*``."""
+        return frozenset(GROUP + group for group in self.groups) | {USER + self.name, EVERYONE}
 
 
+# Anonymous clients are the user and the (built-in) group "anonymous".
 ANONYMOUS_PRINCIPAL = Principal(ANONYMOUS, frozenset({ANONYMOUS}))
+USER, GROUP = "user:", "group:"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class AclEntry:
     pattern: Address
-    grants: dict[str, frozenset[str]]  # operation -> user and group names
+    grants: dict[str, frozenset[str]]  # operation -> "user:<name>", "group:<name>" or "*"
 
 
 def covers(general: tuple[str, ...], specific: tuple[str, ...]) -> bool:
@@ -86,7 +96,20 @@ class Authorizer:
         return False
 
 
-def parse_entries(raw: list[dict[str, object]], where: str = "auth.acl") -> list[AclEntry]:
+def grantee(name: str, groups: Collection[str] | None) -> frozenset[str]:
+    """What a name in an entry stands for.  ``groups``: the declared groups
+    (``anonymous`` is always one); None (no user list known, as in tools and
+    tests): a plain name stands for the user and the group."""
+    if name == EVERYONE or name.startswith((USER, GROUP)):
+        return frozenset({name})
+    if groups is None:
+        return frozenset({USER + name, GROUP + name})
+    return frozenset({GROUP + name if name in groups or name == ANONYMOUS else USER + name})
+
+
+def parse_entries(
+    raw: list[dict[str, object]], where: str = "auth.acl", groups: Collection[str] | None = None
+) -> list[AclEntry]:
     """Build entries from ``[[auth.acl]]`` tables, naming any mistake."""
     entries = []
     for i, table in enumerate(raw):
@@ -108,8 +131,10 @@ def parse_entries(raw: list[dict[str, object]], where: str = "auth.acl") -> list
                 raise ValueError(f"{where}[{i}]: unknown key {key!r} (expected destination, {', '.join(OPERATIONS)})")
             if isinstance(value, str):
                 value = [value]
-            if not isinstance(value, list) or not all(isinstance(name, str) and name for name in value):
+            if not isinstance(value, list) or not all(
+                isinstance(name, str) and name and name not in (USER, GROUP) for name in value
+            ):
                 raise ValueError(f"{where}[{i}].{key} must be a list of user or group names")
-            grants[key] = frozenset(value)
+            grants[key] = frozenset().union(*(grantee(name, groups) for name in value))
         entries.append(AclEntry(address, grants))
     return entries

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 MAX_SELECTOR_CHARS = 4096
 # Deepest AST accepted: bounds the parser's and the closures' recursion.
 MAX_DEPTH = 64
+# Most AST nodes accepted: bounds what one message costs each subscription
+# (every node is a closure call per message).
+MAX_NODES = 1024
 
 Value = Union[None, bool, int, float, str]
 Eval = Callable[["Message"], Value]
@@ -436,12 +439,16 @@ def _ends_in_lone_escape(pattern: str, escape: str) -> bool:
     return i > len(pattern)
 
 
-def _check_depth(root: Node) -> None:
+def _check_size(root: Node) -> None:
     stack = [(root, 1)]
+    count = 0
     while stack:
         node, depth = stack.pop()
+        count += 1
         if depth > MAX_DEPTH:
             raise SelectorError(f"expected at most {MAX_DEPTH} levels of nesting", node.pos)
+        if count > MAX_NODES:
+            raise SelectorError(f"expected at most {MAX_NODES} terms", node.pos)
         stack.extend((child, depth + 1) for child in _children(node))
 
 
@@ -451,5 +458,5 @@ def parse(text: str) -> Node | None:
         raise SelectorError(f"expected at most {MAX_SELECTOR_CHARS} characters", MAX_SELECTOR_CHARS)
     root = _Parser(text).selector()
     if root is not None:
-        _check_depth(root)
+        _check_size(root)
     return root

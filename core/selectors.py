@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Callable
 from core.selector_syntax import (
     MAX_SELECTOR_CHARS,
     MAX_DEPTH,
+    MAX_NODES,
     SelectorError,
     Token,
     TokenKind,
@@ -76,7 +77,7 @@ if TYPE_CHECKING:
 
 # The language lives in core.selector_syntax; this is the one door to both.
 __all__ = [
-    "KEYWORDS", "MAX_DEPTH", "MAX_SELECTOR_CHARS", "Selector", "SelectorError", "Token", "TokenKind",
+    "KEYWORDS", "MAX_DEPTH", "MAX_NODES", "MAX_SELECTOR_CHARS", "Selector", "SelectorError", "Token", "TokenKind",
     "compile_selector", "parse", "tokenize",
 ]
 
@@ -168,23 +169,81 @@ def arithmetic(op: Callable[[int | float, int | float], int | float], left: Valu
         return None
 
 
-def like_regex(pattern: str, escape: str | None) -> re.Pattern[str]:
-    """``%`` is any run of characters, ``_`` any one; ``escape`` makes the next one literal."""
-    parts: list[str] = []
+def like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
+    """``%`` is any run of characters, ``_`` any one; ``escape`` makes the next one literal.
+
+    Never a backtracking regex over the whole pattern: a client's pattern and
+    a client's header value would then choose how long the broker's one
+    thread spends on a message (``'%a%a%a...%b'`` against ``aaa...`` is
+    exponential).  The pattern is cut at each ``%`` into fixed-length pieces
+    (literals and ``_``); the first must start the value, the last end it,
+    and each middle one is taken at its leftmost place after the previous one
+    (leftmost is always as good as any later place, since what follows can
+    only gain room).  Each piece is searched once, so the cost is at most the
+    value's length times the pattern's, and usually one pass in C."""
+    pieces: list[list[str | None]] = [[]]  # None: '_'
     i = 0
     while i < len(pattern):
         char = pattern[i]
         if char == escape:
             i += 1
-            parts.append(re.escape(pattern[i]))
+            pieces[-1].append(pattern[i])
         elif char == "%":
-            parts.append(".*")
+            pieces.append([])
         elif char == "_":
-            parts.append(".")
+            pieces[-1].append(None)
         else:
-            parts.append(re.escape(char))
+            pieces[-1].append(char)
         i += 1
-    return re.compile("".join(parts), re.DOTALL)
+    compiled = [_Piece(piece) for piece in pieces]
+    if len(compiled) == 1:
+        only = compiled[0]
+        return lambda value: len(value) == only.size and only.at(value, 0)
+    first, middle, last = compiled[0], compiled[1:-1], compiled[-1]
+
+    def match(value: str) -> bool:
+        end = len(value) - last.size
+        if end < first.size or not first.at(value, 0) or not last.at(value, end):
+            return False
+        position = first.size
+        for piece in middle:
+            found = piece.find(value, position, end)
+            if found < 0:
+                return False
+            position = found + piece.size
+        return True
+
+    return match
+
+
+class _Piece:
+    """A stretch of a LIKE pattern between two ``%``: literal characters and
+    ``_`` wildcards, a fixed number of characters long."""
+
+    __slots__ = ("size", "text", "regex")
+
+    def __init__(self, chars: list[str | None]) -> None:
+        self.size = len(chars)
+        # Without '_' plain string search (str.find is linear in practice);
+        # with it a regex of literals and '.', which has no quantifier and so
+        # no backtracking beyond its own length at each place it tries.
+        self.text = None if None in chars else "".join(chars)  # type: ignore[arg-type]
+        self.regex = None if self.text is not None else re.compile(
+            "".join("." if c is None else re.escape(c) for c in chars), re.DOTALL
+        )
+
+    def at(self, value: str, position: int) -> bool:
+        if self.text is not None:
+            return value.startswith(self.text, position)
+        assert self.regex is not None
+        return self.regex.match(value, position) is not None
+
+    def find(self, value: str, start: int, end: int) -> int:
+        if self.text is not None:
+            return value.find(self.text, start, end)
+        assert self.regex is not None
+        found = self.regex.search(value, start, end)
+        return -1 if found is None else found.start()
 
 
 # -- fields ---------------------------------------------------------------------
@@ -335,13 +394,13 @@ def _compile_in(node: In) -> Eval:
 
 def _compile_like(node: Like) -> Eval:
     operand, negated = _compile(node.operand), node.negated
-    fullmatch = like_regex(node.pattern, node.escape).fullmatch
+    matches = like_matcher(node.pattern, node.escape)
 
     def like(m: Message) -> Value:
         value = operand(m)
         if type(value) is not str:
             return None
-        return (fullmatch(value) is not None) is not negated  # type: ignore[arg-type]
+        return matches(value) is not negated  # type: ignore[arg-type]
 
     return like
 

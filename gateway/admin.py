@@ -3,14 +3,16 @@ request bounded in size and time.  What a request means is adminapi's job."""
 
 from __future__ import annotations
 
+import dataclasses
 import ssl
 from typing import Any
 
 import h11
 import trio
 
+from gateway.auth import VerificationPending
 from gateway.server import close_stream, peer_address
-from gateway.adminapi import AdminApi, AdminSettings, Request, Response, error
+from gateway.adminapi import SECURITY_HEADERS, AdminApi, AdminSettings, Request, Response, error
 from gateway.websocket import Upgrades
 
 MAX_HEAD_BYTES = 16 * 1024
@@ -23,6 +25,49 @@ class _StreamAborted(Exception):
     sees an incomplete body rather than a short one that looks whole."""
 
 
+class AdminSlots:
+    """Connections open on the admin ports (plain and TLS together), bounded
+    by ``[admin] max_connections`` in all and by the server's
+    ``max_connections_per_address`` from one address.  Past either, a new
+    connection is closed at accept: idle sockets on this port cannot take the
+    file descriptors the messaging listeners need.  A connection that becomes
+    a WebSocket gives its slot back, as the server's own limits count it
+    from then on (and refuse its CONNECT the protocol's way)."""
+
+    def __init__(self, server: Any, limit: int) -> None:
+        self.server = server
+        self.limit = limit
+        self.open = 0
+        self.refused = 0
+        self.by_host: dict[str, int] = {}
+
+    def take(self, host: str) -> bool:
+        per_address = self.server.limits.max_connections_per_address
+        if self.open >= self.limit or (per_address and self.by_host.get(host, 0) >= per_address):
+            self.refused += 1
+            return False
+        self.open += 1
+        self.by_host[host] = self.by_host.get(host, 0) + 1
+        return True
+
+    def give(self, host: str) -> None:
+        self.open -= 1
+        if self.by_host[host] == 1:
+            del self.by_host[host]
+        else:
+            self.by_host[host] -= 1
+
+
+@dataclasses.dataclass
+class _Port:
+    api: AdminApi
+    settings: AdminSettings
+    log: Any
+    upgrades: Upgrades | None
+    threads: trio.CapacityLimiter | None
+    slots: AdminSlots
+
+
 async def serve_admin(
     api: AdminApi,
     settings: AdminSettings,
@@ -32,9 +77,13 @@ async def serve_admin(
     *,
     ssl_context: ssl.SSLContext | None = None,
     upgrades: Upgrades | None = None,
+    threads: trio.CapacityLimiter | None = None,
+    slots: AdminSlots | None = None,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """``upgrades``: the WebSocket endpoints (STOMP, MQTT) this port also serves."""
+    """``upgrades``: the WebSocket endpoints (STOMP, MQTT) this port also
+    serves; ``threads``: the worker threads streamed bodies are read in;
+    ``slots``: the connection bound, shared by the plain and TLS ports."""
     listeners: list[Any] = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
     if ssl_context is not None:
@@ -43,21 +92,36 @@ async def serve_admin(
         listeners = [trio.SSLListener(listener, ssl_context) for listener in listeners]
     log.info("listener_started", protocol="admin", host=host, port=bound, tls=ssl_context is not None)
     task_status.started(bound)
-    await trio.serve_listeners(lambda stream: _guarded(api, settings, stream, log, upgrades), listeners)
+    served = _Port(api, settings, log, upgrades, threads, slots or AdminSlots(api.server, settings.max_connections))
+    # (trio's accept loop waits and retries on EMFILE rather than spinning or
+    # ending; the slots keep this port from being the one that causes it.)
+    await trio.serve_listeners(lambda stream: _guarded(served, stream), listeners)
 
 
-async def _guarded(api: AdminApi, settings: AdminSettings, stream: trio.abc.Stream, log: Any, upgrades: Upgrades | None) -> None:
+async def _guarded(port: _Port, stream: trio.abc.Stream) -> None:
     peer = peer_address(stream)
+    host = peer.rsplit(":", 1)[0] if ":" in peer else peer
+    if not port.slots.take(host):
+        with trio.CancelScope(shield=True):
+            await trio.aclose_forcefully(stream)
+        return
+    held = [True]
+
+    def release() -> None:
+        if held[0]:
+            held[0] = False
+            port.slots.give(host)
+
     try:
-        await _connection(api, settings, stream, log, upgrades, peer)
+        await _connection(port, stream, peer, release)
     except Exception:  # a bug costs this connection, not the admin server or the broker
-        log.exception("admin_connection_failed", peer=peer)
+        port.log.exception("admin_connection_failed", peer=peer)
+    finally:
+        release()
 
 
-async def _connection(
-    api: AdminApi, settings: AdminSettings, stream: trio.abc.Stream, log: Any, upgrades: Upgrades | None = None,
-    peer: str = "unknown",
-) -> None:
+async def _connection(port: _Port, stream: trio.abc.Stream, peer: str, release: Any = lambda: None) -> None:
+    api, settings, log, upgrades = port.api, port.settings, port.log, port.upgrades
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
     try:
         while True:
@@ -78,24 +142,18 @@ async def _connection(
                 return
             endpoint = upgrades.route(request) if upgrades is not None else None
             if endpoint is not None:  # /stomp, /mqtt: the connection becomes a WebSocket, or is refused
+                release()  # from here the server's limits count it
                 refused = await upgrades.serve(endpoint, request, conn.trailing_data[0], stream, peer)
                 if refused is not None:
                     await _send(conn, stream, refused, close=True)
                 return
-            check = api.credentials_check(request)
-            if check is not None:  # PBKDF2 off the event loop, then handle() finds the answer
-                header, verify = check
-                api.remember(header, await trio.to_thread.run_sync(verify))
-            try:
-                response = api.handle(request)
-            except Exception:  # a bug answers 500 to this request; the broker goes on
-                log.exception("admin_request_crashed", method=request.method, target=request.target[:200])
-                response = error(500, "internal error")
+            request.peer = peer
+            response = await _answer(api, request, log)
             if response.status >= 500:
                 log.warning("admin_request_failed", method=request.method, target=request.target[:200],
                             status=response.status)
             if response.stream is not None:
-                await _send_stream(conn, stream, response, log)
+                await _send_stream(conn, stream, response, log, port.threads)
             else:
                 await _send(conn, stream, response, close=False)
             if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
@@ -111,6 +169,24 @@ async def _connection(
                 pass
     finally:
         await close_stream(stream)
+
+
+async def _answer(api: AdminApi, request: Request, log: Any) -> Response:
+    """``api.handle(request)``; a password to check first is checked by the
+    broker's gate off the event loop (bounded, shared with every login), and
+    then handle() is asked again and finds the answer."""
+    for _ in range(3):  # a check evicted from the cache before the retry is asked for anew, not forever
+        try:
+            return api.handle(request)
+        except VerificationPending as pending:
+            done = trio.Event()
+            if not pending.start(done.set):
+                return error(503, "too many password checks in progress; try again", **{"Retry-After": "1"})
+            await done.wait()
+        except Exception:  # a bug answers 500 to this request; the broker goes on
+            log.exception("admin_request_crashed", method=request.method, target=request.target[:200])
+            return error(500, "internal error")
+    return error(503, "too many password checks in progress; try again", **{"Retry-After": "1"})
 
 
 async def _read_request(
@@ -147,7 +223,9 @@ async def _read_request(
             return Request(head.method.decode("ascii", "replace"), head.target.decode("ascii", "replace"), headers, bytes(body))
 
 
-async def _send_stream(conn: h11.Connection, stream: trio.abc.Stream, response: Response, log: Any) -> None:
+async def _send_stream(
+    conn: h11.Connection, stream: trio.abc.Stream, response: Response, log: Any, threads: trio.CapacityLimiter | None
+) -> None:
     """A body produced piece by piece in a worker thread (the blocking
     reads stay off the event loop), sent with chunked transfer encoding."""
     body = response.stream
@@ -155,7 +233,7 @@ async def _send_stream(conn: h11.Connection, stream: trio.abc.Stream, response: 
         await stream.send_all(conn.send(h11.Response(status_code=response.status, headers=_headers(response, None))))
         while True:
             try:
-                chunk = await trio.to_thread.run_sync(body.next_chunk)
+                chunk = await trio.to_thread.run_sync(body.next_chunk, limiter=threads)
             except Exception as exc:  # an I/O or decoding error: this response alone fails
                 log.warning("admin_stream_failed", reason=str(exc)[:200], error=type(exc).__name__)
                 raise _StreamAborted from exc
@@ -175,8 +253,8 @@ def _headers(response: Response, length: int | None) -> list[tuple[bytes, bytes]
     headers += [
         (b"server", SERVER_HEADER),
         (b"cache-control", b"no-store"),
-        (b"x-content-type-options", b"nosniff"),
     ]
+    headers += [(name.lower().encode(), value.encode()) for name, value in SECURITY_HEADERS]
     headers += [(name.encode(), value.encode()) for name, value in response.headers]
     return headers
 

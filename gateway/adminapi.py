@@ -29,7 +29,7 @@ import dataclasses
 import json
 import os
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -38,11 +38,19 @@ from core import names
 from core.broker import Broker
 from core.errors import CoreError
 from gateway import console
-from gateway.auth import verify_password
+from gateway.auth import ADMIN, AccessDenied, AuthSettings, Gatekeeper, dummy_hash
 
 ROLES = ("read", "write")
-# Credentials remembered (verified or refused) before starting over.
-VERIFIED_CACHE = 1024
+WRITE_METHODS = frozenset({"POST", "PUT", "DELETE", "PATCH"})
+# The headers every answer carries: no page may frame the console
+# (clickjacking), no body is sniffed into another type, and no page address
+# leaks to elsewhere through links.
+SECURITY_HEADERS = (
+    ("X-Frame-Options", "DENY"),
+    ("Content-Security-Policy", "frame-ancestors 'none'"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Referrer-Policy", "no-referrer"),
+)
 USERS_FILE_ENV = "GATEWAY_ADMIN_USERS_FILE"
 
 
@@ -58,6 +66,17 @@ class AdminSettings:
     # ("https://app.example.com"); empty: any.  Clients that send no Origin
     # (not browsers) are not affected.
     websocket_origins: list[str] = dataclasses.field(default_factory=list)
+    # Pages besides the console itself (same host and port) whose scripts may
+    # change things here (POST, PUT, DELETE); websocket_origins count too.
+    # A browser's request from any other page is refused (CSRF).
+    allowed_origins: list[str] = dataclasses.field(default_factory=list)
+    # Connections to this port at once (API and WebSockets): its own bound,
+    # so a flood here cannot take the file descriptors STOMP and MQTT need.
+    max_connections: int = 256
+
+    def __post_init__(self) -> None:
+        if self.max_connections < 1:
+            raise ValueError("admin.max_connections must be >= 1")
 
 
 def load_users(settings: AdminSettings) -> dict[str, tuple[str, str]]:
@@ -81,6 +100,7 @@ class Request:
     target: str
     headers: dict[str, str]
     body: bytes = b""
+    peer: str = "unknown"  # host:port of the client
 
 
 @dataclasses.dataclass
@@ -96,6 +116,46 @@ class Response:
 
 def error(status: int, reason: str, **headers: str) -> Response:
     return Response(status, json.dumps({"status": status, "reason": reason}).encode(), headers=list(headers.items()))
+
+
+def _basic(header: str) -> tuple[str | None, str]:
+    """(user, password) from a Basic Authorization header; (None, "") if it is none."""
+    scheme, _, encoded = header.partition(" ")
+    if scheme.lower() != "basic":
+        return None, ""
+    try:
+        name, _, password = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return None, ""
+    return name, password
+
+
+def _same_host(origin: str, host: str) -> bool:
+    """Whether ``origin`` (scheme://host[:port]) names the host and port the
+    request was sent to (its Host header), default ports filled in."""
+    parts = urlsplit(origin)
+    if parts.scheme not in ("http", "https") or not parts.hostname or not host:
+        return False  # "null" (a sandboxed or file: page) is never ours
+    default = 443 if parts.scheme == "https" else 80
+    try:
+        origin_port = parts.port or default
+        target = urlsplit("//" + host.strip().lower())
+        target_port = target.port or default
+    except ValueError:
+        return False
+    return parts.hostname == target.hostname and origin_port == target_port
+
+
+def _json_only(request: Request) -> Response | None:
+    """A request that changes things carries JSON or nothing: the types an
+    HTML form can send (urlencoded, multipart, text/plain) are refused, so no
+    page elsewhere can forge one without the browser asking first (CORS)."""
+    declared = request.headers.get("content-type")
+    if declared is None:
+        return None
+    if declared.split(";", 1)[0].strip().lower() != "application/json":
+        return error(415, f"expected Content-Type application/json, not {declared[:100]}")
+    return None
 
 
 def ok(payload: Any, status: int = 200) -> Response:
@@ -114,6 +174,8 @@ class AdminApi:
         ready: Callable[[], bool],
         metrics: Callable[[], str],
         archive: Any = None,
+        origins: Iterable[str] = (),
+        gate: Gatekeeper | None = None,
     ) -> None:
         self.broker = broker
         self.archive = archive  # persistence.archive.Archive, or None
@@ -121,8 +183,10 @@ class AdminApi:
         self.users = users
         self.ready = ready
         self.metrics = metrics
-        # Authorization header -> role (None: refused), so PBKDF2 runs once per credential.
-        self._verified: dict[str, str | None] = {}
+        self.origins = frozenset(o.strip().rstrip("/").lower() for o in origins)
+        # Password checks: the broker's gate (lockout, hashing off the loop, cache).
+        self.gate = gate if gate is not None else Gatekeeper(AuthSettings())
+        self.dummy = dummy_hash(hashed for hashed, _ in users.values())
 
     def handle(self, request: Request) -> Response:
         parts = urlsplit(request.target)
@@ -132,7 +196,11 @@ class AdminApi:
         if path == "/readyz":
             ready = self.ready()
             return Response(200 if ready else 503, b"ready\n" if ready else b"not ready\n", "text/plain")
-        write = request.method in ("POST", "DELETE", "PUT")
+        write = request.method in WRITE_METHODS
+        if write:
+            refused = self._same_origin(request) or _json_only(request)
+            if refused is not None:
+                return refused
         denied = self._authorize(request, "write" if write else "read")
         if denied is not None:
             return denied
@@ -141,45 +209,49 @@ class AdminApi:
         except CoreError as exc:
             return error(409, exc.reason)
 
+    def _same_origin(self, request: Request) -> Response | None:
+        """A browser says which page a request comes from (Origin, or at
+        least Referer); one that changes things must come from the console
+        itself or an allowed page, or a page elsewhere could use the
+        operator's logged-in browser (CSRF).  Without either header the
+        client is no browser (curl, scripts) and is not affected."""
+        origin = request.headers.get("origin")
+        if origin is None and "referer" in request.headers:
+            parts = urlsplit(request.headers["referer"])
+            origin = f"{parts.scheme}://{parts.netloc}"
+        if origin is None:
+            return None
+        origin = origin.strip().rstrip("/").lower()
+        if origin in self.origins or _same_host(origin, request.headers.get("host", "")):
+            return None
+        return error(403, f"cross-origin request from {origin[:200]} refused: not this console's own page "
+                          "(admin.allowed_origins)")
+
     def _authorize(self, request: Request, need: str) -> Response | None:
+        """The caller's role must cover ``need``.  The password check goes
+        through the broker's one gate (per-address lockout, bounded hashing
+        off the loop): it raises VerificationPending for the admin server to
+        wait on, then handle() is called again and finds the answer."""
         if not self.users:
             return error(403, "no admin users are configured ([admin] users or a users file)")
-        header = request.headers.get("authorization", "")
-        if header not in self._verified:  # the admin server checks new ones off the loop first
-            self.remember(header, self._check(header))
-        role = self._verified[header]
-        if role is None:
+        header = request.headers.get("authorization")
+        if not header:  # a browser's first request: ask, no failure counted
             return error(401, "credentials required", **{"WWW-Authenticate": 'Basic realm="gateway"'})
-        if need == "write" and role != "write":
+        host = request.peer.rsplit(":", 1)[0] if ":" in request.peer else request.peer
+        try:
+            self.gate.gate(ADMIN, host)
+        except AccessDenied as exc:
+            return error(429, exc.reason, **{"Retry-After": str(max(1, self.gate.retry_after(ADMIN, host)))})
+        name, password = _basic(header)
+        entry = self.users.get(name) if name is not None else None
+        ok = self.gate.password(ADMIN, host, name or "", password, entry[0] if entry else self.dummy)
+        ok = ok and entry is not None
+        self.gate.answered(ADMIN, host, ok)
+        if not ok or entry is None:
+            return error(401, "credentials required", **{"WWW-Authenticate": 'Basic realm="gateway"'})
+        if need == "write" and entry[1] != "write":
             return error(403, "this user may only read")
         return None
-
-    def credentials_check(self, request: Request) -> tuple[str, Callable[[], str | None]] | None:
-        """Credentials not seen before, and the check of them (a PBKDF2 run),
-        for the admin server to do in a worker thread before :meth:`handle`,
-        so a wrong password costs the event loop nothing."""
-        header = request.headers.get("authorization", "")
-        if not self.users or not header or header in self._verified:
-            return None
-        return header, lambda: self._check(header)
-
-    def remember(self, header: str, role: str | None) -> None:
-        if len(self._verified) >= VERIFIED_CACHE:
-            self._verified.clear()
-        self._verified[header] = role
-
-    def _check(self, header: str) -> str | None:
-        scheme, _, encoded = header.partition(" ")
-        if scheme.lower() != "basic":
-            return None
-        try:
-            name, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            return None
-        entry = self.users.get(name)
-        if entry is None or not verify_password(password, entry[0]):
-            return None
-        return entry[1]
 
     def _route(self, method: str, path: str, query: dict[str, list[str]], body: bytes) -> Response:
         if path == "/" and method == "GET":
@@ -254,11 +326,10 @@ class AdminApi:
         if not isinstance(text, str):
             return error(400, "body must be a string")
         message = self.broker.message(address, headers, text.encode(), persistent=persistent)
-        producer = self.broker.open_client(_NullSink())
-        try:
-            producer.send(message)
-        finally:
-            producer.close()
+        # The sender is the operator (a write-role admin user, already checked),
+        # whose rights cover every destination as purge and delete do; the
+        # clients' authorization map is not theirs to answer to.
+        self.broker.route(message)
         return ok({"message_id": message.id}, 201)
 
     # -- views ---------------------------------------------------------------
@@ -311,15 +382,3 @@ class AdminApi:
             "subscriptions": len(client.subscriptions) if client is not None else 0,
             "bytes_in": connection.bytes_in, "bytes_out": session.outbox.sent_bytes,
         }
-
-
-class _NullSink:
-    """The admin API produces, never consumes."""
-
-    accepting = True
-
-    def deliver(self, subscription: Any, message: Any) -> None:
-        return None
-
-    def unblocked(self) -> None:
-        return None

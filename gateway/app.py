@@ -18,13 +18,14 @@ import trio
 from core import names
 from core.authorization import Authorizer, parse_entries
 from core.broker import Broker
-from gateway.auth import Gatekeeper, Transport, verify_password
+from gateway import auth
+from gateway.auth import Gatekeeper, Transport
 from gateway import metrics
-from gateway.admin import serve_admin
+from gateway.admin import AdminSlots, serve_admin
 from gateway.adminapi import AdminApi, load_users
 from gateway.config import Config
 from gateway.mqtt import session as mqtt_session
-from gateway.server import Limits, ListenerSpec, Server, TrioClock
+from gateway.server import REFUSAL_SLOTS, Limits, ListenerSpec, Server, TrioClock
 from gateway.stomp.session import StompSession
 from gateway.websocket import Upgrades
 from gateway.storage import BrokerStore, open_store, restored, restored_retained
@@ -39,6 +40,16 @@ STATS_INTERVAL_S = 10.0
 # Password checks running at once (threads) and waiting to run.
 VERIFY_WORKERS = 2
 VERIFY_BACKLOG = 256
+# Worker threads by purpose, each with its own bound, so no one of them can
+# take the threads another needs: a burst of password checks (PBKDF2) cannot
+# hold up the store's group commit (and with it every receipt), and archive
+# downloads on the admin port cannot either.
+PASSWORD_THREADS = VERIFY_WORKERS
+STORE_THREADS = 1  # one batch is written at a time
+ADMIN_THREADS = 4
+# File descriptors beyond the connections: the store's segments, the
+# listeners, the archive's open files, logs.
+FILE_HEADROOM = 256
 
 
 def disk_free_bytes(path: str) -> int:
@@ -104,14 +115,17 @@ async def serve(
     """Recover the store, run the broker until SIGINT/SIGTERM (or
     :meth:`Running.stop`), then drain, close the store and return."""
     Path(config.data_dir).mkdir(parents=True, exist_ok=True)
+    _raise_file_limit(config, log)
     store = open_store(config.data_dir, config.store, log)
     started = time.monotonic()
-    recovered = await trio.to_thread.run_sync(store.open)
+    store_threads = trio.CapacityLimiter(STORE_THREADS)
+    password_threads = trio.CapacityLimiter(PASSWORD_THREADS)
+    recovered = await trio.to_thread.run_sync(store.open, limiter=store_threads)
     if config.store.sync == "never":
         log.warning("store_sync_never", detail="persistent messages are NOT safe from a crash; for tests only")
     clock = TrioClock()
     adapter = BrokerStore(store)
-    acl = parse_entries(config.auth.acl)
+    acl = parse_entries(config.auth.acl, groups=config.auth.groups)
     broker = Broker(clock, config.broker, store=adapter, authorizer=Authorizer(acl) if acl else None)
     subscriptions, queues, skipped = restored(recovered)
     broker.restore(subscriptions, queues, restored_retained(recovered))
@@ -210,6 +224,8 @@ async def serve(
         ready=lambda: listening and not server.stopping,
         metrics=lambda: metrics.render(broker, server, store, writes, gatekeeper, disk),
         archive=store.archive,
+        origins=config.admin.allowed_origins + config.admin.websocket_origins,
+        gate=gatekeeper,
     )
 
     async def run_server(*, task_status: Any) -> None:
@@ -220,25 +236,27 @@ async def serve(
 
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_commit, store, server, commit_lot, log, writes, disk)
+            nursery.start_soon(_commit, store, server, commit_lot, log, writes, store_threads, disk)
             nursery.start_soon(redelivery.run)
             if tls is not None and config.tls.reload_interval_s > 0:
                 nursery.start_soon(_reload_tls, tls, config.tls, log)
             for _ in range(VERIFY_WORKERS):
-                nursery.start_soon(_verify_passwords, checks_receive)
+                nursery.start_soon(_verify_passwords, checks_receive, password_threads)
             nursery.start_soon(_maintain, store, broker, config.store.maintenance_interval_s, commit_lot, log)
             nursery.start_soon(_watch_disk, disk, config.store.maintenance_interval_s)
             if handle_signals:
                 nursery.start_soon(_stop_on_signal, server, log)
             ports = await nursery.start(run_server)
+            admin_threads = trio.CapacityLimiter(ADMIN_THREADS)
+            admin_slots = AdminSlots(server, config.admin.max_connections)
             upgrades = Upgrades.for_broker(server, config, stomp_session, mqtt_connection)  # /stomp, /mqtt
             if config.tls.plain:
                 ports["admin"] = await nursery.start(
-                    partial(serve_admin, upgrades=upgrades), api, config.admin, config.bind, config.admin_port, log
+                    partial(serve_admin, upgrades=upgrades, threads=admin_threads, slots=admin_slots), api, config.admin, config.bind, config.admin_port, log
                 )
             if tls is not None:
                 ports["admin-tls"] = await nursery.start(
-                    partial(serve_admin, ssl_context=tls, upgrades=upgrades), api, config.admin, config.bind,
+                    partial(serve_admin, ssl_context=tls, upgrades=upgrades, threads=admin_threads, slots=admin_slots), api, config.admin, config.bind,
                     config.admin_tls_port, log,
                 )
             listening = True
@@ -250,18 +268,20 @@ async def serve(
     finally:
         with trio.CancelScope(shield=True):
             adapter.remember_redeliveries(list(broker.queues.values()) + [d.queue for d in broker.durables.values()])
-            await trio.to_thread.run_sync(store.close)
+            await trio.to_thread.run_sync(store.close, limiter=store_threads)
     log.info("broker_stopped")
 
 
-async def _verify_passwords(checks: trio.MemoryReceiveChannel[tuple[str, str, Callable[[bool], None]]]) -> None:
+async def _verify_passwords(
+    checks: trio.MemoryReceiveChannel[tuple[str, str, Callable[[bool], None]]], threads: trio.CapacityLimiter
+) -> None:
     async for passcode, stored, done in checks:
-        done(await trio.to_thread.run_sync(verify_password, passcode, stored))
+        done(await trio.to_thread.run_sync(auth.verify_password, passcode, stored, limiter=threads))
 
 
 async def _commit(
     store: Store, server: Server, lot: trio.lowlevel.ParkingLot, log: Any, writes: metrics.Histogram,
-    disk: DiskWatch | None = None,
+    threads: trio.CapacityLimiter, disk: DiskWatch | None = None,
 ) -> None:
     """Group commit: write (and fsync) whatever accumulated while the last
     write ran, in a worker thread, then release the receipts it covers.
@@ -278,7 +298,7 @@ async def _commit(
         with trio.CancelScope(shield=True):
             started = time.monotonic()
             try:
-                await trio.to_thread.run_sync(store.write_batch, batch)
+                await trio.to_thread.run_sync(store.write_batch, batch, limiter=threads)
                 writes.observe(time.monotonic() - started)
             except OSError as exc:
                 failed: OSError | None = exc
@@ -367,6 +387,29 @@ class _RedeliveryTimer:
                     await trio.sleep_forever()
                 await trio.sleep(max(0.0, (due - self.broker.clock.wall_ms()) / 1000))
             self.broker.release_redeliveries(self.broker.clock.wall_ms())
+
+
+def _raise_file_limit(config: Config, log: Any) -> None:
+    """Every connection is a file descriptor: take the soft limit up to the
+    hard one (a default 1024 would refuse connections long before
+    max_connections), and say what it is and whether it covers the limits."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:
+            log.warning("file_limit_not_raised", soft=soft, hard=hard, reason=str(exc))
+    needed = config.max_connections + config.admin.max_connections + REFUSAL_SLOTS + FILE_HEADROOM
+    if config.max_connections and soft != resource.RLIM_INFINITY and soft < needed:
+        log.warning("file_limit_low", limit=soft, needed=needed,
+                    detail="max_connections plus the admin port's and the store's files need more; raise ulimit -n")
+    else:
+        log.info("file_limit", limit=soft)
 
 
 def run(config: Config, log: Any) -> None:

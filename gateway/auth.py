@@ -20,8 +20,8 @@ import hashlib
 import hmac
 import secrets
 import time
-from collections import OrderedDict
-from collections.abc import Callable
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from core.authorization import ANONYMOUS_PRINCIPAL, Principal, parse_entries
@@ -40,6 +40,9 @@ TRACKED_ADDRESSES = 10_000
 # Password checks waiting for or running in a worker thread from one address;
 # more attempts from it meanwhile are refused (a burst cannot queue hashes).
 PENDING_PER_ADDRESS = 4
+# The doors a lockout is kept for: a locked-out messaging address can still
+# reach the console (and the other way round), each with its own count.
+MESSAGING, ADMIN = "messaging", "admin"
 
 
 class VerificationPending(Exception):
@@ -108,6 +111,11 @@ class AuthSettings:
     max_failed_logins: int = 5
     failed_login_window_s: float = 60.0
 
+    @property
+    def groups(self) -> frozenset[str]:
+        """The declared groups: those users are in, and "anonymous" (anonymous clients')."""
+        return frozenset(g for entry in self.users for g in entry.get("groups", ())) | {ANONYMOUS_PRINCIPAL.name}
+
     def __post_init__(self) -> None:
         if self.anonymous not in ANONYMOUS:
             raise ValueError(f"auth.anonymous must be one of {', '.join(ANONYMOUS)}, not {self.anonymous!r}")
@@ -117,28 +125,43 @@ class AuthSettings:
             groups = entry.get("groups", [])
             if not isinstance(groups, list) or not all(isinstance(g, str) and g for g in groups):
                 raise ValueError(f"auth.users {entry['name']!r}: groups must be a list of names")
-        parse_entries(self.acl)
+        users = {entry["name"] for entry in self.users}
+        clash = sorted(users & self.groups)
+        if clash:
+            # Which of the two a plain name in the map means would be a guess.
+            raise ValueError(f"auth: {', '.join(map(repr, clash))} is both a user and a group; rename one")
+        parse_entries(self.acl, groups=self.groups)
         if self.max_failed_logins < 1 or self.failed_login_window_s <= 0:
             raise ValueError("auth.max_failed_logins must be >= 1 and auth.failed_login_window_s > 0")
 
 
 class Gatekeeper:
-    """Admits a CONNECT: a principal for the core, or :class:`AccessDenied`."""
+    """Admits a CONNECT: a principal for the core, or :class:`AccessDenied`.
+
+    Every password check passes here, whatever the door (STOMP, MQTT, their
+    WebSockets, the admin API's Basic auth): one lockout per address and
+    door, one bound on checks in progress per address, one cache of answers,
+    and one verifier whose worker threads are the only ones hashing.  An
+    unknown user costs a hash like a known one (against a dummy with the
+    same parameters), so how long a refusal takes says nothing about who
+    exists."""
 
     def __init__(self, settings: AuthSettings, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
         self.users = {entry["name"]: entry["password_hash"] for entry in settings.users}
         self.groups = {entry["name"]: frozenset(entry.get("groups", ())) for entry in settings.users}
         self.anonymous = settings.anonymous == "true" or (settings.anonymous == "auto" and not self.users)
-        self._verified: set[tuple[str, bytes]] = set()
-        self._rejected: set[tuple[str, bytes]] = set()  # answers waiting for their retried admit
+        self.dummy = dummy_hash(self.users.values())
+        self._verified: set[tuple[str, str, bytes]] = set()
+        self._rejected: set[tuple[str, str, bytes]] = set()  # answers waiting for their retried check
         self._pending: dict[str, int] = {}  # host -> checks queued or running
         # Runs verify_password(passcode, stored) off the loop and then calls
         # back with the result (set by the app); None: verify inline.
         self.verifier: Callable[[str, str, Callable[[bool], None]], bool] | None = None
         self._clock = clock
         self.refused: dict[str, int] = {}  # CONNECTs refused, by AccessDenied.kind
-        self._failures: OrderedDict[str, tuple[float, int]] = OrderedDict()  # host -> (window start, count)
+        # (door, host) -> (window start, failures)
+        self._failures: OrderedDict[tuple[str, str], tuple[float, int]] = OrderedDict()
 
     def admit(self, login: str | None, passcode: str | None, transport: Transport) -> Principal:
         try:
@@ -154,46 +177,66 @@ class Gatekeeper:
             # The TLS handshake proved who this is; a login in the CONNECT
             # cannot make it someone else.
             return self.principal(transport.certificate_user)
-        now = self._clock()
-        entry = self._failures.get(transport.host)
-        if entry is not None and now - entry[0] >= self.settings.failed_login_window_s:
-            del self._failures[transport.host]
-            entry = None
-        if entry is not None and entry[1] >= self.settings.max_failed_logins:
-            raise AccessDenied(
-                f"too many failed logins from {transport.host}; try again in "
-                f"{max(1, round(entry[0] + self.settings.failed_login_window_s - now))} s",
-                "rate_limited",
-            )
-        if self._pending.get(transport.host, 0) >= PENDING_PER_ADDRESS:
-            raise AccessDenied(f"too many logins in progress from {transport.host}", "rate_limited")
-        if not self.check(login, passcode, transport.host):
-            start, count = entry if entry is not None else (now, 0)
-            self._failures[transport.host] = (start, count + 1)
-            self._failures.move_to_end(transport.host)
-            while len(self._failures) > TRACKED_ADDRESSES:
-                self._failures.popitem(last=False)
+        host = transport.host
+        self.gate(MESSAGING, host)
+        if not self.users or login is None:
+            # Nobody to check against: whatever a client sends (many send a
+            # default login) is let in, as by a broker with no security set up.
+            ok = self.anonymous
+        else:
+            stored = self.users.get(login)
+            ok = self.password(MESSAGING, host, login, passcode or "", stored or self.dummy) and stored is not None
+        self.answered(MESSAGING, host, ok)
+        if not ok:
             raise AccessDenied("authentication failed")
-        if entry is not None:
-            del self._failures[transport.host]
         return ANONYMOUS_PRINCIPAL if login is None or login not in self.users else self.principal(login)
 
     def principal(self, name: str) -> Principal:
         return Principal(name, self.groups.get(name, frozenset()))
 
-    def check(self, login: str | None, passcode: str | None, host: str = "") -> bool:
-        """Whether these credentials (or their absence) are acceptable; raises
-        :class:`VerificationPending` when that takes a hash and a verifier is set."""
-        if not self.users:
-            # Nobody to check against: whatever a client sends (many send a
-            # default login) is let in, as by a broker with no security set up.
-            return self.anonymous
-        if login is None:
-            return self.anonymous
-        stored = self.users.get(login)
-        if stored is None:
-            return False
-        key = (login, hashlib.sha256((passcode or "").encode()).digest())
+    def gate(self, door: str, host: str) -> None:
+        """Refuse (:class:`AccessDenied`, ``rate_limited``) an address locked
+        out at this door, or with too many checks in progress, before any hash."""
+        now = self._clock()
+        key = (door, host)
+        entry = self._failures.get(key)
+        if entry is not None and now - entry[0] >= self.settings.failed_login_window_s:
+            del self._failures[key]
+            entry = None
+        if entry is not None and entry[1] >= self.settings.max_failed_logins:
+            raise AccessDenied(
+                f"too many failed logins from {host}; try again in "
+                f"{self.retry_after(door, host)} s",
+                "rate_limited",
+            )
+        if self._pending.get(host, 0) >= PENDING_PER_ADDRESS:
+            raise AccessDenied(f"too many logins in progress from {host}", "rate_limited")
+
+    def retry_after(self, door: str, host: str) -> int:
+        entry = self._failures.get((door, host))
+        if entry is None:
+            return 0
+        return max(1, round(entry[0] + self.settings.failed_login_window_s - self._clock()))
+
+    def answered(self, door: str, host: str, ok: bool) -> None:
+        """Count a failed attempt against the address, or clear it on success."""
+        key = (door, host)
+        entry = self._failures.get(key)
+        if ok:
+            if entry is not None:
+                del self._failures[key]
+            return
+        start, count = entry if entry is not None else (self._clock(), 0)
+        self._failures[key] = (start, count + 1)
+        self._failures.move_to_end(key)
+        while len(self._failures) > TRACKED_ADDRESSES:
+            self._failures.popitem(last=False)
+
+    def password(self, door: str, host: str, login: str, passcode: str, stored: str) -> bool:
+        """Whether ``passcode`` matches ``stored`` (cached per door and user);
+        raises :class:`VerificationPending` when that takes a hash and a
+        verifier is set.  Call :meth:`gate` first."""
+        key = (door, login, hashlib.sha256(passcode.encode()).digest())
         if key in self._verified:
             return True
         if key in self._rejected:
@@ -201,7 +244,7 @@ class Gatekeeper:
             return False
         verifier = self.verifier
         if verifier is None:
-            ok = verify_password(passcode or "", stored)
+            ok = verify_password(passcode, stored)
             if ok:
                 self._remember(key, True)
             return ok
@@ -214,15 +257,25 @@ class Gatekeeper:
                 self._remember(key, ok)
                 done()
 
-            if not verifier(passcode or "", stored, finished):
+            if not verifier(passcode, stored, finished):
                 return False
             self._pending[host] = self._pending.get(host, 0) + 1
             return True
 
         raise VerificationPending(start)
 
-    def _remember(self, key: tuple[str, bytes], ok: bool) -> None:
+    def _remember(self, key: tuple[str, str, bytes], ok: bool) -> None:
         cache = self._verified if ok else self._rejected
         if len(cache) >= VERIFIED_CACHE:
             cache.clear()
         cache.add(key)
+
+
+def dummy_hash(stored: Iterable[str]) -> str:
+    """A hash no password matches, with the iteration count most of
+    ``stored`` use: checking an unknown user against it costs what checking
+    a known one does."""
+    counts = Counter(h.split("$")[1] for h in stored if h.count("$") == 3 and h.startswith(HASH_SCHEME + "$"))
+    iterations = next((int(n) for n, _ in counts.most_common(1) if n.isdigit()), HASH_ITERATIONS)
+    salt, digest = (base64.b64encode(secrets.token_bytes(n)).decode() for n in (16, 32))
+    return f"{HASH_SCHEME}${iterations}${salt}${digest}"

@@ -23,7 +23,8 @@ class TlsSettings:
     ca: str = ""
     # Certificate subject -> user: [{subject = "CN=sensor-1", user = "sensors"}].
     # `subject` is a whole RFC 4514 subject ("CN=sensor-1,O=Plant") or one
-    # attribute of it ("CN=sensor-1").  With `cn_as_user`, a certificate no
+    # attribute of it ("CN=sensor-1"); a comma inside a value is escaped
+    # ("CN=Smith\\, J").  With `cn_as_user`, a certificate no
     # entry names logs in as the user its common name names.
     cert_users: list[dict[str, str]] = dataclasses.field(default_factory=list)
     cn_as_user: bool = False
@@ -47,6 +48,10 @@ class TlsSettings:
         for entry in self.cert_users:
             if not isinstance(entry, dict) or not entry.get("subject") or not entry.get("user"):
                 raise ValueError("tls.cert_users entries need a subject and a user")
+            try:
+                parse_subject(entry["subject"])
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise ValueError(f"tls.cert_users: {exc}") from None
 
     @property
     def enabled(self) -> bool:
@@ -90,12 +95,66 @@ def files_version(settings: TlsSettings) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
-def subject_text(certificate: dict[str, Any]) -> str:
-    """A peer certificate's subject as RFC 4514 text, most specific first."""
-    parts = []
-    for rdn in reversed(certificate.get("subject", ())):
-        parts.append("+".join(f"{_SHORT.get(name, name)}={value}" for name, value in rdn))
-    return ",".join(parts)
+# A subject as data: its RDNs in the certificate's order (most general
+# first, as getpeercert() gives them), each a set of (short type, value).
+Rdn = frozenset[tuple[str, str]]
+
+
+def subject_rdns(certificate: dict[str, Any]) -> tuple[Rdn, ...]:
+    """A peer certificate's subject, parsed: never text to be split again, so
+    a value holding ``,`` or ``+`` (``CN=mallory-dev,CN=sensor-1`` in one
+    attribute) stays one value."""
+    return tuple(
+        frozenset((_type(name), value) for name, value in rdn) for rdn in certificate.get("subject", ())
+    )
+
+
+def parse_subject(text: str) -> tuple[Rdn, ...]:
+    """An RFC 4514 string (``CN=a\\,b,O=Plant``: most specific first, ``\\``
+    escapes a special character or two hex digits, ``+`` joins the
+    attributes of one RDN) as :func:`subject_rdns` gives a certificate's."""
+    rdns: list[list[tuple[str, str]]] = [[]]
+    name: str | None = None
+    current = bytearray()
+    i = 0
+
+    def finish() -> None:
+        if name is None or not name.strip():
+            raise ValueError(f"subject {text!r}: expected type=value at character {i}")
+        value = current.decode("utf-8").lstrip(" ")  # "CN=a, O=b" is forgiven
+        if not value:
+            raise ValueError(f"subject {text!r}: {name.strip()} has no value")
+        rdns[-1].append((_type(name.strip()), value))
+
+    while i < len(text):
+        char = text[i]
+        if char == "\\":
+            pair = text[i + 1 : i + 3]
+            if len(pair) == 2 and all(c in "0123456789abcdefABCDEF" for c in pair):
+                current.append(int(pair, 16))
+                i += 3
+                continue
+            if i + 1 >= len(text):
+                raise ValueError(f"subject {text!r} ends in a lone backslash")
+            current += text[i + 1].encode()
+            i += 2
+            continue
+        if char == "=" and name is None:
+            name, current = current.decode(), bytearray()
+        elif char in ",+":
+            finish()
+            if char == ",":
+                rdns.append([])
+            name, current = None, bytearray()
+        else:
+            current += char.encode()
+        i += 1
+    finish()
+    return tuple(frozenset(rdn) for rdn in reversed(rdns))
+
+
+def _type(name: str) -> str:
+    return _SHORT.get(name, name).upper()
 
 
 _SHORT = {
@@ -105,23 +164,38 @@ _SHORT = {
 
 
 class CertificateUsers:
-    """Maps a verified client certificate to a user name (or None)."""
+    """Maps a verified client certificate to a user name (or None).
+
+    A configured subject of one attribute (``CN=sensor-1``) matches a
+    certificate with exactly that attribute value; a longer one must equal
+    the whole subject, RDN by RDN.  Both are compared as parsed attributes,
+    so escaping in the config and commas inside a certificate's values mean
+    what RFC 4514 says."""
 
     def __init__(self, settings: TlsSettings) -> None:
-        self.by_subject = {entry["subject"].replace(", ", ","): entry["user"] for entry in settings.cert_users}
+        self.whole: dict[tuple[Rdn, ...], str] = {}
+        self.attribute: dict[tuple[str, str], str] = {}
+        for entry in settings.cert_users:
+            subject = parse_subject(entry["subject"])
+            if len(subject) == 1 and len(subject[0]) == 1:
+                (only,) = subject[0]
+                self.attribute[only] = entry["user"]
+            else:
+                self.whole[subject] = entry["user"]
         self.cn_as_user = settings.cn_as_user
 
     def user(self, certificate: dict[str, Any] | None) -> str | None:
         if not certificate:
             return None
-        subject = subject_text(certificate)
-        if subject in self.by_subject:
-            return self.by_subject[subject]
-        for attribute in subject.split(","):
-            if attribute in self.by_subject:
-                return self.by_subject[attribute]
+        subject = subject_rdns(certificate)
+        if subject in self.whole:
+            return self.whole[subject]
+        attributes = [attribute for rdn in reversed(subject) for attribute in rdn]
+        for attribute in attributes:  # most specific first
+            if attribute in self.attribute:
+                return self.attribute[attribute]
         if self.cn_as_user:
-            for attribute in subject.split(","):
-                if attribute.startswith("CN="):
-                    return attribute[3:]
+            names = [value for kind, value in attributes if kind == "CN"]
+            # Two common names: which one is the user is anyone's guess, so neither.
+            return names[0] if len(names) == 1 else None
         return None

@@ -182,3 +182,211 @@ def test_the_console_page_is_served(admin_broker):
     status, body, response = call(admin_broker, "GET", "/")
     assert status == 200 and response.getheader("Content-Type").startswith("text/html")
     assert b"/api/v1/destinations" in body and b"purge" in body
+
+
+# -- cross-site requests and framing ------------------------------------------------
+
+
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
+
+
+def test_a_cross_origin_form_post_is_refused_and_purges_nothing(admin_broker, stomp_client):
+    queue = f"/queue/{unique('orders.csrf')}"
+    fill(stomp_client, admin_broker, queue, 3)
+    path = f"/api/v1/destinations/{queue[1:].replace('/', '%2F')}/purge"
+    evil = {"Origin": "https://evil.example", **FORM}
+    status, body, _ = call(admin_broker, "POST", path, b"", headers=evil)
+    assert status == 403 and "cross-origin request from https://evil.example" in json.loads(body)["reason"]
+    # Without Origin, a Referer from elsewhere says the same; a lying "null" origin too.
+    assert call(admin_broker, "POST", path, headers={"Referer": "https://evil.example/page"})[0] == 403
+    assert call(admin_broker, "POST", path, headers={"Origin": "null"})[0] == 403
+    assert call(admin_broker, "DELETE", f"/api/v1/destinations{queue}", headers={"Origin": "http://localhost:1"})[0] == 403
+    assert call(admin_broker, "GET", f"/api/v1/destinations{queue}")[1].count(b'"depth":3') == 1
+    # The console's own page (same host and port), and a client with no Origin (curl), may.
+    own = {"Origin": f"http://127.0.0.1:{admin_broker.admin_port}"}
+    assert call(admin_broker, "POST", path, headers=own)[:2] == (200, b'{"purged":3}')
+    fill(stomp_client, admin_broker, queue, 1)
+    assert call(admin_broker, "POST", path)[:2] == (200, b'{"purged":1}')
+
+
+def test_only_json_bodies_are_taken_where_json_is_expected(admin_broker, stomp_client):
+    queue = f"/queue/{unique('ctype')}"
+    path = f"/api/v1/destinations{queue}/messages"
+    for kind in ("application/x-www-form-urlencoded", "text/plain", "multipart/form-data; boundary=x"):
+        status, body, _ = call(admin_broker, "POST", path, b'{"body": "x"}', headers={"Content-Type": kind})
+        assert status == 415 and "application/json" in json.loads(body)["reason"]
+    assert call(admin_broker, "POST", f"/api/v1/destinations{queue}/purge", b"", headers=FORM)[0] == 415
+    status, _, _ = call(admin_broker, "POST", path, b'{"body": "x"}', headers={"Content-Type": "application/json; charset=utf-8"})
+    assert status == 201
+
+
+def test_an_allowed_origin_may_post(broker_factory):
+    broker = broker_factory(admin={"users": USERS, "allowed_origins": ["https://ops.example"]})
+    path = f"/api/v1/destinations/queue%2F{unique('allowed')}/messages"
+    assert call(broker, "POST", path, {"body": "x"}, headers={"Origin": "https://ops.example"})[0] == 201
+    assert call(broker, "POST", path, {"body": "x"}, headers={"Origin": "https://other.example"})[0] == 403
+
+
+@pytest.mark.parametrize(("method", "path", "auth"), [
+    ("GET", "/", WRITER), ("GET", "/healthz", None), ("GET", "/api/v1/destinations", None),
+    ("GET", "/api/v1/nothing", WRITER), ("POST", "/api/v1/destinations/queue%2Fx/purge", WRITER),
+])
+def test_every_answer_forbids_framing_and_sniffing(admin_broker, method, path, auth):
+    _, _, response = call(admin_broker, method, path, auth=auth)
+    assert response.getheader("X-Frame-Options") == "DENY"
+    assert "frame-ancestors 'none'" in response.getheader("Content-Security-Policy")
+    assert response.getheader("X-Content-Type-Options") == "nosniff"
+    assert response.getheader("Referrer-Policy") == "no-referrer"
+
+
+def test_a_send_through_the_api_acts_as_the_operator_under_an_acl(broker_factory, stomp_client):
+    from tests.test_22_authorization import ACL, USERS as CLIENTS, login
+
+    broker = broker_factory(admin={"users": USERS}, auth={"users": CLIENTS, "acl": ACL})
+    # Not granted to anyone as such: the operator's send creates the queue too.
+    status, body, _ = call(broker, "POST", "/api/v1/destinations/queue%2Forders.eu/messages", {"body": "by ops"})
+    assert status == 201, body
+    consumer = stomp_client(broker, headers=login("reader"))
+    consumer.subscribe("/queue/orders.eu")
+    assert consumer.wait_messages(1)[0].body == b"by ops"
+    # A reader stays a reader.
+    assert call(broker, "POST", "/api/v1/destinations/queue%2Forders.eu/messages", {"body": "x"}, auth=READER)[0] == 403
+
+
+# -- the admin API's password checks share the broker's one gate ----------------------
+
+
+def basic(name, password):
+    return {"Authorization": "Basic " + base64.b64encode(f"{name}:{password}".encode()).decode()}
+
+
+def test_admin_login_failures_lock_the_address_out_without_hashing(broker_factory, stomp_client, monkeypatch):
+    import hashlib
+
+    broker = broker_factory(admin={"users": USERS}, auth={"max_failed_logins": 3, "failed_login_window_s": 60.0})
+    for _ in range(3):
+        assert call(broker, "GET", "/api/v1/destinations", auth=(WRITER[0], "guess"))[0] == 401
+    runs = []
+    real = hashlib.pbkdf2_hmac
+    monkeypatch.setattr(hashlib, "pbkdf2_hmac", lambda *args: runs.append(args) or real(*args))
+    # Locked out: even the right password is refused, unchecked, with the reason.
+    status, body, response = call(broker, "GET", "/api/v1/destinations", auth=("someone", "new-guess"))
+    assert status == 429 and "too many failed logins from 127.0.0.1" in json.loads(body)["reason"]
+    assert int(response.getheader("Retry-After")) > 0
+    assert call(broker, "GET", "/api/v1/destinations", auth=WRITER)[0] == 429
+    assert runs == []
+    assert call(broker, "GET", "/healthz", auth=None)[0] == 200  # the probes need no login
+    # The messaging door keeps its own count: clients on this host still connect.
+    stomp_client(broker).send(f"/queue/{unique('still')}", b"ok")
+
+
+def test_hammering_admin_logins_do_not_hold_up_receipts(broker_factory, stomp_client, monkeypatch):
+    import hashlib
+    import random
+    import threading
+
+    from gateway.app import PASSWORD_THREADS
+
+    # Slow hashes, and a lockout too lenient to help: every attempt costs a PBKDF2 run.
+    slow = [{"name": "ops", "password_hash": hash_password("s3cret", iterations=200_000), "role": "write"}]
+    broker = broker_factory(admin={"users": slow}, auth={"max_failed_logins": 1_000_000})
+    hashing, most, lock, real = [0], [0], threading.Lock(), hashlib.pbkdf2_hmac
+
+    def counted(*args):
+        with lock:
+            hashing[0] += 1
+            most[0] = max(most[0], hashing[0])
+        try:
+            return real(*args)
+        finally:
+            with lock:
+                hashing[0] -= 1
+
+    monkeypatch.setattr(hashlib, "pbkdf2_hmac", counted)
+    producer = stomp_client(broker)
+    stop = threading.Event()
+    answers = []
+
+    def hammer():
+        for _ in range(1000):
+            if stop.is_set():
+                return
+            name = random.choice(["ops", f"u{random.randrange(10**6)}"])
+            try:
+                answers.append(call(broker, "GET", "/api/v1/destinations", auth=(name, str(random.random())))[0])
+            except OSError:
+                answers.append("refused")
+
+    threads = [threading.Thread(target=hammer) for _ in range(40)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: len(answers) >= 20, timeout=30, what="admin login attempts under way")
+        queue = f"/queue/{unique('durable')}"
+        for i in range(5):  # each waits for its receipt, i.e. the store's write and fsync
+            producer.send(queue, f"m{i}".encode(), persistent="true")
+        assert not stop.is_set() and all(t.is_alive() for t in threads)  # still hammering meanwhile
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    assert set(answers) <= {401, 429, 503, "refused"} and 401 in answers
+    assert 1 <= most[0] <= PASSWORD_THREADS  # hashing never took more threads than its own
+    consumer = stomp_client(broker)
+    consumer.subscribe(queue)
+    assert consumer.wait_messages(5)
+
+
+def test_a_full_admin_port_closes_the_extra_sockets_and_messaging_goes_on(broker_factory, stomp_client):
+    cap, extra = 4, 3
+    broker = broker_factory(admin={"users": USERS, "max_connections": cap, "request_timeout_s": 60.0})
+    idle = [socket.create_connection(("127.0.0.1", broker.admin_port), timeout=5) for _ in range(cap + extra)]
+    try:
+        for sock in idle:
+            sock.setblocking(False)
+
+        def closed():
+            count = 0
+            for sock in idle:
+                try:
+                    count += sock.recv(1) == b""
+                except BlockingIOError:
+                    pass  # open and silent: being served
+                except ConnectionResetError:
+                    count += 1
+            return count
+
+        wait_for(lambda: closed() >= extra, what=f"{extra} sockets past the admin cap closed")
+        assert closed() == extra
+        # The messaging listeners are untouched by a full admin port.
+        client = stomp_client(broker)
+        queue = f"/queue/{unique('beside')}"
+        client.subscribe(queue)
+        client.send(queue, b"still here")
+        assert client.wait_messages(1)[0].body == b"still here"
+    finally:
+        for sock in idle:
+            sock.close()
+    wait_for(lambda: healthy(broker), what="the admin port serving again")
+
+
+def healthy(broker):
+    try:
+        return call(broker, "GET", "/healthz", auth=None)[0] == 200
+    except OSError:  # still full: closed at accept
+        return False
+
+
+def test_admin_sockets_count_against_the_per_address_limit(broker_factory):
+    broker = broker_factory(admin={"users": USERS, "request_timeout_s": 60.0}, max_connections_per_address=2)
+    held = []
+    for _ in range(2):  # each served (a kept-alive request answered) before the next opens
+        held.append(socket.create_connection(("127.0.0.1", broker.admin_port), timeout=5))
+        held[-1].sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert held[-1].recv(100).startswith(b"HTTP/1.1 200")
+    try:
+        assert not healthy(broker)  # a third from this address is closed at accept
+    finally:
+        for sock in held:
+            sock.close()
+    wait_for(lambda: healthy(broker), what="the address's slots given back")

@@ -138,3 +138,33 @@ def test_a_ten_thousand_message_backlog_of_mixed_priorities_drains_in_priority_o
     got = [consumer.expect("MESSAGE", timeout=30) for _ in range(10_000)]
     order = [(int(m.headers["priority"]), int(m.headers["seq"])) for m in got]
     assert order == sorted(order, key=lambda ps: (-ps[0], ps[1]))  # higher first, FIFO within
+
+
+def test_a_selector_built_to_backtrack_neither_freezes_the_broker_nor_errs(broker_factory, stomp_client):
+    # mallory has no grants at all: a temporary topic of her own is all she needs.
+    from gateway.auth import hash_password
+
+    users = [{"name": name, "password_hash": hash_password(f"{name}-pw", iterations=1000)} for name in ("alice", "mallory")]
+    acl = [{"destination": "/queue/work", "read": ["alice"], "write": ["alice"], "admin": ["alice"]},
+           {"destination": "/topic/barrier.>", "write": ["*"]}]
+    broker = broker_factory(auth={"users": users, "acl": acl})
+    mallory = stomp_client(broker, headers={"login": "mallory", "passcode": "mallory-pw"})
+    mallory.subscribe("/temp-topic/x", selector="h LIKE '%a%a%a%a%a%a%a%a%a%a%b'")
+    mallory.send("/temp-topic/x", b"no", h="a" * 32)  # a backtracking regex takes minutes here
+    mallory.send("/temp-topic/x", b"yes", h="a" * 32 + "b")
+    alice = stomp_client(broker, headers={"login": "alice", "passcode": "alice-pw"})
+    alice.subscribe("/queue/work")
+    alice.send("/queue/work", b"served")
+    assert alice.wait_messages(1)[0].body == b"served"
+    mallory.wait_messages(1)
+    mallory.barrier()
+    assert mallory.bodies == [b"yes"]
+
+
+def test_a_selector_with_too_many_terms_is_refused_naming_the_limit(broker, stomp_client):
+    from core.selectors import MAX_NODES
+
+    client = stomp_client(broker)
+    many = " OR ".join(f"n = {i}" for i in range(MAX_NODES // 3 + 1))
+    client.conn.subscribe(f"/queue/{unique('big')}", "1", headers={"selector": many})
+    assert f"at most {MAX_NODES} terms" in client.wait_error().headers["message"]

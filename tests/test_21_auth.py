@@ -91,3 +91,46 @@ def test_a_wrong_password_checked_off_the_loop_is_still_refused_and_counted(brok
     raw = raw_mqtt(broker)
     raw.send(p.Connect("device", username="slow", password=b"pw"))
     assert raw.next() == p.ConnAck(False, p.NOT_AUTHORIZED)  # locked out: even the right one, unchecked
+
+
+# -- no user enumeration by timing: an unknown user costs the same hash -------------
+
+
+@pytest.fixture
+def pbkdf2_runs(monkeypatch):
+    """Every PBKDF2 run in this process, as its iteration count (the broker runs in a thread here)."""
+    import hashlib
+
+    runs = []
+    real = hashlib.pbkdf2_hmac
+
+    def counted(name, password, salt, iterations, *args):
+        runs.append(iterations)
+        return real(name, password, salt, iterations, *args)
+
+    monkeypatch.setattr(hashlib, "pbkdf2_hmac", counted)
+    return runs
+
+
+def test_an_unknown_user_is_refused_after_the_same_hash_as_a_known_one(broker_factory, raw_mqtt, pbkdf2_runs):
+    import base64
+    import http.client
+
+    admins = [{"name": "ops", "password_hash": hash_password("ops-pw", iterations=1500), "role": "read"}]
+    broker = broker_factory(auth={"users": USERS, "max_failed_logins": 100}, admin={"users": admins})
+    per_door = {}
+    for who in ("app", "nobody"):
+        del pbkdf2_runs[:]
+        assert "authentication failed" in stomp_connect(broker, login=who, passcode=f"{who}-guess").headers["message"]
+        raw = raw_mqtt(broker)
+        raw.send(p.Connect(f"d-{who}", username=who, password=b"guess"))
+        assert raw.next().return_code != p.ACCEPTED
+        connection = http.client.HTTPConnection("127.0.0.1", broker.admin_port, timeout=5)
+        token = base64.b64encode(f"{who.replace('app', 'ops')}:guess".encode()).decode()
+        connection.request("GET", "/metrics", headers={"Authorization": "Basic " + token})
+        assert connection.getresponse().status == 401
+        connection.close()
+        per_door[who] = list(pbkdf2_runs)
+    # Same number of runs with the same parameters: STOMP and MQTT at the users'
+    # 1000 iterations, the admin API at its users' 1500.
+    assert per_door["app"] == per_door["nobody"] == [1000, 1000, 1500]

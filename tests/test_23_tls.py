@@ -179,3 +179,68 @@ def test_a_rotated_certificate_is_served_to_new_connections_without_a_restart(br
     wait_for(presents_the_renewed_one, timeout=10, interval=0.05, what="the renewed certificate")
     held.send(queue, b"the old connection goes on")
     assert held.wait_messages(1)[0].body == b"the old connection goes on"
+
+
+def _certificate_files(ca, tmp_path, common_name):
+    leaf = ca.issue_cert("device.example", common_name=common_name)
+    files = {"client_cert": tmp_path / "odd_cert.pem", "client_key": tmp_path / "odd_key.pem"}
+    leaf.cert_chain_pems[0].write_to_path(files["client_cert"])
+    leaf.private_key_pem.write_to_path(files["client_key"])
+    return {name: str(path) for name, path in files.items()}
+
+
+def _tls_connect_reply(broker, pki, client_files, then=b""):
+    """CONNECT (no login) with this client certificate, then ``then``; all the broker answered."""
+    context = client_context(pki)
+    context.load_cert_chain(client_files["client_cert"], client_files["client_key"])
+    with socket.create_connection(("127.0.0.1", broker.running.ports["stomp-tls"]), timeout=5) as raw:
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            tls.sendall(b"CONNECT\naccept-version:1.2\nhost:h\n\n\x00" + then)
+            reply = b""
+            while reply.count(b"\x00") < (2 if then else 1):
+                data = tls.recv(4096)
+                if not data:
+                    break
+                reply += data
+            return reply
+
+
+@pytest.mark.parametrize("cn_as_user", [False, True])
+def test_a_comma_inside_a_certificates_common_name_does_not_make_it_another_subject(
+    broker_factory, pki, ca, tmp_path, cn_as_user
+):
+    # Issued by the trusted CA, with one CN whose value reads like two attributes.
+    mallory = _certificate_files(ca, tmp_path, "mallory-dev,CN=sensor-1")
+    broker = tls_broker(broker_factory, pki, auth=CERT_AUTH, client_certs="optional", ca=pki["ca"],
+                        cn_as_user=cn_as_user, cert_users=[{"subject": "CN=sensor-1", "user": "sensor"}])
+    send = b"SEND\ndestination:/topic/plant.1.temp\nreceipt:r1\n\nhot\x00"
+    reply = _tls_connect_reply(broker, pki, mallory, then=send)
+    if cn_as_user:  # she is who her CN says, whole: a user with no grants, not sensor
+        assert reply.startswith(b"CONNECTED\n") and b"ERROR\n" in reply and b"RECEIPT" not in reply
+    else:  # no entry names her subject: credentials needed, and she has none
+        assert reply.startswith(b"ERROR\n") and b"authentication failed" in reply
+
+
+def test_a_configured_subject_is_read_with_rfc_4514_escapes(broker_factory, pki, ca, tmp_path):
+    smith = _certificate_files(ca, tmp_path, "Smith, J")
+    broker = tls_broker(broker_factory, pki, auth=CERT_AUTH, client_certs="optional", ca=pki["ca"],
+                        cert_users=[{"subject": "CN=Smith\\, J", "user": "sensor"}])
+    assert _tls_connect_reply(broker, pki, smith).startswith(b"CONNECTED\n")
+
+
+def test_a_cert_users_subject_that_is_not_rfc_4514_is_refused_at_start(pki):
+    with pytest.raises(ValueError, match="cert_users"):
+        TlsSettings(cert=pki["server"], key=pki["server"], client_certs="optional", ca=pki["ca"],
+                    cert_users=[{"subject": "CN=a,", "user": "x"}])
+    with pytest.raises(ValueError, match="expected type=value"):  # unescaped, the comma starts an RDN
+        TlsSettings(cert=pki["server"], key=pki["server"], client_certs="optional", ca=pki["ca"],
+                    cert_users=[{"subject": "CN=Smith, J", "user": "x"}])
+
+
+def test_a_certificate_named_like_a_group_does_not_get_the_groups_grants(broker_factory, pki, ca, tmp_path):
+    # cn_as_user: the CN "sensors" is a user of that name, not the sensors group the ACL grants.
+    impostor = _certificate_files(ca, tmp_path, "sensors")
+    broker = tls_broker(broker_factory, pki, auth=CERT_AUTH, client_certs="optional", ca=pki["ca"], cn_as_user=True)
+    send = b"SEND\ndestination:/topic/plant.1.temp\nreceipt:r1\n\nhot\x00"
+    reply = _tls_connect_reply(broker, pki, impostor, then=send)
+    assert reply.startswith(b"CONNECTED\n") and b"user 'sensors' may not write" in reply and b"RECEIPT" not in reply

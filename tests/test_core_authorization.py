@@ -151,3 +151,29 @@ def test_a_full_backlog_says_busy():
     with pytest.raises(VerificationPending) as pending:
         keeper.admit("app", "pw", Transport(host="h"))
     assert pending.value.start(lambda: None) is False
+
+
+def test_a_user_named_like_a_group_does_not_get_the_groups_grants():
+    entries = parse_entries(
+        [{"destination": "/queue/orders", "write": ["producers", "user:auditor"], "read": ["group:auditor", "clerk"]}],
+        groups={"producers", "auditor"},
+    )
+    orders = names.parse("/queue/orders")
+    authorizer = Authorizer(entries)
+    assert authorizer.allows(Principal("app", frozenset({"producers"})), "write", orders)
+    assert not authorizer.allows(Principal("producers"), "write", orders)  # a user (or a certificate's CN)
+    assert authorizer.allows(Principal("auditor"), "write", orders)  # user:auditor names the user ...
+    assert not authorizer.allows(Principal("auditor"), "read", orders)  # ... and group:auditor the group
+    assert authorizer.allows(Principal("x", frozenset({"auditor"})), "read", orders)
+    assert authorizer.allows(Principal("clerk"), "read", orders)  # no group "clerk": the user
+    assert not authorizer.allows(Principal("x", frozenset({"clerk"})), "read", orders)
+
+
+def test_a_user_and_a_group_of_one_name_are_refused_at_start():
+    from gateway.auth import AuthSettings
+
+    users = [{"name": "producers", "password_hash": "x"}, {"name": "app", "password_hash": "x", "groups": ["producers"]}]
+    with pytest.raises(ValueError, match="'producers' is both a user and a group"):
+        AuthSettings(users=users)
+    with pytest.raises(ValueError, match="'anonymous' is both a user and a group"):
+        AuthSettings(users=[{"name": "anonymous", "password_hash": "x"}])

@@ -489,3 +489,47 @@ def test_agrees_with_reference_evaluator(tree: tuple[Any, ...], batch: list[Mess
         expected = ref_condition(tree, message)
         assert selector.evaluate(message) is expected, (text, message.headers)
         assert selector.matches(message) is (expected is True)
+
+
+# -- LIKE without backtracking ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pattern", "value", "expected"),
+    [
+        ("%a%b", "xaxb", T), ("%a%b", "xbxa", F), ("a%", "a", T), ("%a", "a", T), ("%%", "", T),
+        ("a%a", "a", F), ("a%a", "aa", T), ("_%_", "a", F), ("_%_", "ab", T), ("%_b_%", "abc", T),
+        ("%ab%ab%", "abab", T), ("%ab%ab%", "aba", F), ("%aab", "aaab", T), ("x%y%z", "xyyz", T),
+        ("x%y%z", "xzy", F), ("%\n%", "a\nb", T), ("_", "é", T), ("a\\%b", "a%b", T), ("a\\%b", "axb", F),
+        ("a\\_%", "a_b", T), ("a\\_%", "axb", F), ("%\\\\", "a\\", T),
+    ],
+)
+def test_like_semantics(pattern: str, value: str, expected: bool) -> None:
+    text = f"v LIKE '{pattern}' ESCAPE '\\'"
+    assert compile_selector(text).evaluate(msg({"v": value})) is expected
+
+
+@given(
+    st.lists(st.one_of(st.sampled_from(["%", "_"]), st.sampled_from("ab").map(lambda c: ("char", c))), max_size=8),
+    st.text(alphabet="ab", max_size=10),
+)
+def test_like_agrees_with_the_reference(pattern: list[Any], value: str) -> None:
+    text = "".join(p if isinstance(p, str) else p[1] for p in pattern)
+    assert compile_selector(f"v LIKE '{text}'").evaluate(msg({"v": value})) is ref_like(value, tuple(pattern))
+
+
+def test_like_pattern_that_backtracks_exponentially_in_a_regex_answers() -> None:
+    # As a regex, '.*a.*a...b' against 32 (or 10,000) a's takes exponential time;
+    # here each piece is searched once.
+    selector = compile_selector("h LIKE '%a%a%a%a%a%a%a%a%a%a%b'")
+    assert selector.evaluate(msg({"h": "a" * 32})) is F
+    assert selector.evaluate(msg({"h": "a" * 10_000})) is F
+    assert selector.evaluate(msg({"h": "a" * 10_000 + "b"})) is T
+    assert compile_selector("h LIKE '%a_a_a_a_b%'").evaluate(msg({"h": "a" * 10_000})) is F
+
+
+def test_too_many_terms_are_refused() -> None:
+    many = " OR ".join(f"n = {i}" for i in range(selectors.MAX_NODES // 3 + 1))
+    assert len(many) < selectors.MAX_SELECTOR_CHARS
+    with pytest.raises(SelectorError, match=f"at most {selectors.MAX_NODES} terms"):
+        compile_selector(many)
