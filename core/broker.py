@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from core.authorization import ANONYMOUS_PRINCIPAL, Authorizer, Principal
@@ -64,10 +65,18 @@ class BrokerSettings:
     redelivery_delay_ms: int = 0
     redelivery_backoff: float = 1.0
     max_redelivery_delay_ms: int = 60_000
+    # Queues and durable subscriptions; temporary destinations do not count
+    # here (one client could otherwise take them all) but against their
+    # connection's own max_temporaries_per_client.
     max_destinations: int = 10_000
+    max_temporaries_per_client: int = 100
     max_subscriptions_per_client: int = 1_000
     max_transactions_per_client: int = 64
     max_transaction_messages: int = 100_000
+    # Bytes (bodies and headers) held in open transactions until COMMIT: per
+    # connection, all its transactions together, and broker-wide; 0 = no limit.
+    max_transaction_bytes_per_client: int = 64 * 1024 * 1024
+    max_transaction_bytes_total: int = 512 * 1024 * 1024
     # Topic archives (per-destination policy, usually): every message
     # published to an archived topic gets the topic's next offset and is kept
     # until retention drops it, by age and by bytes per topic (0 = no limit).
@@ -123,7 +132,12 @@ class Broker:
             Kind.TOPIC: SubscriptionTree(),
             Kind.TEMP_TOPIC: SubscriptionTree(),
         }
+        # Private temporary destinations (see core/names.py) and their owners;
+        # the tag keeps their names unique across restarts of the broker.
         self._temporary_owners: dict[Address, Client] = {}
+        self._temporary_queues = 0
+        self._temporary_tag = os.urandom(3).hex()
+        self.transaction_bytes = 0  # held in every client's open transactions
         # Message ids stay unique across restarts without coordination.
         # No colon in ids: STOMP 1.1+ would have to escape it in every MESSAGE.
         self._id_prefix = f"ID-{node or os.urandom(4).hex()}-"
@@ -169,28 +183,69 @@ class Broker:
         )
 
     def route(self, message: Message, producer: Client | None = None) -> int:
-        """Deliver a committed message to its queue or to every matching topic
-        subscriber, storing it first if it is persistent and anything that
-        keeps messages gets it.  Returns the LSN that makes it durable.
-        A ``producer`` is held back if the message landed in congested queues."""
-        address = message.address
-        policy = self.policies.for_address(address)
-        targets = self._targets_for(message)
-        if address.is_queue and targets and targets[0].waiters is not None and policy.send_fail_if_no_space:
-            raise LimitExceeded(f"destination {address.text!r} is full (send_fail_if_no_space)")
-        self.stats.messages_in += 1
+        """Deliver one message outside a transaction (see :meth:`publish`)."""
+        return self.publish((message,), producer)
+
+    def publish(
+        self,
+        messages: Sequence[Message],
+        producer: Client | None = None,
+        *,
+        acks: Sequence[tuple[str, Message]] = (),
+        commit_key: str | None = None,
+    ) -> int:
+        """Deliver committed messages, all or none: each to its queue or to
+        every matching topic subscriber, storing persistent ones first where
+        anything keeps them (with a COMMIT's acks and idempotency key in the
+        same store record).  Returns the LSN that makes it durable.
+
+        One rule for a SEND and a COMMIT: a queue that is full, or that these
+        messages would fill, refuses them all under send_fail_if_no_space;
+        otherwise they go in and ``producer`` is held until it drains."""
+        routed = []
+        if len(messages) > 1:  # create no queue unless all of them can be
+            missing = {m.address for m in messages if m.address.is_queue and m.address not in self.queues}
+            missing = {a for a in missing if not a.is_temporary}
+            if self._destination_count() + len(missing) > self.settings.max_destinations:
+                raise LimitExceeded(f"too many destinations (limit {self.settings.max_destinations})")
+        adding: dict[Queue, int] = {}
+        for message in messages:
+            targets = self._targets_for(message)
+            if message.address.is_queue and targets:
+                adding[targets[0]] = adding.get(targets[0], 0) + 1
+            routed.append((message, targets))
+        for queue, count in adding.items():
+            if self.policies.for_address(queue.address).send_fail_if_no_space and (
+                queue.waiters is not None or (queue.high_water and queue.depth + count > queue.high_water)
+            ):
+                raise LimitExceeded(f"destination {queue.address.text!r} is full (send_fail_if_no_space)")
+        adds = []
+        archived = []
+        for message, targets in routed:
+            if message.persistent:
+                keys = [queue.key for queue in targets if queue.key is not None]
+                if keys:
+                    adds.append((message, keys))
+            if self.archived(message.address):
+                archived.append((message.address.name, message))
         lsn = 0
-        if message.persistent:
-            keys = [queue.key for queue in targets if queue.key is not None]
-            if keys:
-                lsn = self.store.add_message(message, keys)
-        if policy.archive and address.kind is Kind.TOPIC:
-            archived = self.store.archive(address.name, message)
-            if message.persistent:  # a receipt promises the archived copy too
-                lsn = max(lsn, archived)
-        if address.is_queue and policy.send_fail_if_no_space:
-            producer = None  # a full queue refuses the next SEND instead of holding this one
-        self._put(message, targets, producer)
+        if len(messages) == 1 and not acks and commit_key is None:  # a plain SEND: no transaction record
+            if adds:
+                lsn = self.store.add_message(*adds[0])
+            if archived:
+                stored = self.store.archive(*archived[0])
+                if messages[0].persistent:  # a receipt promises the archived copy too
+                    lsn = max(lsn, stored)
+        elif adds or acks or archived or commit_key is not None:
+            lsn = self.store.transaction(adds, list(acks), archived=archived, commit_key=commit_key)
+        if commit_key is not None:
+            self._remember_commit(commit_key, lsn)
+        for message, targets in routed:
+            self.stats.messages_in += 1
+            address = message.address
+            # A full queue under send_fail_if_no_space refuses the next SEND instead of holding this one.
+            hold = not (address.is_queue and self.policies.for_address(address).send_fail_if_no_space)
+            self._put(message, targets, producer if hold else None)
         return lsn
 
     def retain(self, message: Message) -> int:
@@ -260,8 +315,13 @@ class Broker:
     def queue(self, address: Address) -> Queue | None:
         return self.queues.get(address)
 
+    def _destination_count(self) -> int:
+        return len(self.queues) - self._temporary_queues
+
     def _create_queue(self, address: Address, owner: Client | None = None) -> Queue:
-        if len(self.queues) >= self.settings.max_destinations:
+        if address.is_temporary:
+            self._temporary_queues += 1  # limited per connection instead (_claim)
+        elif self._destination_count() >= self.settings.max_destinations:
             raise LimitExceeded(f"too many destinations (limit {self.settings.max_destinations})")
         # Temporary queues are never stored: they die with their connection.
         key = None if address.is_temporary else address.text
@@ -417,20 +477,30 @@ class Broker:
         for message in retained:
             self.retained[message.address] = message
 
-    def _claim(self, address: Address, client: Client) -> None:
-        owner = self._temporary_owners.get(address)
-        if owner is None:
-            self._temporary_owners[address] = client
-            client.temporaries.add(address)
-            if address.is_queue and address not in self.queues:
-                self._create_queue(address, owner=client)
-        elif owner is not client:
-            raise NotAuthorized(f"temporary destination {address.text!r} belongs to another connection")
+    def _claim(self, name: Address, client: Client) -> Address:
+        """A new private destination for ``client``'s temporary ``name``: a
+        queue (or topic) of its own even if others use the same name."""
+        limit = self.settings.max_temporaries_per_client
+        if len(client.temporaries) >= limit:
+            raise LimitExceeded(f"too many temporary destinations on this connection (limit {limit})")
+        private = names.parse(f"{name.text}.{names.PRIVATE_MARK}{client.number}-{self._temporary_tag}")
+        if isinstance(private, str):
+            raise InvalidDestination(f"temporary destination name too long: {private}")
+        self._temporary_owners[private] = client
+        client.temporaries[name] = private
+        if private.is_queue:
+            self._create_queue(private, owner=client)
+        return private
 
-    def _release(self, address: Address) -> None:
-        self._temporary_owners.pop(address, None)
-        queue = self.queues.pop(address, None)
+    def _owns(self, private: Address, client: Client) -> None:
+        if self._temporary_owners.get(private) is not client:
+            raise NotAuthorized(f"temporary destination {private.text!r} belongs to another connection")
+
+    def _release(self, private: Address) -> None:
+        self._temporary_owners.pop(private, None)
+        queue = self.queues.pop(private, None)
         if queue is not None:
+            self._temporary_queues -= 1
             queue.stats.discarded += len(queue.pending.clear())
             self.stats.messages_discarded += queue.stats.discarded
             queue.relieve()
@@ -449,6 +519,8 @@ class Broker:
             raise InvalidRequest(f"destination {address.text!r} has {len(queue.consumers)} consumers")
         dropped = queue.purge()
         del self.queues[address]
+        if address.is_temporary:
+            self._temporary_queues -= 1
         return dropped
 
     def statistics(self) -> dict[str, Any]:

@@ -337,7 +337,8 @@ class StompSession:
         esc = self.codec.escape
         lines = [
             f"message-id:{esc(message.id)}",
-            f"destination:{esc(message.address.text)}",
+            # A temporary destination's owner (its only reader) sees the name it used.
+            f"destination:{esc(names.owner_name(message.address) if message.address.is_temporary else message.address.text)}",
             f"timestamp:{message.timestamp}",
             f"expires:{message.expires}",
             f"priority:{message.priority}",
@@ -441,7 +442,9 @@ class StompSession:
         if reply_to is not None and reply_to.startswith("/temp-"):
             reply_address = names.parse(reply_to)
             if not isinstance(reply_address, str):
-                self.client.declare_temporary(reply_address)  # type: ignore[union-attr]
+                # The responder gets the private name, which reaches this
+                # connection's own queue whoever else uses the same name.
+                headers["reply-to"] = self.client.declare_temporary(reply_address).text  # type: ignore[union-attr]
         message = self.broker.message(
             address, headers, frame.body, persistent=persistent, priority=priority, expires=expires
         )
