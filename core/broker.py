@@ -27,6 +27,7 @@ from core.selectors import Selector, SelectorError, compile_selector
 from core.ports import Clock, NoStore, Sink, Store
 from core.clients import Client
 from core.subscriptions import Subscription
+from core.temporaries import Temporaries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,11 +133,7 @@ class Broker:
             Kind.TOPIC: SubscriptionTree(),
             Kind.TEMP_TOPIC: SubscriptionTree(),
         }
-        # Private temporary destinations (see core/names.py) and their owners;
-        # the tag keeps their names unique across restarts of the broker.
-        self._temporary_owners: dict[Address, Client] = {}
-        self._temporary_queues = 0
-        self._temporary_tag = os.urandom(3).hex()
+        self.temporaries = Temporaries(self)
         self.transaction_bytes = 0  # held in every client's open transactions
         # Message ids stay unique across restarts without coordination.
         # No colon in ids: STOMP 1.1+ would have to escape it in every MESSAGE.
@@ -204,8 +201,7 @@ class Broker:
         otherwise they go in and ``producer`` is held until it drains."""
         routed = []
         if len(messages) > 1:  # create no queue unless all of them can be
-            missing = {m.address for m in messages if m.address.is_queue and m.address not in self.queues}
-            missing = {a for a in missing if not a.is_temporary}
+            missing = {m.address for m in messages if m.address.kind is Kind.QUEUE and m.address not in self.queues}
             if self._destination_count() + len(missing) > self.settings.max_destinations:
                 raise LimitExceeded(f"too many destinations (limit {self.settings.max_destinations})")
         adding: dict[Queue, int] = {}
@@ -240,12 +236,16 @@ class Broker:
             lsn = self.store.transaction(adds, list(acks), archived=archived, commit_key=commit_key)
         if commit_key is not None:
             self._remember_commit(commit_key, lsn)
+        congested: dict[Queue, None] = {}
         for message, targets in routed:
             self.stats.messages_in += 1
             address = message.address
-            # A full queue under send_fail_if_no_space refuses the next SEND instead of holding this one.
-            hold = not (address.is_queue and self.policies.for_address(address).send_fail_if_no_space)
-            self._put(message, targets, producer if hold else None)
+            if self._put(message, targets) and producer is not None:
+                # A full queue under send_fail_if_no_space refuses the next SEND instead of holding this one.
+                if not (address.is_queue and self.policies.for_address(address).send_fail_if_no_space):
+                    congested.update((q, None) for q in targets if q.waiters is not None)
+        if congested:
+            producer._hold(list(congested))  # type: ignore[union-attr]
         return lsn
 
     def retain(self, message: Message) -> int:
@@ -300,27 +300,24 @@ class Broker:
         return [q for q in targets if q.selector is None or q.selector.matches(message)]
 
     @staticmethod
-    def _put(message: Message, targets: list[Queue], producer: Client | None) -> None:
-        congested = None
+    def _put(message: Message, targets: list[Queue]) -> bool:
+        """Put ``message`` in each target; whether any of them is congested."""
+        congested = False
         for queue in targets:
             queue.put(message)
             if queue.waiters is not None:
-                if congested is None:
-                    congested = [queue]
-                else:
-                    congested.append(queue)
-        if congested and producer is not None:
-            producer._hold(congested)
+                congested = True
+        return congested
 
     def queue(self, address: Address) -> Queue | None:
         return self.queues.get(address)
 
     def _destination_count(self) -> int:
-        return len(self.queues) - self._temporary_queues
+        return len(self.queues) - self.temporaries.queues
 
     def _create_queue(self, address: Address, owner: Client | None = None) -> Queue:
         if address.is_temporary:
-            self._temporary_queues += 1  # limited per connection instead (_claim)
+            self.temporaries.queues += 1  # capped per connection instead (core/temporaries.py)
         elif self._destination_count() >= self.settings.max_destinations:
             raise LimitExceeded(f"too many destinations (limit {self.settings.max_destinations})")
         # Temporary queues are never stored: they die with their connection.
@@ -477,34 +474,6 @@ class Broker:
         for message in retained:
             self.retained[message.address] = message
 
-    def _claim(self, name: Address, client: Client) -> Address:
-        """A new private destination for ``client``'s temporary ``name``: a
-        queue (or topic) of its own even if others use the same name."""
-        limit = self.settings.max_temporaries_per_client
-        if len(client.temporaries) >= limit:
-            raise LimitExceeded(f"too many temporary destinations on this connection (limit {limit})")
-        private = names.parse(f"{name.text}.{names.PRIVATE_MARK}{client.number}-{self._temporary_tag}")
-        if isinstance(private, str):
-            raise InvalidDestination(f"temporary destination name too long: {private}")
-        self._temporary_owners[private] = client
-        client.temporaries[name] = private
-        if private.is_queue:
-            self._create_queue(private, owner=client)
-        return private
-
-    def _owns(self, private: Address, client: Client) -> None:
-        if self._temporary_owners.get(private) is not client:
-            raise NotAuthorized(f"temporary destination {private.text!r} belongs to another connection")
-
-    def _release(self, private: Address) -> None:
-        self._temporary_owners.pop(private, None)
-        queue = self.queues.pop(private, None)
-        if queue is not None:
-            self._temporary_queues -= 1
-            queue.stats.discarded += len(queue.pending.clear())
-            self.stats.messages_discarded += queue.stats.discarded
-            queue.relieve()
-
     def sweep_expired(self) -> int:
         """Remove expired messages from every queue; returns how many."""
         queues = list(self.queues.values()) + [d.queue for d in self.durables.values()]
@@ -520,7 +489,7 @@ class Broker:
         dropped = queue.purge()
         del self.queues[address]
         if address.is_temporary:
-            self._temporary_queues -= 1
+            self.temporaries.queues -= 1
         return dropped
 
     def statistics(self) -> dict[str, Any]:

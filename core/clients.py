@@ -78,7 +78,7 @@ class Client:
         """Refuse (:class:`NotAuthorized`) what the authorization map does not
         grant this client.  Reading from or writing to a queue that does not
         exist yet creates it, which takes ``admin`` too, as in ActiveMQ.
-        Temporary destinations are their owner's (see :meth:`Broker._claim`)."""
+        Temporary destinations are their owner's (see core/temporaries.py)."""
         authorizer = self.broker.authorizer
         if authorizer is None or address.is_temporary:
             return
@@ -103,7 +103,7 @@ class Client:
         if is_private(address):
             return address
         private = self.temporaries.get(address)
-        return private if private is not None else self.broker._claim(address, self)
+        return private if private is not None else self.broker.temporaries.claim(address, self)
 
     def declare_temporary(self, address: Address) -> Address:
         """The private name a reply-to naming ``address`` is rewritten to."""
@@ -175,7 +175,7 @@ class Client:
                 # A wildcard would reach into other connections' private replies.
                 raise InvalidDestination("wildcards are not allowed on temporary destinations")
             address = self.temporary(address)
-            self.broker._owns(address, self)  # another's private name: only its owner reads it
+            self.broker.temporaries.check_owner(address, self)  # another's private name: only its owner reads it
         policy = self.broker.policies.for_address(address)
         window = prefetch if prefetch and prefetch > 0 else policy.default_prefetch
         if durable is not None:
@@ -392,7 +392,7 @@ class Client:
             self._release_bytes(tx)
             self._roll_back(tx)
         for private in self.temporaries.values():
-            self.broker._release(private)
+            self.broker.temporaries.release(private)
         self.temporaries.clear()
         for queue in self.blocked_on:
             if queue.waiters is not None and self in queue.waiters:
