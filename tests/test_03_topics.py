@@ -210,7 +210,8 @@ def request_reply_name(stomp_client, broker, requester, reply_to) -> str:
 
 
 def test_temp_queue_vanishes_with_its_connection(broker_factory, stomp_client):
-    broker = broker_factory(admin={"users": [{"name": "ops", "password_hash": hash_password("ops-pw", iterations=1000), "role": "read"}]})
+    ops = {"name": "ops", "password_hash": hash_password("ops-pw", iterations=1000), "role": "read"}
+    broker = broker_factory(admin={"users": [ops]})
     owner = stomp_client(broker)
     other = stomp_client(broker)
     reply_to = f"/temp-queue/{unique('gone')}"

@@ -136,15 +136,15 @@ def test_temporaries_are_capped_per_connection_and_cannot_use_up_the_destination
     )
     attacker = raw_session(raw_client, broker, "late")  # latecomers: no read, no admin anywhere
     for i in range(4):  # with /temp-queue/sink itself, five
-        attacker.send_frame("SEND", {"destination": "/temp-queue/sink", "reply-to": f"/temp-queue/r{i}", "receipt": str(i)}, b"")
+        attacker.send_frame("SEND", {"destination": "/temp-queue/sink", "reply-to": f"/temp-queue/r{i}", "receipt": f"{i}"})
         attacker.expect("RECEIPT")
-    attacker.send_frame("SEND", {"destination": "/temp-queue/sink", "reply-to": "/temp-queue/r4", "receipt": "over"}, b"")
+    attacker.send_frame("SEND", {"destination": "/temp-queue/sink", "reply-to": "/temp-queue/r4", "receipt": "over"})
     error = attacker.expect_error_and_close()
     assert error.headers["message"] == "too many temporary destinations on this connection (limit 5)"
     assert error.headers["receipt-id"] == "over"
     # Everyone else is unaffected: new queues and temporary queues still work.
     app = raw_session(raw_client, broker, "app")
-    app.send_frame("SEND", {"destination": f"/queue/orders.{unique()}", "reply-to": "/temp-queue/r0", "receipt": "q"}, b"")
+    app.send_frame("SEND", {"destination": f"/queue/orders.{unique()}", "reply-to": "/temp-queue/r0", "receipt": "q"})
     app.expect("RECEIPT")
     app.send_frame("SUBSCRIBE", {"destination": "/temp-queue/sink", "id": "1", "receipt": "t"})
     app.expect("RECEIPT")

@@ -335,10 +335,12 @@ class StompSession:
     def _encode_common(self, message: Message) -> bytes:
         """Every MESSAGE header that does not depend on the subscription, once per message."""
         esc = self.codec.escape
+        address = message.address
+        # A temporary destination's owner (its only reader) sees the name it used.
+        destination = names.owner_name(address) if address.is_temporary else address.text
         lines = [
             f"message-id:{esc(message.id)}",
-            # A temporary destination's owner (its only reader) sees the name it used.
-            f"destination:{esc(names.owner_name(message.address) if message.address.is_temporary else message.address.text)}",
+            f"destination:{esc(destination)}",
             f"timestamp:{message.timestamp}",
             f"expires:{message.expires}",
             f"priority:{message.priority}",
