@@ -199,51 +199,53 @@ class Broker:
         One rule for a SEND and a COMMIT: a queue that is full, or that these
         messages would fill, refuses them all under send_fail_if_no_space;
         otherwise they go in and ``producer`` is held until it drains."""
-        routed = []
         if len(messages) > 1:  # create no queue unless all of them can be
             missing = {m.address for m in messages if m.address.kind is Kind.QUEUE and m.address not in self.queues}
             if self._destination_count() + len(missing) > self.settings.max_destinations:
                 raise LimitExceeded(f"too many destinations (limit {self.settings.max_destinations})")
-        adding: dict[Queue, int] = {}
-        for message in messages:
-            targets = self._targets_for(message)
-            if message.address.is_queue and targets:
-                adding[targets[0]] = adding.get(targets[0], 0) + 1
-            routed.append((message, targets))
-        for queue, count in adding.items():
-            if self.policies.for_address(queue.address).send_fail_if_no_space and (
-                queue.waiters is not None or (queue.high_water and queue.depth + count > queue.high_water)
-            ):
-                raise LimitExceeded(f"destination {queue.address.text!r} is full (send_fail_if_no_space)")
+        routed = []
         adds = []
         archived = []
-        for message, targets in routed:
+        adding: dict[Queue, int] | None = None  # queues that refuse rather than hold: how many each gets
+        for message in messages:
+            address = message.address
+            policy = self.policies.for_address(address)
+            targets = self._targets_for(message)
+            routed.append((message, targets, policy))
+            if policy.send_fail_if_no_space and address.is_queue and targets:
+                adding = adding or {}
+                adding[targets[0]] = adding.get(targets[0], 0) + 1
             if message.persistent:
                 keys = [queue.key for queue in targets if queue.key is not None]
                 if keys:
                     adds.append((message, keys))
-            if self.archived(message.address):
-                archived.append((message.address.name, message))
+            if policy.archive and address.kind is Kind.TOPIC:
+                archived.append((address.name, message))
+        if adding is not None:
+            for queue, count in adding.items():
+                if queue.waiters is not None or (queue.high_water and queue.depth + count > queue.high_water):
+                    raise LimitExceeded(f"destination {queue.address.text!r} is full (send_fail_if_no_space)")
         lsn = 0
-        if len(messages) == 1 and not acks and commit_key is None:  # a plain SEND: no transaction record
+        if len(routed) == 1 and not acks and commit_key is None:  # a plain SEND: no transaction record
             if adds:
                 lsn = self.store.add_message(*adds[0])
             if archived:
                 stored = self.store.archive(*archived[0])
-                if messages[0].persistent:  # a receipt promises the archived copy too
+                if routed[0][0].persistent:  # a receipt promises the archived copy too
                     lsn = max(lsn, stored)
         elif adds or acks or archived or commit_key is not None:
             lsn = self.store.transaction(adds, list(acks), archived=archived, commit_key=commit_key)
         if commit_key is not None:
             self._remember_commit(commit_key, lsn)
-        congested: dict[Queue, None] = {}
-        for message, targets in routed:
+        congested: dict[Queue, None] | None = None
+        for message, targets, policy in routed:
             self.stats.messages_in += 1
-            address = message.address
-            if self._put(message, targets) and producer is not None:
-                # A full queue under send_fail_if_no_space refuses the next SEND instead of holding this one.
-                if not (address.is_queue and self.policies.for_address(address).send_fail_if_no_space):
-                    congested.update((q, None) for q in targets if q.waiters is not None)
+            # A full queue under send_fail_if_no_space refuses the next SEND instead of holding this one.
+            if self._put(message, targets) and producer is not None and not (
+                policy.send_fail_if_no_space and message.address.is_queue
+            ):
+                congested = congested or {}
+                congested.update((q, None) for q in targets if q.waiters is not None)
         if congested:
             producer._hold(list(congested))  # type: ignore[union-attr]
         return lsn
