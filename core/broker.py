@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from core.authorization import ANONYMOUS_PRINCIPAL, Authorizer, Principal
@@ -26,6 +27,7 @@ from core.selectors import Selector, SelectorError, compile_selector
 from core.ports import Clock, NoStore, Sink, Store
 from core.clients import Client
 from core.subscriptions import Subscription
+from core.temporaries import Temporaries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,10 +66,18 @@ class BrokerSettings:
     redelivery_delay_ms: int = 0
     redelivery_backoff: float = 1.0
     max_redelivery_delay_ms: int = 60_000
+    # Queues and durable subscriptions; temporary destinations do not count
+    # here (one client could otherwise take them all) but against their
+    # connection's own max_temporaries_per_client.
     max_destinations: int = 10_000
+    max_temporaries_per_client: int = 100
     max_subscriptions_per_client: int = 1_000
     max_transactions_per_client: int = 64
     max_transaction_messages: int = 100_000
+    # Bytes (bodies and headers) held in open transactions until COMMIT: per
+    # connection, all its transactions together, and broker-wide; 0 = no limit.
+    max_transaction_bytes_per_client: int = 64 * 1024 * 1024
+    max_transaction_bytes_total: int = 512 * 1024 * 1024
     # Topic archives (per-destination policy, usually): every message
     # published to an archived topic gets the topic's next offset and is kept
     # until retention drops it, by age and by bytes per topic (0 = no limit).
@@ -126,7 +136,8 @@ class Broker:
             Kind.TOPIC: SubscriptionTree(),
             Kind.TEMP_TOPIC: SubscriptionTree(),
         }
-        self._temporary_owners: dict[Address, Client] = {}
+        self.temporaries = Temporaries(self)
+        self.transaction_bytes = 0  # held in every client's open transactions
         # Message ids stay unique across restarts without coordination.
         # No colon in ids: STOMP 1.1+ would have to escape it in every MESSAGE.
         self._id_prefix = f"ID-{node or os.urandom(4).hex()}-"
@@ -190,28 +201,74 @@ class Broker:
         )
 
     def route(self, message: Message, producer: Client | None = None) -> int:
-        """Deliver a committed message to its queue or to every matching topic
-        subscriber, storing it first if it is persistent and anything that
-        keeps messages gets it.  Returns the LSN that makes it durable.
-        A ``producer`` is held back if the message landed in congested queues."""
-        address = message.address
-        policy = self.policies.for_address(address)
-        targets = self._targets_for(message)
-        if address.is_queue and targets and targets[0].waiters is not None and policy.send_fail_if_no_space:
-            raise LimitExceeded(f"destination {address.text!r} is full (send_fail_if_no_space)")
-        self.stats.messages_in += 1
+        """Deliver one message outside a transaction (see :meth:`publish`)."""
+        return self.publish((message,), producer)
+
+    def publish(
+        self,
+        messages: Sequence[Message],
+        producer: Client | None = None,
+        *,
+        acks: Sequence[tuple[str, Message]] = (),
+        commit_key: str | None = None,
+    ) -> int:
+        """Deliver committed messages, all or none: each to its queue or to
+        every matching topic subscriber, storing persistent ones first where
+        anything keeps them (with a COMMIT's acks and idempotency key in the
+        same store record).  Returns the LSN that makes it durable.
+
+        One rule for a SEND and a COMMIT: a queue that is full, or that these
+        messages would fill, refuses them all under send_fail_if_no_space;
+        otherwise they go in and ``producer`` is held until it drains."""
+        if len(messages) > 1:  # create no queue unless all of them can be
+            missing = {m.address for m in messages if m.address.kind is Kind.QUEUE and m.address not in self.queues}
+            if self._destination_count() + len(missing) > self.settings.max_destinations:
+                raise LimitExceeded(f"too many destinations (limit {self.settings.max_destinations})")
+        routed = []
+        adds = []
+        archived = []
+        adding: dict[Queue, int] | None = None  # queues that refuse rather than hold: how many each gets
+        for message in messages:
+            address = message.address
+            policy = self.policies.for_address(address)
+            targets = self._targets_for(message)
+            routed.append((message, targets, policy))
+            if policy.send_fail_if_no_space and address.is_queue and targets:
+                adding = adding or {}
+                adding[targets[0]] = adding.get(targets[0], 0) + 1
+            if message.persistent:
+                keys = [queue.key for queue in targets if queue.key is not None]
+                if keys:
+                    adds.append((message, keys))
+            if policy.archive and address.kind is Kind.TOPIC:
+                archived.append((address.name, message))
+        if adding is not None:
+            for queue, count in adding.items():
+                if queue.waiters is not None or (queue.high_water and queue.depth + count > queue.high_water):
+                    raise LimitExceeded(f"destination {queue.address.text!r} is full (send_fail_if_no_space)")
         lsn = 0
-        if message.persistent:
-            keys = [queue.key for queue in targets if queue.key is not None]
-            if keys:
-                lsn = self.store.add_message(message, keys)
-        if policy.archive and address.kind is Kind.TOPIC:
-            archived = self.store.archive(address.name, message)
-            if message.persistent:  # a receipt promises the archived copy too
-                lsn = max(lsn, archived)
-        if address.is_queue and policy.send_fail_if_no_space:
-            producer = None  # a full queue refuses the next SEND instead of holding this one
-        self._put(message, targets, producer)
+        if len(routed) == 1 and not acks and commit_key is None:  # a plain SEND: no transaction record
+            if adds:
+                lsn = self.store.add_message(*adds[0])
+            if archived:
+                stored = self.store.archive(*archived[0])
+                if routed[0][0].persistent:  # a receipt promises the archived copy too
+                    lsn = max(lsn, stored)
+        elif adds or acks or archived or commit_key is not None:
+            lsn = self.store.transaction(adds, list(acks), archived=archived, commit_key=commit_key)
+        if commit_key is not None:
+            self._remember_commit(commit_key, lsn)
+        congested: dict[Queue, None] | None = None
+        for message, targets, policy in routed:
+            self.stats.messages_in += 1
+            # A full queue under send_fail_if_no_space refuses the next SEND instead of holding this one.
+            if self._put(message, targets) and producer is not None and not (
+                policy.send_fail_if_no_space and message.address.is_queue
+            ):
+                congested = congested or {}
+                congested.update((q, None) for q in targets if q.waiters is not None)
+        if congested:
+            producer._hold(list(congested))  # type: ignore[union-attr]
         return lsn
 
     def retain(self, message: Message) -> int:
@@ -266,23 +323,25 @@ class Broker:
         return [q for q in targets if q.selector is None or q.selector.matches(message)]
 
     @staticmethod
-    def _put(message: Message, targets: list[Queue], producer: Client | None) -> None:
-        congested = None
+    def _put(message: Message, targets: list[Queue]) -> bool:
+        """Put ``message`` in each target; whether any of them is congested."""
+        congested = False
         for queue in targets:
             queue.put(message)
             if queue.waiters is not None:
-                if congested is None:
-                    congested = [queue]
-                else:
-                    congested.append(queue)
-        if congested and producer is not None:
-            producer._hold(congested)
+                congested = True
+        return congested
 
     def queue(self, address: Address) -> Queue | None:
         return self.queues.get(address)
 
+    def _destination_count(self) -> int:
+        return len(self.queues) - self.temporaries.queues
+
     def _create_queue(self, address: Address, owner: Client | None = None) -> Queue:
-        if len(self.queues) >= self.settings.max_destinations:
+        if address.is_temporary:
+            self.temporaries.queues += 1  # capped per connection instead (core/temporaries.py)
+        elif self._destination_count() >= self.settings.max_destinations:
             raise LimitExceeded(f"too many destinations (limit {self.settings.max_destinations})")
         # Temporary queues are never stored: they die with their connection.
         key = None if address.is_temporary else address.text
@@ -459,24 +518,6 @@ class Broker:
         for message in retained:
             self.retained[message.address] = message
 
-    def _claim(self, address: Address, client: Client) -> None:
-        owner = self._temporary_owners.get(address)
-        if owner is None:
-            self._temporary_owners[address] = client
-            client.temporaries.add(address)
-            if address.is_queue and address not in self.queues:
-                self._create_queue(address, owner=client)
-        elif owner is not client:
-            raise NotAuthorized(f"temporary destination {address.text!r} belongs to another connection")
-
-    def _release(self, address: Address) -> None:
-        self._temporary_owners.pop(address, None)
-        queue = self.queues.pop(address, None)
-        if queue is not None:
-            queue.stats.discarded += len(queue.pending.clear())
-            self.stats.messages_discarded += queue.stats.discarded
-            queue.relieve()
-
     def sweep_expired(self) -> int:
         """Remove expired messages from every queue; returns how many."""
         queues = list(self.queues.values()) + [d.queue for d in self.durables.values()]
@@ -491,6 +532,8 @@ class Broker:
             raise InvalidRequest(f"destination {address.text!r} has {len(queue.consumers)} consumers")
         dropped = queue.purge()
         del self.queues[address]
+        if address.is_temporary:
+            self.temporaries.queues -= 1
         return dropped
 
     def statistics(self) -> dict[str, Any]:

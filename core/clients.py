@@ -11,6 +11,7 @@ from core.authorization import ANONYMOUS_PRINCIPAL, DECISION_CACHE, Principal
 from core.destinations import Queue
 from core.durables import DurableSubscription, claim_refusal, durable_key, owner_of
 from core.errors import (
+    CoreError,
     DuplicateSubscription,
     InvalidDestination,
     InvalidRequest,
@@ -21,7 +22,7 @@ from core.errors import (
     UnknownTransaction,
 )
 from core.messages import Message
-from core.names import Address, Kind
+from core.names import Address, Kind, is_private
 from core.ports import Sink
 from core.subscriptions import AckMode, Subscription
 from core.transactions import Transaction
@@ -45,7 +46,9 @@ class Client:
         self._decisions: dict[tuple[str, Address], bool] = {}
         self.subscriptions: dict[Any, Subscription] = {}
         self.transactions: dict[str, Transaction] = {}
-        self.temporaries: set[Address] = set()
+        # Temporary names this client used -> its private destinations.
+        self.temporaries: dict[Address, Address] = {}
+        self.transaction_bytes = 0  # held in its open transactions
         # Congested queues this client's messages went to; while non-empty
         # the client should not produce (its connection stops reading).
         # Each maps to its delivered count when last checked (check_held).
@@ -59,12 +62,15 @@ class Client:
     def send(self, message: Message, transaction: str | None = None) -> int:
         """Publish, or hold until COMMIT when in a transaction.  Returns the LSN
         a durability promise (a receipt) must wait for."""
+        if message.address.is_temporary:
+            message.address = self.temporary(message.address)
         if self.broker.authorizer is not None:
             self.authorize("write", message.address)
         if transaction is None:
             return self.broker.route(message, self)
         tx = self._transaction(transaction)
         self._grow(tx)
+        self._hold_bytes(tx, message)
         tx.sends.append((message.address, message))
         return 0
 
@@ -72,7 +78,7 @@ class Client:
         """Refuse (:class:`NotAuthorized`) what the authorization map does not
         grant this client.  Reading from or writing to a queue that does not
         exist yet creates it, which takes ``admin`` too, as in ActiveMQ.
-        Temporary destinations are their owner's (see :meth:`Broker._claim`)."""
+        Temporary destinations are their owner's (see core/temporaries.py)."""
         authorizer = self.broker.authorizer
         if authorizer is None or address.is_temporary:
             return
@@ -90,9 +96,18 @@ class Client:
         if address.is_queue and address not in self.broker.queues and operation != "admin":
             self.authorize("admin", address)
 
-    def declare_temporary(self, address: Address) -> None:
-        """Claim a temporary destination named in a reply-to before it is subscribed."""
-        self.broker._claim(address, self)
+    def temporary(self, address: Address) -> Address:
+        """Where this client's use of a temporary destination goes: a private
+        name (someone's reply-to) as it is; a name of its own to its private
+        destination, created on first use."""
+        if is_private(address):
+            return address
+        private = self.temporaries.get(address)
+        return private if private is not None else self.broker.temporaries.claim(address, self)
+
+    def declare_temporary(self, address: Address) -> Address:
+        """The private name a reply-to naming ``address`` is rewritten to."""
+        return self.temporary(address)
 
     def held_for_disk(self, address: Address) -> bool:
         """Before a persistent message to ``address`` is taken: while the disk
@@ -175,7 +190,8 @@ class Client:
             if address.is_pattern:
                 # A wildcard would reach into other connections' private replies.
                 raise InvalidDestination("wildcards are not allowed on temporary destinations")
-            self.broker._claim(address, self)
+            address = self.temporary(address)
+            self.broker.temporaries.check_owner(address, self)  # another's private name: only its owner reads it
         policy = self.broker.policies.for_address(address)
         window = prefetch if prefetch and prefetch > 0 else policy.default_prefetch
         if durable is not None:
@@ -318,21 +334,12 @@ class Client:
         return max(earlier, self.commit(transaction)), True
 
     def commit(self, transaction: str, key: str | None = None) -> int:
+        """Route a transaction's sends and settle its acks as one store record,
+        by the rules of a SEND (:meth:`Broker.publish`).  A refused COMMIT
+        aborts the transaction: nothing of it is routed or acked."""
         tx = self._transaction(transaction)
-        # All or nothing: create every queue the sends need before routing any.
-        broker = self.broker
-        missing = {a for a, _ in tx.sends if a.is_queue and not a.is_temporary and a not in broker.queues}
-        if len(broker.queues) + len(missing) > broker.settings.max_destinations:
-            raise LimitExceeded(f"too many destinations (limit {broker.settings.max_destinations})")
         del self.transactions[transaction]
-        routed = [(message, broker._targets_for(message)) for _, message in tx.sends]
-        # One store record for all of it, so a crash keeps all or none.
-        adds = []
-        for message, targets in routed:
-            if message.persistent:
-                keys = [queue.key for queue in targets if queue.key is not None]
-                if keys:
-                    adds.append((message, keys))
+        self._release_bytes(tx)
         acks = [
             (subscription.queue.key, message)
             for subscription, messages in tx.acks
@@ -340,15 +347,11 @@ class Client:
             for message in messages
             if message.location >= 0
         ]
-        archived = [(address.name, message) for address, message in tx.sends if broker.archived(address)]
-        lsn = 0
-        if adds or acks or archived or key is not None:
-            lsn = broker.store.transaction(adds, acks, archived=archived, commit_key=key)
-        if key is not None:
-            broker._remember_commit(key, lsn)
-        for message, targets in routed:
-            broker.stats.messages_in += 1
-            broker._put(message, targets, self)
+        try:
+            lsn = self.broker.publish([message for _, message in tx.sends], self, acks=acks, commit_key=key)
+        except CoreError:
+            self._roll_back(tx)
+            raise
         for subscription, messages in tx.acks:
             subscription.queue.stats.dequeued += len(messages)
             subscription.queue.dispatch()
@@ -360,6 +363,7 @@ class Client:
         tx = self.transactions.pop(transaction, None)
         if tx is None:
             raise UnknownTransaction(f"no open transaction {transaction!r}")
+        self._release_bytes(tx)
         self._roll_back(tx)
 
     def _roll_back(self, tx: Transaction) -> None:
@@ -379,6 +383,25 @@ class Client:
             )
         tx.size += 1
 
+    def _hold_bytes(self, tx: Transaction, message: Message) -> None:
+        """Count a transactional send's bytes against this connection's and the
+        broker's limits, so open transactions cannot take the broker's memory."""
+        size = len(message.body or b"") + sum(len(k) + len(v) for k, v in (message.headers or {}).items())
+        settings, broker = self.broker.settings, self.broker
+        mine, total = settings.max_transaction_bytes_per_client, settings.max_transaction_bytes_total
+        if mine and self.transaction_bytes + size > mine:
+            raise LimitExceeded(f"open transactions on this connection hold too many bytes (limit {mine})")
+        if total and broker.transaction_bytes + size > total:
+            raise LimitExceeded(f"open transactions on the broker hold too many bytes (limit {total})")
+        tx.bytes += size
+        self.transaction_bytes += size
+        broker.transaction_bytes += size
+
+    def _release_bytes(self, tx: Transaction) -> None:
+        self.transaction_bytes -= tx.bytes
+        self.broker.transaction_bytes -= tx.bytes
+        tx.bytes = 0
+
     # -- leaving -----------------------------------------------------------
 
     def close(self) -> None:
@@ -394,9 +417,10 @@ class Client:
             self._detach(subscription)
         transactions, self.transactions = self.transactions, {}
         for tx in transactions.values():
+            self._release_bytes(tx)
             self._roll_back(tx)
-        for address in self.temporaries:
-            self.broker._release(address)
+        for private in self.temporaries.values():
+            self.broker.temporaries.release(private)
         self.temporaries.clear()
         for queue in self.blocked_on:
             if queue.waiters is not None and self in queue.waiters:

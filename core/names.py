@@ -96,6 +96,24 @@ def topic(name: str) -> Address | str:
     return _parse(Kind.TOPIC.value + name)
 
 
+# A temporary destination is private to the connection that names it: each
+# connection's /temp-queue/x is its own queue, reached by other connections
+# through a broker-made name ending in a segment that starts with this mark
+# (/temp-queue/x.~17-a3f9c2), as ActiveMQ and RabbitMQ rewrite reply-to.
+PRIVATE_MARK = "~"
+
+
+def is_private(address: Address) -> bool:
+    """Whether ``address`` is a broker-made private temporary name, which
+    anyone may send to (a reply) but only its owner reads."""
+    return address.is_temporary and address.segments[-1].startswith(PRIVATE_MARK)
+
+
+def owner_name(address: Address) -> str:
+    """The name the owner of a private temporary destination used."""
+    return address.text.rpartition(".")[0] if is_private(address) else address.text
+
+
 def matches(pattern: tuple[str, ...], name: tuple[str, ...]) -> bool:
     """Whether a topic name matches a subscription pattern, segment by segment."""
     for i, part in enumerate(pattern):

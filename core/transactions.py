@@ -16,14 +16,15 @@ class Transaction:
     but they are settled only here: acked on commit, put back on abort.
     """
 
-    __slots__ = ("id", "sends", "acks", "nacks", "size")
+    __slots__ = ("id", "sends", "acks", "nacks", "size", "bytes")
 
     def __init__(self, id: str) -> None:
         self.id = id
         self.sends: list[tuple[Address, Message]] = []
         self.acks: list[tuple[Subscription, list[Message]]] = []
         self.nacks: list[tuple[Subscription, list[Message]]] = []
-        self.size = 0
+        self.size = 0  # frames: sends, acks and nacks
+        self.bytes = 0  # sent bodies and headers
 
     def settled_back(self) -> list[tuple[Subscription, list[Message]]]:
         """Everything acked or nacked in this transaction, for redelivery on abort."""

@@ -3,8 +3,13 @@ UNSUBSCRIBE; temporary queues and topics: request/reply and ownership."""
 
 from __future__ import annotations
 
+import base64
+import http.client
+import json
+
 import pytest
 
+from gateway.auth import hash_password
 from tests.helpers import unique, wait_for
 
 
@@ -116,13 +121,14 @@ def test_request_reply_through_a_temp_queue(broker, stomp_client):
     requester.subscribe(reply_to)
     requester.send(requests, b"what time is it?", **{"reply-to": reply_to, "correlation-id": "c-42"})
     request = responder.wait_messages(1)[0]
-    assert request.headers["reply-to"] == reply_to
+    # Rewritten to the requester's private queue, as ActiveMQ and RabbitMQ do.
+    assert request.headers["reply-to"].startswith(reply_to + ".~")
     assert request.headers["correlation-id"] == "c-42"
     responder.send(request.headers["reply-to"], b"noon", **{"correlation-id": request.headers["correlation-id"]})
     reply = requester.wait_messages(1)[0]
     assert reply.body == b"noon"
     assert reply.headers["correlation-id"] == "c-42"
-    assert reply.headers["destination"] == reply_to
+    assert reply.headers["destination"] == reply_to  # the owner sees the name it used
 
 
 def test_reply_waits_in_a_temp_queue_named_in_reply_to_before_subscribing(broker, stomp_client):
@@ -152,28 +158,77 @@ def test_request_reply_through_a_temp_topic(broker, stomp_client):
     responder.send(request.headers["reply-to"], b"a", **{"correlation-id": request.headers["correlation-id"]})
     reply = requester.wait_messages(1)[0]
     assert (reply.body, reply.headers["correlation-id"]) == (b"a", "abc")
+    assert reply.headers["destination"] == reply_to
+
+
+@pytest.mark.parametrize("kind", ["temp-queue", "temp-topic"])
+def test_instances_sharing_a_fixed_reply_name_each_get_only_their_own_replies(broker, stomp_client, kind):
+    # Changed requirement: a second connection using a taken temporary name
+    # used to get an ERROR ("belongs to another connection"); now each
+    # connection has its own destination under that name.
+    requests = f"/queue/{unique('requests')}"
+    reply_to = f"/{kind}/replies"  # the same fixed name in every instance
+    responder = stomp_client(broker)
+    responder.subscribe(requests)
+    instances = [stomp_client(broker) for _ in range(2)]
+    for n, instance in enumerate(instances):
+        instance.subscribe(reply_to)
+        for i in range(3):
+            instance.send(requests, f"{n}-{i}".encode(), **{"reply-to": reply_to})
+    for request in responder.wait_messages(6):
+        responder.send(request.headers["reply-to"], b"re:" + request.body)
+    for n, instance in enumerate(instances):
+        instance.wait_messages(3)
+        instance.barrier()
+        assert instance.bodies == [f"re:{n}-{i}".encode() for i in range(3)]
+        assert {m.headers["destination"] for m in instance.messages} == {reply_to}
+        assert not instance.rec.errors
 
 
 def temp_queues(broker) -> set[str]:
     return broker.call(lambda: {a.text for a in broker.running.broker.queues if a.is_temporary})
 
 
-def test_temp_queue_vanishes_with_its_connection(broker, stomp_client):
+def listed_destinations(broker) -> set[str]:
+    connection = http.client.HTTPConnection("127.0.0.1", broker.admin_port, timeout=5)
+    auth = base64.b64encode(b"ops:ops-pw").decode()
+    connection.request("GET", "/api/v1/destinations", headers={"Authorization": f"Basic {auth}"})
+    response = connection.getresponse()
+    body = response.read()
+    connection.close()
+    assert response.status == 200, body
+    return {d["name"] for d in json.loads(body)}
+
+
+def request_reply_name(stomp_client, broker, requester, reply_to) -> str:
+    """The private name a responder gets in ``requester``'s reply-to."""
+    responder = stomp_client(broker)
+    requests = f"/queue/{unique('requests')}"
+    responder.subscribe(requests)
+    requester.send(requests, b"request", **{"reply-to": reply_to})
+    return responder.wait_messages(1)[0].headers["reply-to"]
+
+
+def test_temp_queue_vanishes_with_its_connection(broker_factory, stomp_client):
+    ops = {"name": "ops", "password_hash": hash_password("ops-pw", iterations=1000), "role": "read"}
+    broker = broker_factory(admin={"users": [ops]})
     owner = stomp_client(broker)
     other = stomp_client(broker)
     reply_to = f"/temp-queue/{unique('gone')}"
     owner.subscribe(reply_to)
-    other.send(reply_to, b"while owned")
+    private = request_reply_name(stomp_client, broker, owner, reply_to)
+    other.send(private, b"while owned")
     owner.wait_messages(1)
-    assert reply_to in temp_queues(broker)
+    assert private in listed_destinations(broker)
     owner.close()
-    wait_for(lambda: reply_to not in temp_queues(broker), what="temp queue released")
+    wait_for(lambda: private not in listed_destinations(broker), what="temp queue released")
     # A reply to a requester that left is dropped, not kept for whoever
     # takes the name next.
-    other.send(reply_to, b"too late")
+    other.send(private, b"too late")
+    assert private not in listed_destinations(broker)
     newcomer = stomp_client(broker)
     newcomer.subscribe(reply_to)
-    other.send(reply_to, b"for the newcomer")
+    other.send(request_reply_name(stomp_client, broker, newcomer, reply_to), b"for the newcomer")
     newcomer.wait_messages(1)
     newcomer.barrier()
     assert newcomer.bodies == [b"for the newcomer"]
@@ -184,54 +239,56 @@ def test_unconsumed_messages_vanish_with_the_temp_queue(broker, stomp_client):
     other = stomp_client(broker)
     reply_to = f"/temp-queue/{unique('gone')}"
     # Claimed through reply-to, never subscribed: replies pile up.
-    owner.send(f"/queue/{unique('req')}", b"req", **{"reply-to": reply_to})
-    other.send(reply_to, b"unread 1")
-    other.send(reply_to, b"unread 2")
+    private = request_reply_name(stomp_client, broker, owner, reply_to)
+    other.send(private, b"unread 1")
+    other.send(private, b"unread 2")
     owner.close()
-    wait_for(lambda: reply_to not in temp_queues(broker), what="temp queue released")
+    wait_for(lambda: private not in temp_queues(broker), what="temp queue released")
+    assert temp_queues(broker) == set()
     newcomer = stomp_client(broker)
     newcomer.subscribe(reply_to)
     newcomer.barrier()
     assert newcomer.messages == []
 
 
-def test_temp_topic_is_free_again_after_its_owner_leaves(broker, stomp_client):
+def test_temp_topic_is_released_with_its_owner(broker, stomp_client):
     owner = stomp_client(broker)
     temp = f"/temp-topic/{unique('tt')}"
     owner.subscribe(temp)
+    private = request_reply_name(stomp_client, broker, owner, temp)
+    owners = lambda: broker.call(lambda: {a.text for a in broker.running.broker.temporaries.owners})  # noqa: E731
+    assert private in owners()
     owner.close()
-    newcomer = stomp_client(broker)
-    wait_for(lambda: broker.call(lambda: temp not in {a.text for a in broker.running.broker._temporary_owners}))
-    newcomer.subscribe(temp)
-    stomp_client(broker).send(temp, b"hi")
-    assert newcomer.wait_messages(1)[0].body == b"hi"
+    wait_for(lambda: private not in owners(), what="temp topic released")
 
 
 @pytest.mark.parametrize("kind", ["temp-queue", "temp-topic"])
-def test_another_connection_cannot_subscribe_to_a_temp_destination(broker, stomp_client, raw_client, kind):
+def test_another_connection_cannot_subscribe_to_a_private_temp_name(broker, stomp_client, raw_client, kind):
     owner = stomp_client(broker)
     temp = f"/{kind}/{unique('mine')}"
     owner.subscribe(temp)
+    private = request_reply_name(stomp_client, broker, owner, temp)
     intruder = raw_client(broker)
     intruder.connect()
-    intruder.send_frame("SUBSCRIBE", {"destination": temp, "id": "1", "receipt": "s"})
+    intruder.send_frame("SUBSCRIBE", {"destination": private, "id": "1", "receipt": "s"})
     error = intruder.expect_error_and_close()
     assert error.headers["receipt-id"] == "s"
     assert "another connection" in error.headers["message"]
     # The owner still gets what is sent there.
-    stomp_client(broker).send(temp, b"still mine")
+    stomp_client(broker).send(private, b"still mine")
     assert owner.wait_messages(1)[0].body == b"still mine"
 
 
-def test_another_connection_cannot_claim_a_temp_queue_through_reply_to(broker, stomp_client, raw_client):
+def test_a_send_to_a_plain_temp_name_stays_with_its_sender(broker, stomp_client):
     owner = stomp_client(broker)
     temp = f"/temp-queue/{unique('mine')}"
     owner.subscribe(temp)
-    intruder = raw_client(broker)
-    intruder.connect()
-    intruder.send_frame("SEND", {"destination": "/queue/x", "reply-to": temp, "receipt": "r"}, b"x")
-    error = intruder.expect_error_and_close()
-    assert error.headers["receipt-id"] == "r"
+    other = stomp_client(broker)
+    other.subscribe(temp)
+    other.send(temp, b"to my own")  # the name is per connection: this is other's queue
+    assert other.wait_messages(1)[0].body == b"to my own"
+    owner.barrier()
+    assert owner.messages == []
 
 
 def test_a_wildcard_subscription_does_not_see_anothers_temp_topic(broker, stomp_client, raw_client):

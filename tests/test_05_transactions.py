@@ -265,3 +265,49 @@ def test_missing_transaction_header_is_an_error(broker, raw_client):
     error = raw.expect_error_and_close()
     assert error.headers["receipt-id"] == "b"
     assert "transaction" in error.headers["message"]
+
+
+def test_open_transactions_are_bounded_in_bytes_per_connection_and_broker_wide(broker_factory, raw_client):
+    broker = broker_factory(broker={"max_transaction_bytes_per_client": 1000, "max_transaction_bytes_total": 1500})
+    queue = qname()
+    held = lambda: broker.call(lambda: broker.running.broker.transaction_bytes)  # noqa: E731
+
+    def session(transaction: str):
+        client = raw_client(broker)
+        client.connect()
+        client.send_frame("BEGIN", {"transaction": transaction, "receipt": "b"})
+        client.receipt("b")
+        return client
+
+    def send(client, transaction: str, size: int, receipt: str) -> None:
+        client.send_frame("SEND", {"destination": queue, "transaction": transaction, "receipt": receipt}, b"x" * size)
+
+    first = session("a")
+    send(first, "a", 900, "a1")
+    first.receipt("a1")
+    second = session("b")
+    send(second, "b", 500, "b1")
+    second.receipt("b1")
+    send(second, "b", 200, "b2")  # 1,600 in all
+    error = second.expect_error_and_close()
+    assert (error.headers["receipt-id"], error.headers["message"]) == (
+        "b2", "open transactions on the broker hold too many bytes (limit 1500)"
+    )
+    send(first, "a", 200, "a2")  # 1,100 on one connection
+    error = first.expect_error_and_close()
+    assert (error.headers["receipt-id"], error.headers["message"]) == (
+        "a2", "open transactions on this connection hold too many bytes (limit 1000)"
+    )
+    wait_for(lambda: held() == 0, what="closing frees a connection's transaction bytes")
+    # Freed on close, commit and abort alike: each 900 fits again.
+    third = session("c")
+    for step, end in enumerate(["COMMIT", "ABORT"]):
+        send(third, "c", 900, f"c{step}")
+        third.receipt(f"c{step}")
+        third.send_frame(end, {"transaction": "c", "receipt": end})
+        third.receipt(end)
+        third.send_frame("BEGIN", {"transaction": "c", "receipt": f"again{step}"})
+        third.receipt(f"again{step}")
+    send(third, "c", 900, "last")
+    third.receipt("last")
+    assert depth(broker, queue) == 1  # the committed one

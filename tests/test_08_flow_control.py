@@ -107,3 +107,44 @@ def test_an_mqtt_publisher_is_held_back_by_a_slow_subscriber_too(broker_factory,
     assert not sender.is_alive()
     assert received == [f"{i:05d}".encode() + b"x" * 1000 for i in range(count)]
     assert broker.call(lambda: broker.running.broker.stats.producer_holds) > 0
+
+
+def commit_frames(producer, queue: str, count: int) -> None:
+    producer.send_frame("BEGIN", {"transaction": "t"})
+    for i in range(count):
+        producer.send_frame("SEND", {"destination": queue, "transaction": "t"}, f"m{i}".encode())
+    producer.send_frame("COMMIT", {"transaction": "t", "receipt": "c"})
+
+
+def test_with_send_fail_if_no_space_a_commit_that_would_overfill_a_queue_is_refused_whole(
+    broker_factory, raw_client, stomp_client
+):
+    broker = broker_factory(broker={"queue_high_water": 5, "send_fail_if_no_space": True})
+    queue = f"/queue/{unique('refuse')}"
+    producer = raw_client(broker)
+    producer.connect(heart_beat="0,0")
+    commit_frames(producer, queue, 6)
+    error = producer.expect_error_and_close()
+    assert error.headers["receipt-id"] == "c" and "full" in error.headers["message"]
+    consumer = stomp_client(broker)
+    consumer.subscribe(queue)
+    consumer.send(queue, b"marker")
+    consumer.wait_messages(1)
+    consumer.barrier()
+    assert consumer.bodies == [b"marker"]  # nothing of the refused transaction
+
+
+def test_a_commit_into_a_full_queue_holds_its_producer_like_a_send(broker_factory, raw_client, stomp_client):
+    broker = broker_factory(broker={"queue_high_water": 10})
+    queue = f"/queue/{unique('full')}"
+    producer = raw_client(broker)
+    producer.connect(heart_beat="0,0")
+    commit_frames(producer, queue, 12)
+    producer.receipt("c")
+    producer.send_frame("SEND", {"destination": queue, "receipt": "after"}, b"after")
+    assert broker.call(lambda: broker.running.broker.stats.producer_holds) == 1
+    consumer = stomp_client(broker)
+    consumer.subscribe(queue)
+    consumer.wait_messages(13)
+    assert consumer.bodies == [f"m{i}".encode() for i in range(12)] + [b"after"]
+    producer.receipt("after")  # read once the queue drained

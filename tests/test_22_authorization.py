@@ -118,11 +118,36 @@ def test_request_reply_through_a_temporary_queue_that_only_its_owner_reads(secur
     reply_to = f"/temp-queue/{unique('reply')}"
     requester.subscribe(reply_to)
     responder = stomp_client(secured, headers=login("app"))
-    responder.send(reply_to, b"the answer")  # anyone may reply; the map does not name temporaries
+    responder.subscribe("/queue/replies")  # app reads it, reader writes it (the map's entry)
+    requester.send("/queue/replies", b"the question", **{"reply-to": reply_to})
+    private = responder.wait_messages(1)[0].headers["reply-to"]
+    responder.send(private, b"the answer")  # anyone may reply; the map does not name temporaries
     assert requester.wait_messages(1)[0].body == b"the answer"
     thief = raw_session(raw_client, secured, "ops")
-    thief.send_frame("SUBSCRIBE", {"destination": reply_to, "id": "0"})
+    thief.send_frame("SUBSCRIBE", {"destination": private, "id": "0"})
     assert "belongs to another connection" in thief.expect("ERROR").headers["message"]
+
+
+def test_temporaries_are_capped_per_connection_and_cannot_use_up_the_destination_limit(broker_factory, raw_client):
+    # The attack: a user with no grants at all creates temporary queues through
+    # reply-to headers until max_destinations is reached, locking everyone out.
+    broker = broker_factory(
+        auth={"users": USERS, "acl": ACL}, broker={"max_destinations": 3, "max_temporaries_per_client": 5}
+    )
+    attacker = raw_session(raw_client, broker, "late")  # latecomers: no read, no admin anywhere
+    for i in range(4):  # with /temp-queue/sink itself, five
+        attacker.send_frame("SEND", {"destination": "/temp-queue/sink", "reply-to": f"/temp-queue/r{i}", "receipt": f"{i}"})
+        attacker.expect("RECEIPT")
+    attacker.send_frame("SEND", {"destination": "/temp-queue/sink", "reply-to": "/temp-queue/r4", "receipt": "over"})
+    error = attacker.expect_error_and_close()
+    assert error.headers["message"] == "too many temporary destinations on this connection (limit 5)"
+    assert error.headers["receipt-id"] == "over"
+    # Everyone else is unaffected: new queues and temporary queues still work.
+    app = raw_session(raw_client, broker, "app")
+    app.send_frame("SEND", {"destination": f"/queue/orders.{unique()}", "reply-to": "/temp-queue/r0", "receipt": "q"})
+    app.expect("RECEIPT")
+    app.send_frame("SUBSCRIBE", {"destination": "/temp-queue/sink", "id": "1", "receipt": "t"})
+    app.expect("RECEIPT")
 
 
 def test_mqtt_denied_publish_is_acknowledged_and_dropped_and_a_denied_filter_fails_alone(secured, paho):

@@ -587,21 +587,34 @@ def test_commit_is_all_or_nothing_when_a_limit_stops_it() -> None:
 # -- temporary destinations --------------------------------------------------
 
 
-def test_temporary_queue_belongs_to_its_first_subscriber() -> None:
+def test_each_client_gets_its_own_temporary_queue_for_the_same_name() -> None:
+    # Changed requirement: a second connection using a taken temporary name used
+    # to be refused; now, as in ActiveMQ and RabbitMQ, the name is per connection.
     world = World()
     reply = address("/temp-queue/reply")
-    owner, owner_sink = world.consumer("r", reply)
-    other_sink = RecordingSink()
-    other = world.broker.open_client(other_sink)
+    first, first_sink = world.consumer("r", reply)
+    second, second_sink = world.consumer("r", reply)
+    mine, theirs = first.declare_temporary(reply), second.declare_temporary(reply)
+    assert mine != theirs and mine.text.startswith("/temp-queue/reply.~") and mine.is_queue
+    assert world.broker.queue(mine) is not None and world.broker.queue(theirs) is not None
+    to_first = world.send("for first", mine)  # a responder replies to the private name
+    to_second = world.send("for second", theirs)
+    assert first_sink.messages == [to_first]
+    assert second_sink.messages == [to_second]
+
+
+def test_only_the_owner_reads_a_private_temporary_name() -> None:
+    world = World()
+    reply = address("/temp-queue/reply")
+    owner, _ = world.consumer("r", reply)
+    private = owner.declare_temporary(reply)
+    other = world.broker.open_client(RecordingSink())
     with pytest.raises(NotAuthorized):
-        other.subscribe("r", reply, AUTO)
-    with pytest.raises(NotAuthorized):
-        other.declare_temporary(reply)
+        other.subscribe("r", private, AUTO)
     assert other.subscriptions == {}
-    message = world.send("answer", reply, client=other)  # anyone may reply to it
-    assert owner_sink.messages == [message]
-    owner.declare_temporary(reply)  # the owner may name it again
-    owner.subscribe("r2", reply, AUTO)
+    assert other.declare_temporary(private) is private  # forwarding someone's reply-to is fine
+    assert other.temporaries == {}
+    owner.subscribe("r2", private, AUTO)  # the owner may use either name
 
 
 def test_declared_temporary_queue_is_claimed_before_subscribing() -> None:
@@ -609,42 +622,49 @@ def test_declared_temporary_queue_is_claimed_before_subscribing() -> None:
     reply = address("/temp-queue/reply")
     sink = RecordingSink()
     owner = world.broker.open_client(sink)
-    owner.declare_temporary(reply)
-    assert world.broker.queue(reply) is not None
-    world.send("early", reply)
-    other = world.broker.open_client(RecordingSink())
-    with pytest.raises(NotAuthorized):
-        other.subscribe("r", reply, AUTO)
+    private = owner.declare_temporary(reply)
+    assert world.broker.queue(private) is not None
+    world.send("early", private)
     assert sink.deliveries == []
     owner.subscribe("r", reply, AUTO)
     assert sink.bodies == [b"early"]
 
 
-def test_temporary_topic_belongs_to_its_first_subscriber() -> None:
+def test_temporary_topics_are_per_client_too() -> None:
     world = World()
     temp = address("/temp-topic/events")
-    _, sink = world.consumer("t", temp)
-    other = world.broker.open_client(RecordingSink())
-    with pytest.raises(NotAuthorized):
-        other.subscribe("t", temp, AUTO)
-    message = world.send("e", temp)
-    assert sink.messages == [message]
+    first, first_sink = world.consumer("t", temp)
+    _, second_sink = world.consumer("t", temp)
+    message = world.send("e", first.declare_temporary(temp))
+    assert first_sink.messages == [message]
+    assert second_sink.deliveries == []
+
+
+def test_a_send_to_a_plain_temporary_name_goes_to_the_senders_own_destination() -> None:
+    world = World()
+    reply = address("/temp-queue/reply")
+    _, owner_sink = world.consumer("r", reply)
+    message = world.send("to myself", reply)  # the producer's own /temp-queue/reply
+    assert owner_sink.deliveries == []
+    queue = world.broker.queue(world.producer.temporaries[reply])
+    assert queue is not None and queue.depth == 1 and message.address is queue.address
 
 
 def test_close_releases_temporary_queue_with_its_pending_messages() -> None:
     world = World()
     reply = address("/temp-queue/reply")
     owner, _ = world.consumer("r", reply, INDIVIDUAL, prefetch=1)
+    private = owner.declare_temporary(reply)
     for i in range(3):
-        world.send(str(i), reply)
-    queue = world.broker.queue(reply)
+        world.send(str(i), private)
+    queue = world.broker.queue(private)
     assert queue is not None and queue.depth == 2
     owner.close()
-    assert world.broker.queue(reply) is None
-    assert "/temp-queue/reply" not in world.broker.statistics()["queues"]
+    assert world.broker.queue(private) is None
+    assert not any(name.startswith("/temp-queue/") for name in world.broker.statistics()["queues"])
     assert queue.stats.discarded == 3  # two pending and the one left unacked
     assert queue.depth == 0
-    # Released: a new client may claim the name, and it starts empty.
+    # A new client with the same name starts empty, on a queue of its own.
     _, fresh = world.consumer("r", reply)
     assert fresh.deliveries == []
 
@@ -653,14 +673,29 @@ def test_sends_to_a_released_temporary_queue_are_discarded_and_counted() -> None
     world = World()
     reply = address("/temp-queue/reply")
     owner, _ = world.consumer("r", reply)
+    private = owner.declare_temporary(reply)
     owner.close()
-    world.send("late", reply)
-    world.send("never-claimed", address("/temp-queue/unknown"))
-    assert world.broker.queue(reply) is None
-    assert world.broker.queue(address("/temp-queue/unknown")) is None
+    world.send("late", private)
+    assert world.broker.queue(private) is None
+    assert world.producer.temporaries == {}  # a reply to a gone owner claims nothing
     stats = world.broker.statistics()
-    assert stats["messages_discarded"] == 2
-    assert stats["messages_in"] == 2
+    assert stats["messages_discarded"] == 1
+    assert stats["messages_in"] == 1
+
+
+def test_temporaries_are_capped_per_client_and_do_not_use_up_destinations() -> None:
+    world = World(max_temporaries_per_client=2, max_destinations=1)
+    greedy = world.broker.open_client(RecordingSink())
+    greedy.declare_temporary(address("/temp-queue/a"))
+    greedy.declare_temporary(address("/temp-topic/b"))
+    with pytest.raises(LimitExceeded, match=r"too many temporary destinations on this connection \(limit 2\)"):
+        greedy.declare_temporary(address("/temp-queue/c"))
+    greedy.declare_temporary(address("/temp-queue/a"))  # its own names still work
+    world.consumer("q", address("/queue/work"))  # the broker-wide limit is untouched
+    world.consumer("r", address("/temp-queue/a"))  # and so are other clients' temporaries
+    greedy.close()
+    greedy = world.broker.open_client(RecordingSink())
+    greedy.declare_temporary(address("/temp-queue/c"))
 
 
 # -- wildcards ---------------------------------------------------------------

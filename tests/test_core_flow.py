@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from core.broker import Broker, BrokerSettings
+from core.errors import LimitExceeded
 from core.subscriptions import AckMode
 from tests.core_fakes import FakeClock, RecordingSink, address
 
@@ -147,3 +150,68 @@ def test_a_full_topic_buffer_drops_a_newcomer_of_lower_priority_first() -> None:
     sink.accepting = True
     subscriber.resume()
     assert sink.bodies == [b"b", b"c", b"d"]  # "low" dropped on arrival, then the oldest "a"
+
+
+# -- COMMIT follows the same flow-control rule as SEND --------------------------
+
+QUEUE = address("/queue/flow")
+
+
+def commit(broker: Broker, producer: object, n: int, start: int = 0) -> int:
+    producer.begin("t")  # type: ignore[attr-defined]
+    for i in range(start, start + n):
+        producer.send(broker.message(QUEUE, {}, str(i).encode()), "t")  # type: ignore[attr-defined]
+    return producer.commit("t")  # type: ignore[attr-defined, no-any-return]
+
+
+def test_a_commit_that_would_overfill_a_queue_is_refused_whole_with_send_fail_if_no_space() -> None:
+    broker, _ = setup(queue_high_water=10, send_fail_if_no_space=True)
+    producer = broker.open_client(RecordingSink())
+    commit(broker, producer, 8)
+    with pytest.raises(LimitExceeded, match="is full"):
+        commit(broker, producer, 3, start=8)  # 8 + 3 would pass the high-water mark of 10
+    queue = broker.queue(QUEUE)
+    assert queue is not None and queue.depth == 8  # nothing of the refused COMMIT was routed
+    assert producer.transactions == {}  # and the refusal aborted it
+    assert not producer.blocked_on
+    commit(broker, producer, 2, start=8)  # what fits still goes in
+    assert queue.depth == 10
+    with pytest.raises(LimitExceeded, match="is full"):
+        commit(broker, producer, 1)  # and a full queue refuses even one
+
+
+def test_a_commit_into_a_full_queue_holds_its_producer_like_a_send() -> None:
+    broker, _ = setup(queue_high_water=10)
+    producer = broker.open_client(RecordingSink())
+    commit(broker, producer, 12)
+    queue = broker.queue(QUEUE)
+    assert queue is not None and queue.depth == 12
+    assert producer.blocked_on == {queue: 0}
+    assert broker.stats.producer_holds == 1
+    consumer = broker.open_client(RecordingSink())
+    consumer.subscribe("s", QUEUE, AckMode.AUTO)  # drains it: the producer may go on
+    assert not producer.blocked_on
+
+
+def test_transaction_bytes_are_limited_per_client_and_broker_wide_and_freed_on_commit_abort_close() -> None:
+    broker, _ = setup(max_transaction_bytes_per_client=100, max_transaction_bytes_total=150)
+    first, second = broker.open_client(RecordingSink()), broker.open_client(RecordingSink())
+
+    def send(client: object, tx: str, size: int) -> None:
+        client.send(broker.message(QUEUE, {}, b"x" * size), tx)  # type: ignore[attr-defined]
+
+    first.begin("a")
+    first.begin("b")
+    send(first, "a", 60)
+    with pytest.raises(LimitExceeded, match=r"on this connection hold too many bytes \(limit 100\)"):
+        send(first, "b", 41)  # the limit covers all of a connection's transactions
+    send(first, "b", 40)
+    second.begin("c")
+    send(second, "c", 50)
+    with pytest.raises(LimitExceeded, match=r"on the broker hold too many bytes \(limit 150\)"):
+        send(second, "c", 1)
+    first.commit("a")
+    send(second, "c", 50)  # the commit freed its 60 bytes
+    first.abort("b")
+    second.close()
+    assert (first.transaction_bytes, broker.transaction_bytes) == (0, 0)

@@ -267,3 +267,19 @@ def test_tree_agrees_with_names_matches(
     for pattern, subscriber in list(model):
         tree.remove(pattern, subscriber)
     assert tree._root.children == {} and len(tree) == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "private", "owner_name"),
+    [
+        ("/temp-queue/replies.~17-a3f9c2", True, "/temp-queue/replies"),
+        ("/temp-topic/a.b.~3-00ff00", True, "/temp-topic/a.b"),
+        ("/temp-queue/replies", False, "/temp-queue/replies"),
+        ("/queue/x.~1-aa", False, "/queue/x.~1-aa"),  # only temporaries have private names
+    ],
+)
+def test_private_temporary_names(text: str, private: bool, owner_name: str) -> None:
+    address = names.parse(text)
+    assert isinstance(address, Address)
+    assert names.is_private(address) is private
+    assert names.owner_name(address) == owner_name

@@ -344,9 +344,12 @@ class StompSession:
     def _encode_common(self, message: Message) -> bytes:
         """Every MESSAGE header that does not depend on the subscription, once per message."""
         esc = self.codec.escape
+        address = message.address
+        # A temporary destination's owner (its only reader) sees the name it used.
+        destination = names.owner_name(address) if address.is_temporary else address.text
         lines = [
             f"message-id:{esc(message.id)}",
-            f"destination:{esc(message.address.text)}",
+            f"destination:{esc(destination)}",
             f"timestamp:{message.timestamp}",
             f"expires:{message.expires}",
             f"priority:{message.priority}",
@@ -459,7 +462,9 @@ class StompSession:
         if reply_to is not None and reply_to.startswith("/temp-"):
             reply_address = names.parse(reply_to)
             if not isinstance(reply_address, str):
-                self.client.declare_temporary(reply_address)  # type: ignore[union-attr]
+                # The responder gets the private name, which reaches this
+                # connection's own queue whoever else uses the same name.
+                headers["reply-to"] = self.client.declare_temporary(reply_address).text  # type: ignore[union-attr]
         message = self.broker.message(
             address, headers, frame.body, persistent=persistent, priority=priority, expires=expires
         )

@@ -1,0 +1,64 @@
+"""Temporary destinations, private to the connection that names them.
+
+Each connection's ``/temp-queue/x`` is a queue of its own, as in ActiveMQ and
+RabbitMQ, so any number of instances of an application may use one fixed
+reply name.  The broker gives it a private name, ``/temp-queue/x.~17-a3f9c2``
+(client number and a per-run tag, so a reply-to kept over a restart reaches
+nobody rather than a stranger), that a STOMP reply-to is rewritten to: anyone
+may send to that name (a reply), only its owner reads it, and it vanishes
+with the owner.  Temporaries take no share of ``max_destinations`` (one
+client could otherwise use it all up) but are capped per connection by
+``max_temporaries_per_client``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from core import names
+from core.errors import InvalidDestination, LimitExceeded, NotAuthorized
+from core.names import Address
+
+if TYPE_CHECKING:
+    from core.broker import Broker
+    from core.clients import Client
+
+
+class Temporaries:
+    """The broker's private temporary destinations and their owners."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.owners: dict[Address, Client] = {}
+        self.queues = 0  # of broker.queues, the temporary ones
+        self._tag = os.urandom(3).hex()
+
+    def claim(self, name: Address, client: Client) -> Address:
+        """A new private destination for ``client``'s temporary ``name``."""
+        limit = self.broker.settings.max_temporaries_per_client
+        if len(client.temporaries) >= limit:
+            raise LimitExceeded(f"too many temporary destinations on this connection (limit {limit})")
+        private = names.parse(f"{name.text}.{names.PRIVATE_MARK}{client.number}-{self._tag}")
+        if isinstance(private, str):
+            raise InvalidDestination(f"temporary destination name too long: {private}")
+        self.owners[private] = client
+        client.temporaries[name] = private
+        if private.is_queue:
+            self.broker._create_queue(private, owner=client)
+        return private
+
+    def check_owner(self, private: Address, client: Client) -> None:
+        if self.owners.get(private) is not client:
+            raise NotAuthorized(f"temporary destination {private.text!r} belongs to another connection")
+
+    def release(self, private: Address) -> None:
+        """The owner left: its destination goes, with what waited there."""
+        self.owners.pop(private, None)
+        broker = self.broker
+        queue = broker.queues.pop(private, None)
+        if queue is not None:
+            self.queues -= 1
+            queue.stats.discarded += len(queue.pending.clear())
+            broker.stats.messages_discarded += queue.stats.discarded
+            queue.relieve()
