@@ -25,7 +25,7 @@ from core.authorization import ANONYMOUS_PRINCIPAL, Principal
 from core.broker import Broker
 from core.clients import Client
 from core.durables import MQTT_PREFIX, claim_refusal, owner_of
-from core.errors import CoreError, NotAuthorized, UnknownMessage, UnknownSubscription
+from core.errors import CoreError, LimitExceeded, NotAuthorized, UnknownMessage, UnknownSubscription
 from core.messages import Message
 from core.ports import Clock
 from core.subscriptions import AckMode, Subscription
@@ -155,6 +155,7 @@ class MqttSession:
         self.log = log
         self.admit = admit
         self._denied_logged: set[str] = set()
+        self._retain_refused_logged = False
         self.codec = codec.MqttConnection(codec.Role.SERVER, max_packet_bytes=settings.preconnect_max_packet_bytes)
         self.outbox = Outbox(settings.outbox_high_water_bytes)
         self.state = State.AWAITING_CONNECT
@@ -447,7 +448,7 @@ class MqttSession:
             lsn = 0
         else:
             if packet.retain:
-                lsn = max(lsn, self.broker.retain(message))
+                lsn = max(lsn, self._retain(message))
         if packet.qos == 1:
             self.outbox.append(self.codec.send(packets.PubAck(packet.packet_id)), lsn)
         elif packet.qos == 2:
@@ -567,10 +568,27 @@ class MqttSession:
             return
         message = self.broker.message(address, {}, will.payload, persistent=will.qos > 0)
         message.qos = will.qos
+        try:
+            self.client.send(message)  # authorized like any publish, retained value included
+        except CoreError as exc:
+            self.log.warning("mqtt_will_refused", client_id=self.client_id, topic=will.topic[:200], reason=exc.reason)
+            return
         if will.retain:
-            self.broker.retain(message)
-        self.client.send(message)
+            self._retain(message)
         self.log.info("mqtt_will_published", client_id=self.client_id, topic=will.topic[:200])
+
+    def _retain(self, message: Message) -> int:
+        """Keep ``message`` as its topic's retained value if the broker's
+        bounds allow; if not, it was still published: 3.1.1 has no way to say
+        no, so the refusal is logged (once per connection) and counted."""
+        try:
+            return self.broker.retain(message)
+        except LimitExceeded as exc:
+            if not self._retain_refused_logged:
+                self._retain_refused_logged = True
+                self.log.warning("retained_refused", client_id=self.client_id, topic=topics.from_address(message.address)[:200],
+                                 reason=exc.reason)
+            return 0
 
     def _refuse(self, code: int, reason: str) -> None:
         self.outbox.append(self.codec.send(packets.ConnAck(False, code)))
