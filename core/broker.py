@@ -235,9 +235,11 @@ class Broker:
             self.stats.retained_refused += 1
             raise LimitExceeded(reason)
 
-    def retained_for(self, pattern: Address) -> list[Message]:
-        """Retained messages a new subscription to ``pattern`` gets, flagged."""
-        return [message.retained_copy() for message in self.retained.matching(pattern)]
+    def retained_for(self, pattern: Address, limit: int = 0) -> list[Message]:
+        """Retained messages a new subscription to ``pattern`` gets, flagged:
+        at most ``limit`` (0: all), what its queue can hold (more would be
+        copied only to be dropped, on the event loop, per SUBSCRIBE)."""
+        return [message.retained_copy() for message in self.retained.matching(pattern, limit)]
 
     def _targets(self, address: Address) -> list[Queue]:
         if address.is_queue:

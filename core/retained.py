@@ -81,9 +81,10 @@ class RetainedMessages:
             del path[depth - 1].children[address.segments[depth - 1]]
         return message
 
-    def matching(self, pattern: Address) -> list[Message]:
+    def matching(self, pattern: Address, limit: int = 0) -> list[Message]:
         """The retained messages whose topic ``pattern`` matches, in no
-        particular order; a root wildcard skips ``$`` topics [MQTT-4.7.2-1]."""
+        particular order, at most ``limit`` of them (0: all); a root wildcard
+        skips ``$`` topics [MQTT-4.7.2-1]."""
         root = self._roots.get(pattern.kind)
         if root is None:
             return []
@@ -91,11 +92,11 @@ class RetainedMessages:
             found = self._messages.get(pattern)
             return [] if found is None else [found]
         out: list[Message] = []
-        _collect(root, pattern.segments, 0, out)
+        _collect(root, pattern.segments, 0, out, limit or len(self._messages))
         return out
 
 
-def _collect(node: _Node, pattern: tuple[str, ...], i: int, out: list[Message]) -> None:
+def _collect(node: _Node, pattern: tuple[str, ...], i: int, out: list[Message], limit: int) -> None:
     if i == len(pattern):
         if node.message is not None:
             out.append(node.message)
@@ -105,16 +106,18 @@ def _collect(node: _Node, pattern: tuple[str, ...], i: int, out: list[Message]) 
         if i > 0 and node.message is not None:
             out.append(node.message)
         stack = [child for segment, child in node.children.items() if i > 0 or not segment.startswith("$")]
-        while stack:
+        while stack and len(out) < limit:
             below = stack.pop()
             if below.message is not None:
                 out.append(below.message)
             stack.extend(below.children.values())
     elif part == ANY_SEGMENT:
         for segment, child in node.children.items():
+            if len(out) >= limit:
+                return
             if i > 0 or not segment.startswith("$"):
-                _collect(child, pattern, i + 1, out)
+                _collect(child, pattern, i + 1, out, limit)
     else:
         child = node.children.get(part)
         if child is not None:
-            _collect(child, pattern, i + 1, out)
+            _collect(child, pattern, i + 1, out, limit)

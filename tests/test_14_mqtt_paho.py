@@ -252,6 +252,24 @@ def test_a_narrow_wildcard_gets_only_its_retained_messages(broker, mqtt_clients)
         late.close()
 
 
+def test_one_subscribe_packet_with_many_filters_is_bounded_and_answered_in_full(broker_factory, raw_mqtt, mqtt_clients):
+    """A filter repeated in one SUBSCRIBE replaces itself and gets the retained
+    messages once; past max_subscriptions_per_client each filter gets 0x80, as
+    does an invalid one, and the connection stays."""
+    broker = broker_factory(broker={"max_subscriptions_per_client": 3})
+    topic = unique("many")
+    mqtt_clients(broker).publish(f"{topic}/kept", b"retained", qos=1, retain=True)
+    raw = raw_mqtt(broker, unique("raw"))
+    filters = [(f"{topic}/#", 1)] * 500 + [(f"{topic}/{i}", 0) for i in range(3)] + [(f"{topic}/#/bad", 0)] * 500
+    raw.send(p.Subscribe(7, filters))
+    assert raw.next() == p.SubAck(7, [1] * 500 + [0, 0, 0x80] + [0x80] * 500)
+    retained = raw.next()
+    assert (retained.topic, retained.payload, retained.retain) == (f"{topic}/kept", b"retained", True)
+    raw.send(p.PubAck(retained.packet_id))
+    raw.send(p.PingReq())
+    assert raw.next() == p.PingResp()  # no second copy came before it
+
+
 # -- wills ---------------------------------------------------------------------
 
 

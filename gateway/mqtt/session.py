@@ -27,6 +27,7 @@ from core.clients import Client
 from core.durables import MQTT_PREFIX, claim_refusal, owner_of
 from core.errors import CoreError, LimitExceeded, NotAuthorized, UnknownMessage, UnknownSubscription
 from core.messages import Message
+from core.names import Address
 from core.ports import Clock
 from core.subscriptions import AckMode, Subscription
 from gateway.mqtt import codec, packets, topics
@@ -396,7 +397,9 @@ class MqttSession:
             qos_text, _, topic_filter = durable.name.partition(":")
             dropped += durable.queue.stats.discarded
             durable.queue.stats.discarded = 0
-            self._subscribe(topic_filter, int(qos_text) if qos_text in ("0", "1", "2") else 1)
+            refusal = self._subscribe(topic_filter, int(qos_text) if qos_text in ("0", "1", "2") else 1)
+            if isinstance(refusal, str):
+                self.log.info("mqtt_subscribe_refused", filter=topic_filter[:200], reason=refusal)
         if dropped:
             self.log.warning("mqtt_session_overflow", client_id=client_id, dropped=dropped,
                              limit=self.settings.max_queued_messages)
@@ -488,27 +491,33 @@ class MqttSession:
     def _on_subscribe(self, packet: packets.Subscribe) -> None:
         codes = []
         lsn = 0
-        retained: list[tuple[Subscription, list[Message]]] = []
+        # By filter: one repeated in the packet replaces itself [MQTT-3.8.4-3]
+        # and gets the retained messages once, not once per repetition.
+        subscribed: dict[str, tuple[Subscription, Address]] = {}
+        refused: list[tuple[str, str]] = []
         for topic_filter, qos in packet.topics:
             reason = codec.validate_topic_filter(topic_filter)
             pattern = topics.to_pattern(topic_filter) if reason is None else reason
-            if isinstance(pattern, str):
-                self.log.info("mqtt_subscribe_refused", filter=topic_filter[:200], reason=pattern)
+            subscription = self._subscribe(topic_filter, qos) if not isinstance(pattern, str) else pattern
+            if isinstance(subscription, str):
+                refused.append((topic_filter, subscription))
                 codes.append(packets.SUBACK_FAILURE)  # that filter alone fails
+                subscribed.pop(topic_filter, None)
                 continue
-            subscription = self._subscribe(topic_filter, qos)
-            if subscription is None:
-                codes.append(packets.SUBACK_FAILURE)
-                continue
+            assert not isinstance(pattern, str)
             lsn = max(lsn, self.client.last_lsn)  # type: ignore[union-attr]
             codes.append(qos)
-            retained.append((subscription, self.broker.retained_for(pattern)))
+            subscribed[topic_filter] = (subscription, pattern)
+        if refused:  # one line per packet, however many filters it refused
+            self.log.info("mqtt_subscribe_refused", filter=refused[0][0][:200], reason=refused[0][1],
+                          refused=len(refused), filters=len(codes))
         self.outbox.append(self.codec.send(packets.SubAck(packet.packet_id, codes)), lsn)
-        for subscription, messages in retained:  # after the SUBACK [MQTT-3.3.1-6]
-            for message in messages:
+        for subscription, pattern in subscribed.values():  # after the SUBACK [MQTT-3.3.1-6]
+            for message in self.broker.retained_for(pattern, subscription.queue.limit):
                 subscription.queue.put(message)
 
-    def _subscribe(self, topic_filter: str, qos: int) -> Subscription | None:
+    def _subscribe(self, topic_filter: str, qos: int) -> Subscription | str:
+        """The new subscription, or why the core refused it."""
         client = self.client
         assert client is not None
         pattern = topics.to_pattern(topic_filter)
@@ -522,8 +531,7 @@ class MqttSession:
         try:
             subscription = client.subscribe(token, pattern, mode, self.settings.max_inflight, durable=durable)
         except CoreError as exc:
-            self.log.info("mqtt_subscribe_refused", filter=topic_filter[:200], reason=exc.reason)
-            return None
+            return exc.reason
         self._subs[topic_filter] = token
         if durable is not None:
             subscription.queue.limit = self.settings.max_queued_messages
