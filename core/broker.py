@@ -9,7 +9,7 @@ from typing import Any
 
 from core.authorization import ANONYMOUS_PRINCIPAL, Authorizer, Principal
 from core.destinations import Queue
-from core.durables import ANONYMOUS_OWNER, DurableSubscription, durable_key
+from core.durables import ANONYMOUS_OWNER, DurableSubscription, Durables, durable_key
 from core.errors import (
     InvalidDestination,
     InvalidRequest,
@@ -133,12 +133,9 @@ class Broker:
         self.policies = Policies(self.settings)
         self._delaying: list[Queue] = []  # queues that hold redeliveries back
         self.queues: dict[Address, Queue] = {}
-        self.durables: dict[str, DurableSubscription] = {}
+        self.durables = Durables()
         # The last retained message of each topic (MQTT's retain flag), by name.
         self.retained = RetainedMessages()
-        # Durable subscriptions per owner (None: stored without one), for
-        # max_durable_subscriptions_per_user.
-        self.durables_by_owner: dict[str | None, int] = {}
         self._trees: dict[Kind, SubscriptionTree[Subscription]] = {
             Kind.TOPIC: SubscriptionTree(),
             Kind.TEMP_TOPIC: SubscriptionTree(),
@@ -383,7 +380,7 @@ class Broker:
         ``owner`` past max_durable_subscriptions_per_user (``frees``: it
         replaces one of theirs): each is a queue kept on disk until removed."""
         limit = self.settings.max_durable_subscriptions_per_user
-        if limit and self.durables_by_owner.get(owner, 0) - frees >= limit:
+        if limit and self.durables.held_by(owner) - frees >= limit:
             who = "anonymous clients" if owner == ANONYMOUS_OWNER else f"user {owner!r}"
             raise LimitExceeded(f"too many durable subscriptions for {who} (limit {limit})")
 
@@ -393,17 +390,14 @@ class Broker:
         resident = self.policies.for_address(pattern).resident_messages
         queue = self._arm(Queue(pattern, store=self.store, key=key, resident=resident))
         queue.selector = selector  # what it keeps, offline too
-        durable = self.durables[key] = DurableSubscription(client_id, name, pattern, queue, owner)
-        self.durables_by_owner[owner] = self.durables_by_owner.get(owner, 0) + 1
+        durable = DurableSubscription(client_id, name, pattern, queue, owner)
+        self.durables.add(durable)
         self._trees[pattern.kind].add(pattern.segments, durable)
         return durable
 
     def _drop_durable(self, durable: DurableSubscription) -> int:
         self._trees[durable.pattern.kind].remove(durable.pattern.segments, durable)
-        del self.durables[durable.key]
-        count = self.durables_by_owner.pop(durable.owner, 0) - 1
-        if count > 0:  # no entry for an owner with none: the dict stays as small as the owners
-            self.durables_by_owner[durable.owner] = count
+        self.durables.remove(durable)
         durable.queue.pending.clear()
         durable.queue.relieve()
         return self.store.remove_subscription(durable.key)

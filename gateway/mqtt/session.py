@@ -372,7 +372,7 @@ class MqttSession:
         self.registry.active[client_id] = self
         self.state = State.CONNECTED
         owner = OWNER_PREFIX + client_id
-        durables = [d for d in self.broker.durables.values() if d.client_id == owner and d.active is None]
+        durables = [d for d in self.broker.durables.of_client(owner) if d.active is None]
         saved = self.registry.states.pop(client_id, None)
         lsn = 0
         if packet.clean_session:
@@ -413,7 +413,7 @@ class MqttSession:
         if previous is not None and previous.client is not None:
             if owner_of(previous.client.principal) != owner_of(principal):
                 return "it is in use by another user"
-        owners = [d.owner for d in self.broker.durables.values() if d.client_id == OWNER_PREFIX + client_id]
+        owners = [d.owner for d in self.broker.durables.of_client(OWNER_PREFIX + client_id)]
         saved = self.registry.states.get(client_id)
         if saved is not None and saved.owner is not None:
             owners.append(saved.owner)
