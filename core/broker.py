@@ -10,7 +10,7 @@ from typing import Any
 
 from core.authorization import ANONYMOUS_PRINCIPAL, Authorizer, Principal
 from core.destinations import Queue
-from core.durables import DurableSubscription, durable_key
+from core.durables import ANONYMOUS_OWNER, DurableSubscription, Durables, durable_key
 from core.errors import (
     InvalidDestination,
     InvalidRequest,
@@ -21,8 +21,9 @@ from core.errors import (
 from core.matching import SubscriptionTree
 from core.messages import DEFAULT_PRIORITY, Message
 from core import names
-from core.names import Address, Kind, matches
+from core.names import Address, Kind
 from core.policies import Policies, check_entries
+from core.retained import RetainedMessages
 from core.selectors import Selector, SelectorError, compile_selector
 from core.ports import Clock, NoStore, Sink, Store
 from core.clients import Client
@@ -78,6 +79,16 @@ class BrokerSettings:
     # connection, all its transactions together, and broker-wide; 0 = no limit.
     max_transaction_bytes_per_client: int = 64 * 1024 * 1024
     max_transaction_bytes_total: int = 512 * 1024 * 1024
+    # Retained messages (MQTT) kept broker-wide, and their body bytes (0 = no
+    # limit): past either a new retained topic is not kept (the publish is
+    # still routed), nor a larger value for a kept one; replacing one with a
+    # value no larger and clearing one always work.
+    max_retained_messages: int = 100_000
+    max_retained_bytes: int = 256 * 1024 * 1024
+    # Durable subscriptions (STOMP's and persistent MQTT sessions' filters)
+    # one user may hold, anonymous clients of an open broker sharing one
+    # budget; past it the SUBSCRIBE is refused (0 = no limit).
+    max_durable_subscriptions_per_user: int = 1_000
     # Topic archives (per-destination policy, usually): every message
     # published to an archived topic gets the topic's next offset and is kept
     # until retention drops it, by age and by bytes per topic (0 = no limit).
@@ -95,7 +106,9 @@ class BrokerSettings:
 
 
 class BrokerStatistics:
-    __slots__ = ("messages_in", "messages_discarded", "clients", "producer_holds", "dead_lettered", "denied")
+    __slots__ = (
+        "messages_in", "messages_discarded", "clients", "producer_holds", "dead_lettered", "denied", "retained_refused",
+    )
 
     def __init__(self) -> None:
         self.denied: dict[str, int] = {}  # operations the authorization map refused, by operation
@@ -104,6 +117,7 @@ class BrokerStatistics:
         self.producer_holds = 0  # times a producer was held back by flow control
         self.messages_discarded = 0
         self.clients = 0
+        self.retained_refused = 0  # retained messages not kept for max_retained_*
 
 
 class Broker:
@@ -129,9 +143,9 @@ class Broker:
         self.policies = Policies(self.settings)
         self._delaying: list[Queue] = []  # queues that hold redeliveries back
         self.queues: dict[Address, Queue] = {}
-        self.durables: dict[str, DurableSubscription] = {}
+        self.durables = Durables()
         # The last retained message of each topic (MQTT's retain flag), by name.
-        self.retained: dict[Address, Message] = {}
+        self.retained = RetainedMessages()
         self._trees: dict[Kind, SubscriptionTree[Subscription]] = {
             Kind.TOPIC: SubscriptionTree(),
             Kind.TEMP_TOPIC: SubscriptionTree(),
@@ -276,26 +290,28 @@ class Broker:
         clears it [MQTT-3.3.1-10].  Returns the LSN that makes it durable."""
         address = message.address
         if not message.body:
-            if self.retained.pop(address, None) is None:
+            if self.retained.pop(address) is None:
                 return 0
             return self.store.retain(address.text, None)
-        self.retained[address] = message
+        self._check_retained(message)
+        self.retained.put(message)
         # Kept on disk whatever its QoS: a retained value is state, not traffic.
         return self.store.retain(address.text, message)
 
-    def retained_for(self, pattern: Address) -> list[Message]:
-        """Retained messages a new subscription to ``pattern`` gets, flagged."""
-        if not pattern.is_pattern:
-            found = self.retained.get(pattern)
-            return [] if found is None else [found.retained_copy()]
-        system_ok = pattern.segments[0] not in ("*", ">")
-        return [
-            message.retained_copy()
-            for address, message in self.retained.items()
-            if address.kind is pattern.kind
-            and (system_ok or not address.segments[0].startswith("$"))
-            and matches(pattern.segments, address.segments)
-        ]
+    def _check_retained(self, message: Message) -> None:
+        """Refuse (:class:`LimitExceeded`) a retained message past the
+        broker-wide bounds: clients choosing topic names must not grow the
+        process (and the store) without bound."""
+        reason = self.retained.refusal(message, self.settings.max_retained_messages, self.settings.max_retained_bytes)
+        if reason is not None:
+            self.stats.retained_refused += 1
+            raise LimitExceeded(reason)
+
+    def retained_for(self, pattern: Address, limit: int = 0) -> list[Message]:
+        """Retained messages a new subscription to ``pattern`` gets, flagged:
+        at most ``limit`` (0: all), what its queue can hold (more would be
+        copied only to be dropped, on the event loop, per SUBSCRIBE)."""
+        return [message.retained_copy() for message in self.retained.matching(pattern, limit)]
 
     def _targets(self, address: Address) -> list[Queue]:
         if address.is_queue:
@@ -435,7 +451,10 @@ class Broker:
         lsn = 0
         durable = self.durables.get(key)
         text = _text(selector)
-        if durable is not None and (durable.pattern != pattern or _text(durable.queue.selector) != text):
+        changed = durable is not None and (durable.pattern != pattern or _text(durable.queue.selector) != text)
+        if durable is None or changed:  # checked before the old one goes: a refusal changes nothing
+            self._check_durables(owner, frees=changed and durable is not None and durable.owner == owner)
+        if durable is not None and changed:
             lsn = self._drop_durable(durable)
             durable = None
         if durable is None:
@@ -443,19 +462,29 @@ class Broker:
             lsn = self.store.add_subscription(key, pattern.text, text, owner)
         return durable, lsn
 
+    def _check_durables(self, owner: str | None, frees: bool) -> None:
+        """Refuse (:class:`LimitExceeded`) one more durable subscription of
+        ``owner`` past max_durable_subscriptions_per_user (``frees``: it
+        replaces one of theirs): each is a queue kept on disk until removed."""
+        limit = self.settings.max_durable_subscriptions_per_user
+        if limit and self.durables.held_by(owner) - frees >= limit:
+            who = "anonymous clients" if owner == ANONYMOUS_OWNER else f"user {owner!r}"
+            raise LimitExceeded(f"too many durable subscriptions for {who} (limit {limit})")
+
     def _add_durable(
         self, key: str, client_id: str, name: str, pattern: Address, selector: Selector | None, owner: str | None
     ) -> DurableSubscription:
         resident = self.policies.for_address(pattern).resident_messages
         queue = self._arm(Queue(pattern, store=self.store, key=key, resident=resident))
         queue.selector = selector  # what it keeps, offline too
-        durable = self.durables[key] = DurableSubscription(client_id, name, pattern, queue, owner)
+        durable = DurableSubscription(client_id, name, pattern, queue, owner)
+        self.durables.add(durable)
         self._trees[pattern.kind].add(pattern.segments, durable)
         return durable
 
     def _drop_durable(self, durable: DurableSubscription) -> int:
         self._trees[durable.pattern.kind].remove(durable.pattern.segments, durable)
-        del self.durables[durable.key]
+        self.durables.remove(durable)
         durable.queue.pending.clear()
         durable.queue.relieve()
         return self.store.remove_subscription(durable.key)
@@ -515,8 +544,8 @@ class Broker:
             for message in messages:
                 target.pending.push(message)
                 target.stats.enqueued += 1
-        for message in retained:
-            self.retained[message.address] = message
+        for message in retained:  # all of them, even past a lowered limit: nothing kept is lost
+            self.retained.put(message)
 
     def sweep_expired(self) -> int:
         """Remove expired messages from every queue; returns how many."""

@@ -80,3 +80,36 @@ class DurableSubscription:
     def __repr__(self) -> str:
         state = "active" if self.active is not None else "offline"
         return f"DurableSubscription({self.key!r}, {self.pattern.text!r}, {state}, depth={self.queue.depth})"
+
+
+class Durables(dict[str, DurableSubscription]):
+    """The broker's durable subscriptions by key, also counted by owner (for
+    max_durable_subscriptions_per_user) and grouped by client id (so a
+    CONNECT finds its session's without scanning everyone's).  Changed only
+    through :meth:`add` and :meth:`remove`, which keep the three in step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._by_owner: dict[str | None, int] = {}  # None: stored without an owner
+        self._by_client: dict[str, dict[str, DurableSubscription]] = {}
+
+    def add(self, durable: DurableSubscription) -> None:
+        self[durable.key] = durable
+        self._by_owner[durable.owner] = self._by_owner.get(durable.owner, 0) + 1
+        self._by_client.setdefault(durable.client_id, {})[durable.key] = durable
+
+    def remove(self, durable: DurableSubscription) -> None:
+        del self[durable.key]
+        count = self._by_owner.pop(durable.owner, 0) - 1
+        if count > 0:  # no entry once none are left: the maps stay as small as what they count
+            self._by_owner[durable.owner] = count
+        mine = self._by_client.get(durable.client_id, {})
+        mine.pop(durable.key, None)
+        if not mine:
+            self._by_client.pop(durable.client_id, None)
+
+    def held_by(self, owner: str | None) -> int:
+        return self._by_owner.get(owner, 0)
+
+    def of_client(self, client_id: str) -> list[DurableSubscription]:
+        return list(self._by_client.get(client_id, {}).values())

@@ -80,6 +80,12 @@ def render(broker: Any, server: Any, store: Any, writes: Histogram, gatekeeper: 
                [("", stats.dead_lettered)])
     out.family("gateway_authorization_denied_total", "counter", "Operations the authorization map refused.",
                ((f'{{operation="{op}"}}', stats.denied.get(op, 0)) for op in ("read", "write", "admin")))
+    out.family("gateway_retained_messages", "gauge", "Retained messages kept (MQTT).", [("", len(broker.retained))])
+    out.family("gateway_retained_bytes", "gauge", "Body bytes of the retained messages kept.",
+               [("", broker.retained.nbytes)])
+    out.family("gateway_retained_refused_total", "counter",
+               "Retained messages not kept for max_retained_messages / max_retained_bytes (still published).",
+               [("", stats.retained_refused)])
     if gatekeeper is not None:
         out.family("gateway_logins_refused_total", "counter",
                    "CONNECTs refused: wrong or missing credentials, an address locked out, a connection limit.",

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import base64
+import http.client
 import time
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.auth import hash_password
 
 from gateway.mqtt import packets as p
 from tests.helpers import unique, wait_for
@@ -187,6 +192,82 @@ def test_retained_messages_replace_clear_and_survive_a_restart(broker_factory, m
     live = mqtt_clients(broker)
     live.publish(f"{topic}/a", b"live", qos=1, retain=True)
     assert late.wait(2)[1].retain is False and message.qos == 1  # live deliveries are not flagged
+
+
+def metrics(broker) -> dict[str, float]:
+    conn = http.client.HTTPConnection("127.0.0.1", broker.admin_port, timeout=10)
+    conn.request("GET", "/metrics", headers={"Authorization": "Basic " + base64.b64encode(b"ops:ops-pw").decode()})
+    response = conn.getresponse()
+    text = response.read().decode()
+    conn.close()
+    assert response.status == 200
+    return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples if not s.labels}
+
+
+ADMIN = {"users": [{"name": "ops", "password_hash": hash_password("ops-pw", iterations=1000), "role": "read"}]}
+
+
+def test_retained_topics_past_the_limits_are_published_but_not_kept(broker_factory, mqtt_clients):
+    broker = broker_factory(broker={"max_retained_messages": 2, "max_retained_bytes": 1000}, admin=ADMIN)
+    topic = unique("bounded")
+    watcher = mqtt_clients(broker)
+    watcher.subscribe((f"{topic}/#", 1))
+    publisher = mqtt_clients(broker)
+    sent = [
+        ("a", b"a1"), ("b", b"b1"),
+        ("c", b"c1"),  # a third topic: routed, not kept
+        ("a", b"a2"),  # replacing a kept one always works
+        ("b", b"x" * 2000),  # a larger value past max_retained_bytes: routed, b1 stays
+        ("b", b""),  # clearing always works
+        ("d", b"d1"),  # and made room
+    ]
+    for level, payload in sent:
+        publisher.publish(f"{topic}/{level}", payload, qos=1, retain=True)
+    assert [(m.topic, m.payload) for m in watcher.wait(len(sent))] == [(f"{topic}/{l}", b) for l, b in sent]
+    late = mqtt_clients(broker)
+    late.subscribe((f"{topic}/#", 1))
+    late.wait(2)
+    time.sleep(0.3)
+    assert sorted((m.topic, m.payload, m.retain) for m in late.messages) == [
+        (f"{topic}/a", b"a2", True), (f"{topic}/d", b"d1", True)]
+    assert publisher.client.is_connected()
+    counts = metrics(broker)
+    assert (counts["gateway_retained_refused_total"], counts["gateway_retained_messages"]) == (2, 2)
+    assert counts["gateway_retained_bytes"] == 4
+
+
+def test_a_narrow_wildcard_gets_only_its_retained_messages(broker, mqtt_clients):
+    topic = unique("tree")
+    publisher = mqtt_clients(broker)
+    for name in ("a/x/1", "a/y/1", "a/y/2", "b/x/1", "a"):
+        publisher.publish(f"{topic}/{name}", name.encode(), qos=1, retain=True)
+    for pattern, expected in (("+/x/1", {"a/x/1", "b/x/1"}), ("a/#", {"a", "a/x/1", "a/y/1", "a/y/2"}),
+                              ("a/+/2", {"a/y/2"}), ("a/+", set())):
+        late = mqtt_clients(broker)
+        late.subscribe((f"{topic}/{pattern}", 0))
+        if expected:
+            late.wait(len(expected))
+        time.sleep(0.2)
+        assert {m.payload.decode() for m in late.messages} == expected, pattern
+        late.close()
+
+
+def test_one_subscribe_packet_with_many_filters_is_bounded_and_answered_in_full(broker_factory, raw_mqtt, mqtt_clients):
+    """A filter repeated in one SUBSCRIBE replaces itself and gets the retained
+    messages once; past max_subscriptions_per_client each filter gets 0x80, as
+    does an invalid one, and the connection stays."""
+    broker = broker_factory(broker={"max_subscriptions_per_client": 3})
+    topic = unique("many")
+    mqtt_clients(broker).publish(f"{topic}/kept", b"retained", qos=1, retain=True)
+    raw = raw_mqtt(broker, unique("raw"))
+    filters = [(f"{topic}/#", 1)] * 500 + [(f"{topic}/{i}", 0) for i in range(3)] + [(f"{topic}/#/bad", 0)] * 500
+    raw.send(p.Subscribe(7, filters))
+    assert raw.next() == p.SubAck(7, [1] * 500 + [0, 0, 0x80] + [0x80] * 500)
+    retained = raw.next()
+    assert (retained.topic, retained.payload, retained.retain) == (f"{topic}/kept", b"retained", True)
+    raw.send(p.PubAck(retained.packet_id))
+    raw.send(p.PingReq())
+    assert raw.next() == p.PingResp()  # no second copy came before it
 
 
 # -- wills ---------------------------------------------------------------------

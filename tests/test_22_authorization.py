@@ -176,6 +176,20 @@ def test_mqtt_retained_publish_is_denied_too(secured, paho):
     assert late.payloads == [b"real"]
 
 
+def test_a_last_will_is_authorized_like_a_publish_retained_value_included(secured, paho):
+    topic = f"plant/{unique('wills')}"
+    watcher = paho(secured, unique("watch"), username="reader", password="reader-pw")
+    watcher.subscribe((f"{topic}/#", 1))
+    paho(secured, unique("s"), will=(f"{topic}/forged", b"forged", 1, True), username="reader", password="reader-pw").drop()
+    paho(secured, unique("s"), will=(f"{topic}/real", b"real", 1, True), username="sensor", password="sensor-pw").drop()
+    assert watcher.wait(1)[0].payload == b"real"
+    late = paho(secured, unique("late"), username="reader", password="reader-pw")
+    late.subscribe((f"{topic}/#", 1))
+    late.wait(1)
+    time.sleep(0.3)
+    assert [(m.topic, m.payload) for m in watcher.messages + late.messages] == [(f"{topic}/real", b"real")] * 2
+
+
 def test_failed_logins_are_rate_limited_per_address_and_the_window_ends(broker_factory, raw_mqtt):
     broker = broker_factory(auth={"users": USERS, "max_failed_logins": 3, "failed_login_window_s": 1.5})
     for _ in range(3):

@@ -245,3 +245,51 @@ def test_the_stored_description_keeps_the_owner_and_older_ones_still_read():
     assert decode_subscription("/topic/a\x00x = 1") == ("/topic/a", "x = 1", None)
     for selector, owner in ((None, "bob"), ("x = 1", "bob"), (None, ""), ("x = 1", "a\x00b")):
         assert decode_subscription(encode_subscription("/topic/a", selector, owner)) == ("/topic/a", selector, owner)
+
+
+# -- how many a user may hold ---------------------------------------------------------
+
+
+def test_a_user_past_max_durable_subscriptions_is_refused_and_others_are_not(broker_factory, stomp_client, raw_client, paho):
+    broker = broker_factory(auth=AUTH, broker={"max_durable_subscriptions_per_user": 2})
+    topic = f"/topic/open.{unique('many')}"
+    bob = stomp_client(broker, headers={**login("bob"), "client-id": "bob-app"})
+    bob.subscribe(topic, "one", **{"activemq.subscriptionName": "one"})
+    bob.subscribe(topic, "two", **{"activemq.subscriptionName": "two"})
+    third = raw_client(broker)
+    third.connect(**login("bob"), **{"client-id": "bob-other"})  # another client id: the same budget
+    third.send_frame("SUBSCRIBE", {"destination": topic, "id": "s", "activemq.subscriptionName": "three", "receipt": "r"})
+    error = third.expect_error_and_close()
+    assert error.headers["receipt-id"] == "r"
+    assert error.headers["message"] == "too many durable subscriptions for user 'bob' (limit 2)"
+    # MQTT persistent sessions draw on it too: each filter is a durable subscription.
+    phone = paho(broker, "bob-phone", clean=False, username="bob", password="bob-pw")
+    assert phone.subscribe(("open/x", 1)) == [0x80]
+    # Others have their own budget, and Bob's subscriptions work on.
+    mallory = paho(broker, "mallory-phone", clean=False, username="mallory", password="mallory-pw")
+    assert mallory.subscribe(("open/x", 1), ("open/y", 1), ("open/z", 1)) == [1, 1, 0x80]
+    publish(stomp_client, broker, topic, b"still served")
+    assert [m.body for m in bob.wait_messages(2)] == [b"still served", b"still served"]
+    # Removing one makes room; replacing one (another topic) needs none.
+    bob.conn.unsubscribe("two", headers={"activemq.subscriptionName": "two"})
+    bob.conn.unsubscribe("one")  # detached, kept
+    bob.subscribe(f"{topic}.other", "one-again", **{"activemq.subscriptionName": "one"})
+    assert phone.subscribe(("open/x", 1)) == [1]
+
+
+def test_anonymous_clients_of_an_open_broker_share_one_durable_budget(broker_factory, paho, raw_client):
+    broker = broker_factory(broker={"max_durable_subscriptions_per_user": 1})
+    first = paho(broker, "device-1", clean=False)
+    assert first.subscribe(("open/a", 1)) == [1]
+    second = paho(broker, "device-2", clean=False)
+    assert second.subscribe(("open/a", 1), ("open/b", 0)) == [0x80, 0x80]
+    stomp = raw_client(broker)
+    stomp.connect(**{"client-id": "app"})
+    stomp.send_frame("SUBSCRIBE", {"destination": "/topic/open.a", "id": "s", "persistent": "true", "receipt": "r"})
+    error = stomp.expect_error_and_close()
+    assert (error.headers["receipt-id"], error.headers["message"]) == (
+        "r", "too many durable subscriptions for anonymous clients (limit 1)")
+    assert second.subscribe(("open/a", 1)) == [0x80]  # still refused; the connection stays
+    first.close()
+    assert paho(broker, "device-1", clean=True).connacks == [(False, 0)]  # a clean start removes it
+    assert second.subscribe(("open/a", 1)) == [1]

@@ -8,7 +8,9 @@ from hypothesis import strategies as st
 
 from core import matching, names
 from core.matching import SubscriptionTree
+from core.messages import Message
 from core.names import Address, Kind
+from core.retained import RetainedMessages
 
 # -- names.parse ---------------------------------------------------------------
 
@@ -283,3 +285,50 @@ def test_private_temporary_names(text: str, private: bool, owner_name: str) -> N
     assert isinstance(address, Address)
     assert names.is_private(address) is private
     assert names.owner_name(address) == owner_name
+
+
+# -- retained messages (core.retained) -----------------------------------------------
+
+
+def _retained(segments: tuple[str, ...], body: bytes = b"v") -> Message:
+    return Message("id", Address(Kind.TOPIC, ".".join(segments)), {}, body)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    ops=st.lists(st.tuples(st.booleans(), NAMES | st.sampled_from([("$SYS", "a"), ("$SYS",)])), max_size=25),
+    probes=st.lists(PATTERNS, min_size=1, max_size=6),
+)
+def test_the_retained_index_agrees_with_a_scan(ops: list[tuple[bool, tuple[str, ...]]], probes: list[tuple[str, ...]]) -> None:
+    """What a subscription to a pattern gets from the retained index is what
+    a scan of every retained topic with names.matches gets (root wildcards
+    skipping $ topics), and the index prunes itself empty."""
+    index = RetainedMessages()
+    model: dict[tuple[str, ...], int] = {}
+    for add, name in ops:
+        if add:
+            index.put(_retained(name, b"x" * len(name)))
+            model[name] = len(name)
+        else:
+            index.pop(Address(Kind.TOPIC, ".".join(name)))
+            model.pop(name, None)
+        assert (len(index), index.nbytes) == (len(model), sum(model.values()))
+        for pattern in probes:
+            found = [m.address.segments for m in index.matching(Address(Kind.TOPIC, ".".join(pattern)))]
+            assert len(found) == len(set(found))
+            root_wild = pattern[0] in ("*", ">")
+            assert set(found) == {
+                n for n in model if names.matches(pattern, n) and not (root_wild and n[0].startswith("$"))
+            }
+    for name in list(model):
+        index.pop(Address(Kind.TOPIC, ".".join(name)))
+    assert all(not root.children for root in index._roots.values()) and index.nbytes == 0
+
+
+def test_retained_refusal_bounds_new_topics_and_growth_only() -> None:
+    index = RetainedMessages()
+    index.put(_retained(("a",), b"12345"))
+    assert index.refusal(_retained(("b",)), 1, 0) == "too many retained messages (limit 1)"
+    assert index.refusal(_retained(("a",), b"123456789"), 1, 0) is None  # replacing: no new topic
+    assert index.refusal(_retained(("a",), b"123456789"), 1, 8) is not None  # but it would grow past the bytes
+    assert index.refusal(_retained(("a",), b"1"), 1, 4) is None  # shrinking is fine even when over

@@ -25,8 +25,9 @@ from core.authorization import ANONYMOUS_PRINCIPAL, Principal
 from core.broker import Broker
 from core.clients import Client
 from core.durables import MQTT_PREFIX, claim_refusal, owner_of
-from core.errors import CoreError, NotAuthorized, UnknownMessage, UnknownSubscription
+from core.errors import CoreError, LimitExceeded, NotAuthorized, UnknownMessage, UnknownSubscription
 from core.messages import Message
+from core.names import Address
 from core.ports import Clock
 from core.subscriptions import AckMode, Subscription
 from gateway.mqtt import codec, packets, topics
@@ -155,6 +156,7 @@ class MqttSession:
         self.log = log
         self.admit = admit
         self._denied_logged: set[str] = set()
+        self._retain_refused_logged = False
         self.codec = codec.MqttConnection(codec.Role.SERVER, max_packet_bytes=settings.preconnect_max_packet_bytes)
         self.outbox = Outbox(settings.outbox_high_water_bytes)
         self.state = State.AWAITING_CONNECT
@@ -370,7 +372,7 @@ class MqttSession:
         self.registry.active[client_id] = self
         self.state = State.CONNECTED
         owner = OWNER_PREFIX + client_id
-        durables = [d for d in self.broker.durables.values() if d.client_id == owner and d.active is None]
+        durables = [d for d in self.broker.durables.of_client(owner) if d.active is None]
         saved = self.registry.states.pop(client_id, None)
         lsn = 0
         if packet.clean_session:
@@ -395,7 +397,9 @@ class MqttSession:
             qos_text, _, topic_filter = durable.name.partition(":")
             dropped += durable.queue.stats.discarded
             durable.queue.stats.discarded = 0
-            self._subscribe(topic_filter, int(qos_text) if qos_text in ("0", "1", "2") else 1)
+            refusal = self._subscribe(topic_filter, int(qos_text) if qos_text in ("0", "1", "2") else 1)
+            if isinstance(refusal, str):
+                self.log.info("mqtt_subscribe_refused", filter=topic_filter[:200], reason=refusal)
         if dropped:
             self.log.warning("mqtt_session_overflow", client_id=client_id, dropped=dropped,
                              limit=self.settings.max_queued_messages)
@@ -409,7 +413,7 @@ class MqttSession:
         if previous is not None and previous.client is not None:
             if owner_of(previous.client.principal) != owner_of(principal):
                 return "it is in use by another user"
-        owners = [d.owner for d in self.broker.durables.values() if d.client_id == OWNER_PREFIX + client_id]
+        owners = [d.owner for d in self.broker.durables.of_client(OWNER_PREFIX + client_id)]
         saved = self.registry.states.get(client_id)
         if saved is not None and saved.owner is not None:
             owners.append(saved.owner)
@@ -452,7 +456,7 @@ class MqttSession:
             lsn = 0
         else:
             if packet.retain:
-                lsn = max(lsn, self.broker.retain(message))
+                lsn = max(lsn, self._retain(message))
         if packet.qos == 1:
             self.outbox.append(self.codec.send(packets.PubAck(packet.packet_id)), lsn)
         elif packet.qos == 2:
@@ -492,27 +496,33 @@ class MqttSession:
     def _on_subscribe(self, packet: packets.Subscribe) -> None:
         codes = []
         lsn = 0
-        retained: list[tuple[Subscription, list[Message]]] = []
+        # By filter: one repeated in the packet replaces itself [MQTT-3.8.4-3]
+        # and gets the retained messages once, not once per repetition.
+        subscribed: dict[str, tuple[Subscription, Address]] = {}
+        refused: list[tuple[str, str]] = []
         for topic_filter, qos in packet.topics:
             reason = codec.validate_topic_filter(topic_filter)
             pattern = topics.to_pattern(topic_filter) if reason is None else reason
-            if isinstance(pattern, str):
-                self.log.info("mqtt_subscribe_refused", filter=topic_filter[:200], reason=pattern)
+            subscription = self._subscribe(topic_filter, qos) if not isinstance(pattern, str) else pattern
+            if isinstance(subscription, str):
+                refused.append((topic_filter, subscription))
                 codes.append(packets.SUBACK_FAILURE)  # that filter alone fails
+                subscribed.pop(topic_filter, None)
                 continue
-            subscription = self._subscribe(topic_filter, qos)
-            if subscription is None:
-                codes.append(packets.SUBACK_FAILURE)
-                continue
+            assert not isinstance(pattern, str)
             lsn = max(lsn, self.client.last_lsn)  # type: ignore[union-attr]
             codes.append(qos)
-            retained.append((subscription, self.broker.retained_for(pattern)))
+            subscribed[topic_filter] = (subscription, pattern)
+        if refused:  # one line per packet, however many filters it refused
+            self.log.info("mqtt_subscribe_refused", filter=refused[0][0][:200], reason=refused[0][1],
+                          refused=len(refused), filters=len(codes))
         self.outbox.append(self.codec.send(packets.SubAck(packet.packet_id, codes)), lsn)
-        for subscription, messages in retained:  # after the SUBACK [MQTT-3.3.1-6]
-            for message in messages:
+        for subscription, pattern in subscribed.values():  # after the SUBACK [MQTT-3.3.1-6]
+            for message in self.broker.retained_for(pattern, subscription.queue.limit):
                 subscription.queue.put(message)
 
-    def _subscribe(self, topic_filter: str, qos: int) -> Subscription | None:
+    def _subscribe(self, topic_filter: str, qos: int) -> Subscription | str:
+        """The new subscription, or why the core refused it."""
         client = self.client
         assert client is not None
         pattern = topics.to_pattern(topic_filter)
@@ -526,8 +536,7 @@ class MqttSession:
         try:
             subscription = client.subscribe(token, pattern, mode, self.settings.max_inflight, durable=durable)
         except CoreError as exc:
-            self.log.info("mqtt_subscribe_refused", filter=topic_filter[:200], reason=exc.reason)
-            return None
+            return exc.reason
         self._subs[topic_filter] = token
         if durable is not None:
             subscription.queue.limit = self.settings.max_queued_messages
@@ -572,10 +581,27 @@ class MqttSession:
             return
         message = self.broker.message(address, {}, will.payload, persistent=will.qos > 0)
         message.qos = will.qos
+        try:
+            self.client.send(message)  # authorized like any publish, retained value included
+        except CoreError as exc:
+            self.log.warning("mqtt_will_refused", client_id=self.client_id, topic=will.topic[:200], reason=exc.reason)
+            return
         if will.retain:
-            self.broker.retain(message)
-        self.client.send(message)
+            self._retain(message)
         self.log.info("mqtt_will_published", client_id=self.client_id, topic=will.topic[:200])
+
+    def _retain(self, message: Message) -> int:
+        """Keep ``message`` as its topic's retained value if the broker's
+        bounds allow; if not, it was still published: 3.1.1 has no way to say
+        no, so the refusal is logged (once per connection) and counted."""
+        try:
+            return self.broker.retain(message)
+        except LimitExceeded as exc:
+            if not self._retain_refused_logged:
+                self._retain_refused_logged = True
+                self.log.warning("retained_refused", client_id=self.client_id, topic=topics.from_address(message.address)[:200],
+                                 reason=exc.reason)
+            return 0
 
     def _refuse(self, code: int, reason: str) -> None:
         self.outbox.append(self.codec.send(packets.ConnAck(False, code)))
