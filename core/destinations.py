@@ -309,11 +309,11 @@ class Queue:
             producer.unblocked(self)
 
     def add_consumer(self, subscription: Subscription) -> None:
+        """Attach a consumer; delivery to it starts with the next :meth:`dispatch`."""
         self.consumers.append(subscription)
         if subscription.selector is not None:
             self.selective += 1
         self._rerank()
-        self.dispatch()
 
     def remove_consumer(self, subscription: Subscription) -> None:
         self.consumers.remove(subscription)

@@ -458,7 +458,7 @@ class MqttSession:
                 self.log.info("mqtt_subscribe_refused", filter=topic_filter[:200], reason=pattern)
                 codes.append(packets.SUBACK_FAILURE)  # that filter alone fails
                 continue
-            subscription = self._subscribe(topic_filter, qos)
+            subscription = self._subscribe(topic_filter, qos, start=False)
             if subscription is None:
                 codes.append(packets.SUBACK_FAILURE)
                 continue
@@ -467,10 +467,11 @@ class MqttSession:
             retained.append((subscription, self.broker.retained_for(pattern)))
         self.outbox.append(self.codec.send(packets.SubAck(packet.packet_id, codes)), lsn)
         for subscription, messages in retained:  # after the SUBACK [MQTT-3.3.1-6]
+            self.client.start(subscription)  # type: ignore[union-attr]  # a durable one's backlog, too
             for message in messages:
                 subscription.queue.put(message)
 
-    def _subscribe(self, topic_filter: str, qos: int) -> Subscription | None:
+    def _subscribe(self, topic_filter: str, qos: int, *, start: bool = True) -> Subscription | None:
         client = self.client
         assert client is not None
         pattern = topics.to_pattern(topic_filter)
@@ -482,7 +483,9 @@ class MqttSession:
         durable = None if self.clean_session else (OWNER_PREFIX + self.client_id, f"{qos}:{topic_filter}")
         token = _Sub(topic_filter, qos)
         try:
-            subscription = client.subscribe(token, pattern, mode, self.settings.max_inflight, durable=durable)
+            subscription = client.subscribe(
+                token, pattern, mode, self.settings.max_inflight, durable=durable, start=start
+            )
         except CoreError as exc:
             self.log.info("mqtt_subscribe_refused", filter=topic_filter[:200], reason=exc.reason)
             return None
