@@ -26,6 +26,21 @@ def test_connect_and_stomp_frames_both_open_a_session(broker, raw_client, comman
     raw.receipt("r1")
 
 
+def test_eols_stray_nuls_and_a_blank_connect_body_are_accepted(broker, raw_client):
+    # What hand-written and older clients send, and RabbitMQ takes: EOLs and a
+    # NUL between frames, and a CONNECT whose body is a lone newline.
+    raw = raw_client(broker)
+    queue = f"/queue/{unique('lenient')}"
+    raw.send(b"\r\n\n\x00CONNECT\naccept-version:1.2\nhost:localhost\n\n\n\x00\x00\n")
+    assert raw.expect("CONNECTED").headers["version"] == "1.2"
+    raw.codec.set_version("1.2")
+    raw.send(b"SUBSCRIBE\nid:1\ndestination:" + queue.encode() + b"\nreceipt:s\n\n\r\n\x00\x00\r\n\x00")
+    raw.receipt("s")
+    raw.send(b"SEND\ndestination:" + queue.encode() + b"\n\nhello\x00\x00\n\x00")
+    assert raw.expect("MESSAGE").body == b"hello"
+    assert raw.quiet_for(0.2) == [] and not raw.eof  # no ERROR, still open
+
+
 @pytest.mark.parametrize("version", ["1.0", "1.1", "1.2"])
 def test_stomp_py_each_version_gets_the_version_it_asked_for(broker, stomp_client, version):
     client = stomp_client(broker, version)
