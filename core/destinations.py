@@ -426,9 +426,12 @@ class Queue:
         return None
 
     def purge(self) -> int:
-        """Drop every pending message (delivered, unacked ones stay with their
-        consumers); returns how many."""
+        """Drop every waiting message, those held back for a delayed
+        redelivery too (delivered, unacked ones stay with their consumers);
+        returns how many."""
         dropped = self.pending.clear()
+        dropped.extend(message for _, _, message in self.delayed)
+        self.delayed.clear()
         for message in dropped:
             self._forget(message)
         self.stats.discarded += len(dropped)

@@ -111,6 +111,38 @@ def test_a_queue_with_consumers_is_not_deleted(admin_broker, stomp_client):
     assert status == 409 and "consumers" in json.loads(body)["reason"]
 
 
+def test_a_queue_holding_messages_is_deleted_only_with_force(admin_broker, stomp_client):
+    queue = f"/queue/{unique('full')}"
+    fill(stomp_client, admin_broker, queue, 3)
+    status, body, _ = call(admin_broker, "DELETE", f"/api/v1/destinations{queue}")
+    refused = json.loads(body)
+    assert (status, refused["status"], refused["depth"]) == (409, 409, 3)
+    assert "3 messages" in refused["reason"] and "force=true" in refused["reason"]
+    assert json.loads(call(admin_broker, "GET", f"/api/v1/destinations{queue}")[1])["depth"] == 3  # untouched
+    status, body, _ = call(admin_broker, "DELETE", f"/api/v1/destinations{queue}?force=true")
+    assert (status, json.loads(body)) == (200, {"deleted": 3})
+    assert call(admin_broker, "GET", f"/api/v1/destinations{queue}")[0] == 404
+
+
+def test_a_forced_delete_removes_stored_messages_for_good(broker_factory, stomp_client):
+    settings = {"admin": {"users": USERS}}
+    broker = broker_factory(**settings)
+    queue = f"/queue/{unique('stored')}"
+    producer = stomp_client(broker)
+    for i in range(3):
+        producer.send(queue, f"m{i}".encode(), persistent="true")
+    producer.close()
+    status, body, _ = call(broker, "DELETE", f"/api/v1/destinations{queue}?force=true")
+    assert (status, json.loads(body)) == (200, {"deleted": 3})
+    broker.stop()
+    broker = broker_factory(**settings)  # the same data folder
+    assert call(broker, "GET", f"/api/v1/destinations{queue}")[0] == 404
+    consumer = stomp_client(broker)
+    consumer.subscribe(queue)
+    consumer.barrier()
+    assert consumer.bodies == []
+
+
 def test_sending_through_the_api_reaches_a_stomp_consumer(admin_broker, stomp_client):
     queue = f"/queue/{unique('send')}"
     consumer = stomp_client(admin_broker)
