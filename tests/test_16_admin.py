@@ -7,7 +7,6 @@ import base64
 import http.client
 import json
 import socket
-import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -203,10 +202,8 @@ def test_malformed_oversized_and_unknown_requests_get_4xx(admin_broker):
 def test_a_client_that_never_finishes_its_request_is_cut_off(admin_broker):
     with socket.create_connection(("127.0.0.1", admin_broker.admin_port), timeout=5) as raw:
         raw.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
-        start = time.monotonic()
-        answer = raw.recv(100)
+        answer = raw.recv(100)  # within the socket's 5 s: request_timeout_s is 1
         assert answer.startswith(b"HTTP/1.1 408")
-        assert time.monotonic() - start < 3
     assert call(admin_broker, "GET", "/healthz", auth=None)[0] == 200  # the server is fine
 
 
