@@ -16,6 +16,7 @@ from core.errors import (
     InvalidRequest,
     LimitExceeded,
     NotAuthorized,
+    QueueNotEmpty,
     UnknownDestination,
 )
 from core.matching import SubscriptionTree
@@ -552,13 +553,18 @@ class Broker:
         queues = list(self.queues.values()) + [d.queue for d in self.durables.values()]
         return sum(queue.sweep() for queue in queues)
 
-    def remove_queue(self, address: Address) -> int:
-        """Delete an unused queue and its messages; returns how many went."""
+    def remove_queue(self, address: Address, *, force: bool = False) -> int:
+        """Delete a queue nobody consumes; one that still holds messages only
+        with ``force``, and they go with it, in the store too.  Returns how
+        many went."""
         queue = self.queues.get(address)
         if queue is None:
             raise UnknownDestination(f"no destination {address.text!r}")
         if queue.consumers:
             raise InvalidRequest(f"destination {address.text!r} has {len(queue.consumers)} consumers")
+        held = queue.depth + len(queue.delayed)
+        if held and not force:
+            raise QueueNotEmpty(f"queue {address.text!r} holds {held} messages", held)
         dropped = queue.purge()
         del self.queues[address]
         if address.is_temporary:

@@ -173,10 +173,16 @@ class Client:
         selector: Any = None,
         priority: int = 0,
         exclusive: bool = False,
+        start: bool = True,
     ) -> Subscription:
         """Start consuming.  With ``durable`` = (client id, subscription name)
         a topic subscription outlives the connection.  The LSN that makes a
-        new durable subscription durable is left in ``last_lsn``."""
+        new durable subscription durable is left in ``last_lsn``.
+
+        With ``start=False`` the subscription is in place but nothing is
+        delivered to it until :meth:`start`: a protocol that confirms the
+        subscription (STOMP RECEIPT, MQTT SUBACK) puts the confirmation on the
+        wire first, then lets the backlog flow."""
         self.last_lsn = 0
         if token in self.subscriptions:
             raise DuplicateSubscription(f"subscription {token!r} already exists on this connection")
@@ -195,23 +201,30 @@ class Client:
         policy = self.broker.policies.for_address(address)
         window = prefetch if prefetch and prefetch > 0 else policy.default_prefetch
         if durable is not None:
-            return self._subscribe_durable(token, address, ack_mode, window, durable, selector)
-        if address.is_queue:
-            queue = self.broker.queues.get(address) or self.broker._create_queue(address)
-            subscription = Subscription(token, address, queue, self.sink, ack_mode, window, private=False, owner=self)
-            subscription.selector = selector  # consumers of one queue may each filter
-            subscription.priority = priority
-            subscription.exclusive = exclusive
+            subscription = self._subscribe_durable(token, address, ack_mode, window, durable, selector)
         else:
-            queue = self.broker._arm(
-                Queue(address, owner=self, limit=policy.topic_buffer_limit, high_water=policy.topic_high_water)
-            )
-            queue.selector = selector  # filtered as the topic fans out
-            subscription = Subscription(token, address, queue, self.sink, ack_mode, window, private=True, owner=self)
-            self.broker._trees[address.kind].add(address.segments, subscription)
-        self.subscriptions[token] = subscription
-        queue.add_consumer(subscription)
+            if address.is_queue:
+                queue = self.broker.queues.get(address) or self.broker._create_queue(address)
+                subscription = Subscription(token, address, queue, self.sink, ack_mode, window, private=False, owner=self)
+                subscription.selector = selector  # consumers of one queue may each filter
+                subscription.priority = priority
+                subscription.exclusive = exclusive
+            else:
+                queue = self.broker._arm(
+                    Queue(address, owner=self, limit=policy.topic_buffer_limit, high_water=policy.topic_high_water)
+                )
+                queue.selector = selector  # filtered as the topic fans out
+                subscription = Subscription(token, address, queue, self.sink, ack_mode, window, private=True, owner=self)
+                self.broker._trees[address.kind].add(address.segments, subscription)
+            self.subscriptions[token] = subscription
+            queue.add_consumer(subscription)
+        if start:
+            self.start(subscription)
         return subscription
+
+    def start(self, subscription: Subscription) -> None:
+        """Deliver what waits for a subscription made with ``start=False``."""
+        subscription.queue.dispatch()
 
     def _subscribe_durable(
         self, token: Any, address: Address, ack_mode: AckMode, window: int, owner: tuple[str, str], selector: Any = None
@@ -229,7 +242,7 @@ class Client:
         subscription.durable = durable
         durable.active = subscription
         self.subscriptions[token] = subscription
-        durable.queue.add_consumer(subscription)  # what waited while away goes out now
+        durable.queue.add_consumer(subscription)  # what waited while away goes out on start
         return subscription
 
     def unsubscribe(self, token: Any, *, remove_durable: bool = False) -> int:

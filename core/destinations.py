@@ -311,11 +311,11 @@ class Queue:
             producer.unblocked(self)
 
     def add_consumer(self, subscription: Subscription) -> None:
+        """Attach a consumer; delivery to it starts with the next :meth:`dispatch`."""
         self.consumers.append(subscription)
         if subscription.selector is not None:
             self.selective += 1
         self._rerank()
-        self.dispatch()
 
     def remove_consumer(self, subscription: Subscription) -> None:
         self.consumers.remove(subscription)
@@ -429,9 +429,12 @@ class Queue:
         return None
 
     def purge(self) -> int:
-        """Drop every pending message (delivered, unacked ones stay with their
-        consumers); returns how many."""
+        """Drop every waiting message, those held back for a delayed
+        redelivery too (delivered, unacked ones stay with their consumers);
+        returns how many."""
         dropped = self.pending.clear()
+        dropped.extend(message for _, _, message in self.delayed)
+        self.delayed.clear()
         for message in dropped:
             self._forget(message)
         self.stats.discarded += len(dropped)

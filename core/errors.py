@@ -49,3 +49,11 @@ class InvalidRequest(CoreError):
 
 class UnknownDestination(CoreError):
     pass
+
+
+class QueueNotEmpty(CoreError):
+    """A delete that would drop stored messages, not asked to (``depth`` of them)."""
+
+    def __init__(self, reason: str, depth: int) -> None:
+        super().__init__(reason)
+        self.depth = depth

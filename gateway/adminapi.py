@@ -11,8 +11,8 @@ Routes (``gateway/admin.py`` runs them over h11):
     GET    /api/v1/destinations/{name}/messages  read: browse the first ?limit=N (default 20, max 1000)
     POST   /api/v1/destinations/{name}/messages  write: send {"body": str, "headers": {}, "persistent": bool}
     POST   /api/v1/destinations/{name}/purge     write: drop every pending message
-    DELETE /api/v1/destinations/{name}           write: delete an unused queue, or an offline durable
-                                                 subscription (its name is its key: durable:...)
+    DELETE /api/v1/destinations/{name}           write: delete an unused queue (?force=true: with its messages),
+                                                 or an offline durable subscription (its name is its key: durable:...)
     GET    /api/v1/connections                   read: every connection
     DELETE /api/v1/connections/{id}              write: close one
     GET    /api/v1/archive[/{topic}[/messages]]  read: topic archives (gateway/archiveapi.py)
@@ -36,7 +36,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from core import names
 from core.broker import Broker
-from core.errors import CoreError
+from core.errors import CoreError, QueueNotEmpty
 from gateway import console
 from gateway.auth import ADMIN, AccessDenied, AuthSettings, Gatekeeper, dummy_hash
 
@@ -312,7 +312,12 @@ class AdminApi:
         if not action and method == "DELETE":
             if not address.is_queue:
                 return error(400, "only queues can be deleted here")
-            return ok({"deleted": self.broker.remove_queue(address)})
+            force = query.get("force", [""])[0] == "true"
+            try:
+                return ok({"deleted": self.broker.remove_queue(address, force=force)})
+            except QueueNotEmpty as exc:
+                reason = f"{exc.reason}; use ?force=true"
+                return ok({"status": 409, "reason": reason, "depth": exc.depth}, 409)
         return error(405, f"{method} is not allowed here")
 
     def _send(self, address: names.Address, body: bytes) -> Response:

@@ -203,6 +203,7 @@ class Recorder(stomp.ConnectionListener):
         self.messages: list[Any] = []
         self.errors: list[Any] = []
         self.receipts: list[str] = []
+        self.order: list[str] = []  # "MESSAGE" and "RECEIPT <id>", as they arrived
         self.disconnected = threading.Event()
 
     def on_connected(self, frame: Any) -> None:
@@ -210,12 +211,14 @@ class Recorder(stomp.ConnectionListener):
 
     def on_message(self, frame: Any) -> None:
         self.messages.append(frame)
+        self.order.append("MESSAGE")
 
     def on_error(self, frame: Any) -> None:
         self.errors.append(frame)
 
     def on_receipt(self, frame: Any) -> None:
         self.receipts.append(frame.headers["receipt-id"])
+        self.order.append("RECEIPT " + frame.headers["receipt-id"])
 
     def on_disconnected(self) -> None:
         self.disconnected.set()

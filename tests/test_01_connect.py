@@ -26,6 +26,21 @@ def test_connect_and_stomp_frames_both_open_a_session(broker, raw_client, comman
     raw.receipt("r1")
 
 
+def test_eols_stray_nuls_and_a_blank_connect_body_are_accepted(broker, raw_client):
+    # What hand-written and older clients send, and RabbitMQ takes: EOLs and a
+    # NUL between frames, and a CONNECT whose body is a lone newline.
+    raw = raw_client(broker)
+    queue = f"/queue/{unique('lenient')}"
+    raw.send(b"\r\n\n\x00CONNECT\naccept-version:1.2\nhost:localhost\n\n\n\x00\x00\n")
+    assert raw.expect("CONNECTED").headers["version"] == "1.2"
+    raw.codec.set_version("1.2")
+    raw.send(b"SUBSCRIBE\nid:1\ndestination:" + queue.encode() + b"\nreceipt:s\n\n\r\n\x00\x00\r\n\x00")
+    raw.receipt("s")
+    raw.send(b"SEND\ndestination:" + queue.encode() + b"\n\nhello\x00\x00\n\x00")
+    assert raw.expect("MESSAGE").body == b"hello"
+    assert raw.quiet_for(0.2) == [] and not raw.eof  # no ERROR, still open
+
+
 @pytest.mark.parametrize("version", ["1.0", "1.1", "1.2"])
 def test_stomp_py_each_version_gets_the_version_it_asked_for(broker, stomp_client, version):
     client = stomp_client(broker, version)
@@ -98,24 +113,37 @@ def test_connected_heartbeat_follows_configuration(broker_factory, raw_client):
     assert raw.heartbeats == []
 
 
+def heartbeats(raw, n: int) -> list[float]:
+    """Wait (until a deadline, not for a fixed window) for ``n`` heart-beats."""
+    deadline = time.monotonic() + 5
+    while len(raw.heartbeats) < n:
+        assert time.monotonic() < deadline, f"only {len(raw.heartbeats)} of {n} heart-beats"
+        assert raw.quiet_for(0.05) == []  # nothing but heart-beats
+    return list(raw.heartbeats)
+
+
+def never_faster_than(beats: list[float], start: float, interval: float) -> None:
+    """Beats sent at least ``interval`` apart, after ``start``, cannot number
+    more than this however late any of them is received; a slow machine only
+    makes fewer.  (The exact rate is proven on a mock clock in test_server.py.)"""
+    assert len(beats) <= (beats[-1] - start) / (interval * 0.9) + 1, (beats, start)
+
+
 def test_broker_sends_heartbeats_at_the_agreed_rate(broker, raw_client):
     raw = raw_client(broker)
     # The client wants one every 100 ms; the broker can do 50: agreed max(50, 100).
-    raw.connect(heart_beat="0,100")
     start = time.monotonic()
-    assert raw.quiet_for(0.75) == []
-    beats = raw.heartbeats
-    assert 5 <= len(beats) <= 8, beats
-    gaps = [b - a for a, b in zip([start, *beats], beats)]
-    assert all(0.06 <= gap <= 0.2 for gap in gaps[1:]), gaps
+    raw.connect(heart_beat="0,100")
+    beats = heartbeats(raw, 5)
+    never_faster_than(beats, start, 0.1)
 
 
 def test_broker_does_not_beat_faster_than_it_offered(broker, raw_client):
     raw = raw_client(broker)
     # The client would like 10 ms; the broker only offers 50 ms.
+    start = time.monotonic()
     raw.connect(heart_beat="0,10")
-    raw.quiet_for(0.5)
-    assert 6 <= len(raw.heartbeats) <= 11, len(raw.heartbeats)
+    never_faster_than(heartbeats(raw, 6), start, 0.05)
 
 
 def test_no_heartbeats_when_the_client_wants_none(broker, raw_client):
@@ -150,7 +178,7 @@ def test_silent_client_is_dropped_after_interval_times_grace(broker, raw_client,
     error = raw.expect_error_and_close(timeout=3)
     elapsed = time.monotonic() - sent_at
     assert "heart-beat" in error.headers["message"]
-    assert 0.19 <= elapsed < 1.5, elapsed
+    assert elapsed >= 0.19, elapsed  # not before interval x grace (exactly: test_server.py)
     # Other connections are untouched.
     healthy.barrier()
 
@@ -200,12 +228,11 @@ def test_strict_grace_drops_a_client_that_is_a_little_late(broker_factory, raw_c
     started = time.monotonic()
     raw.connect(heart_beat="200,0")
     # The same client as above, beating every 300 ms: with no grace the first
-    # late beat is fatal.
-    got = raw.quiet_for(0.3)
-    assert [f.command for f in got] == ["ERROR"], got
-    assert "heart-beat" in got[0].headers["message"]
-    assert raw.wait_closed() == []
-    assert 0.19 <= time.monotonic() - started < 0.3 + 0.2
+    # late beat is fatal.  (That it comes at 200 ms, not 400, is proven on a
+    # mock clock in test_server.py; here, that it comes, and not too early.)
+    error = raw.expect_error_and_close(timeout=3)
+    assert "heart-beat" in error.headers["message"]
+    assert time.monotonic() - started >= 0.19
 
 
 def test_stomp_py_receives_heartbeats(broker, stomp_client):
@@ -225,7 +252,7 @@ def test_socket_that_never_connects_is_closed_after_login_timeout(broker_factory
     error = raw.expect_error_and_close(timeout=3)
     elapsed = time.monotonic() - started
     assert "CONNECT" in error.headers["message"]
-    assert 0.29 <= elapsed < 1.5, elapsed
+    assert elapsed >= 0.29, elapsed  # not before the timeout (exactly: test_server.py)
     raw.close()
     wait_for(lambda: broker.call(lambda: len(broker.running.server.connections)) == 0, what="connection released")
 
@@ -233,12 +260,19 @@ def test_socket_that_never_connects_is_closed_after_login_timeout(broker_factory
 def test_half_sent_connect_does_not_extend_the_login_timeout(broker_factory, raw_client):
     broker = broker_factory(stomp={"connect_timeout_s": 0.3})
     raw = raw_client(broker)
-    started = time.monotonic()
-    raw.send(b"CONNECT\naccept-version:1.2\n")
-    time.sleep(0.15)  # a slow client trickling bytes
-    raw.send(b"host:h\n")
-    raw.expect_error_and_close(timeout=3)
-    assert time.monotonic() - started < 1.5
+    raw.send(b"CONNECT\naccept-version:1.2\nhost:")
+    # A slow client trickling a byte every 100 ms, well within the 300 ms
+    # timeout: were each byte to restart it, the broker would never close.
+    deadline = time.monotonic() + 5
+    while not raw.eof:
+        assert time.monotonic() < deadline, "trickled bytes kept extending the login timeout"
+        try:
+            raw.send(b"h")
+        except OSError:  # closed between two reads
+            break
+        raw._pump(0.1)
+    got = raw.wait_closed()
+    assert got and got[0].command == "ERROR" and "CONNECT" in got[0].headers["message"], got
 
 
 def test_connecting_in_time_is_not_affected_by_login_timeout(broker_factory, raw_client):

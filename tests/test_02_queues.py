@@ -182,6 +182,31 @@ def test_messages_wait_in_the_queue_until_a_consumer_subscribes(broker, stomp_cl
     assert depth(broker, queue) == 0
 
 
+def test_a_subscribe_receipt_comes_before_the_backlog_it_releases(broker, raw_client, stomp_client):
+    producer = stomp_client(broker)
+    queue = qname()
+    producer.send(queue, b"one")
+    producer.send(queue, b"two")
+    raw = raw_client(broker)
+    raw.connect()
+    raw.send_frame("SUBSCRIBE", {"destination": queue, "id": "1", "receipt": "r"})
+    raw.receipt("r")  # the subscription is in place; then the messages flow
+    assert raw.expect("MESSAGE").body == b"one"
+    assert raw.expect("MESSAGE").body == b"two"
+
+
+def test_stomp_py_sees_the_subscribe_receipt_before_the_backlog(broker, stomp_client):
+    producer = stomp_client(broker)
+    queue = qname()
+    producer.send(queue, b"one")
+    producer.send(queue, b"two")
+    consumer = stomp_client(broker)
+    consumer.subscribe(queue)  # waits for the receipt
+    consumer.wait_messages(2)
+    assert consumer.rec.order == [f"RECEIPT {consumer.rec.receipts[0]}", "MESSAGE", "MESSAGE"]
+    assert consumer.bodies == [b"one", b"two"]
+
+
 # -- bodies ----------------------------------------------------------------
 
 

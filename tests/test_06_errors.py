@@ -68,9 +68,9 @@ def test_receipts_come_once_the_effect_is_done(broker, raw_client, version):
     assert queue_state(broker, queue) == (1, [])
 
     raw.send_frame("SUBSCRIBE", {"destination": queue, "id": "s", "ack": "client-individual", "receipt": "sub"})
-    # The waiting message is delivered as part of subscribing, before the receipt.
-    message = raw.expect("MESSAGE")
+    # The receipt says the subscription is in place; the waiting message follows it.
     raw.receipt("sub")
+    message = raw.expect("MESSAGE")
     assert queue_state(broker, queue) == (0, [1])
 
     ack_headers = {"id": message.headers["ack"]} if version == "1.2" else {"message-id": message.headers["message-id"], "subscription": "s"}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-from tests.helpers import unique
+from tests.helpers import unique, wait_for
 
 
 def test_a_slow_reader_slows_the_topic_producer_and_loses_nothing(broker_factory, raw_client, stomp_client):
@@ -56,9 +56,10 @@ def test_a_full_queue_holds_its_producer_until_consumers_make_room(broker_factor
     producer.connect(heart_beat="0,0")
     for i in range(30):
         producer.send_frame("SEND", {"destination": queue, "receipt": f"r{i}"}, f"m{i}".encode())
-    receipts = [f.headers["receipt-id"] for f in producer.quiet_for(0.5)]
-    assert receipts == [f"r{i}" for i in range(10)], "the producer was not held at the high-water mark"
-    assert broker.call(lambda: broker.running.broker.stats.producer_holds) >= 1
+    receipts = [producer.expect("RECEIPT").headers["receipt-id"] for _ in range(10)]
+    assert receipts == [f"r{i}" for i in range(10)]
+    wait_for(lambda: broker.call(lambda: broker.running.broker.stats.producer_holds) >= 1, what="the producer held")
+    assert producer.quiet_for(0.3) == [], "the producer was not held at the high-water mark"
     consumer = stomp_client(broker)
     consumer.subscribe(queue)
     consumer.wait_messages(30)

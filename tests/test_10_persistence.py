@@ -104,6 +104,30 @@ def test_a_durable_subscriber_gets_what_was_published_while_away_even_across_a_r
     assert back.bodies == [b"before-0", b"before-1", b"before-2", b"after-0", b"after-1"]
 
 
+def test_a_returning_durable_subscriber_gets_the_receipt_before_what_waited(broker, stomp_client, raw_client):
+    topic = f"/topic/{unique('prices')}"
+    client_id = unique("app")
+    durable = {"activemq.subscriptionName": "prices"}
+    subscriber = stomp_client(broker, headers={"client-id": client_id})
+    subscriber.subscribe(topic, "d", **durable)
+    subscriber.close()
+    producer = stomp_client(broker)
+    producer.send(topic, b"one", **PERSISTENT)
+    producer.send(topic, b"two", **PERSISTENT)
+    back = stomp_client(broker, headers={"client-id": client_id})
+    back.subscribe(topic, "d", **durable)
+    back.wait_messages(2)
+    assert back.rec.order == [f"RECEIPT {back.rec.receipts[0]}", "MESSAGE", "MESSAGE"]
+    # And on the wire, as a raw client sees it.
+    back.close()
+    producer.send(topic, b"three", **PERSISTENT)
+    raw = raw_client(broker)
+    raw.connect(**{"client-id": client_id})
+    raw.send_frame("SUBSCRIBE", {"destination": topic, "id": "d", "receipt": "r", **durable})
+    raw.receipt("r")
+    assert raw.expect("MESSAGE").body == b"three"
+
+
 def test_unsubscribe_with_the_subscription_name_removes_a_durable_subscription(broker_factory, stomp_client):
     broker = broker_factory()
     topic = f"/topic/{unique('gone')}"

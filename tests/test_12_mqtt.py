@@ -171,6 +171,22 @@ def test_the_default_in_flight_window_is_32(broker, raw, paho):
     assert len({x.packet_id for x in first}) == 32
 
 
+def test_a_resubscribe_gets_its_suback_before_the_messages_it_releases(broker, raw, paho):
+    topic = unique("again")
+    sub = raw(broker, "resub", clean_session=False)
+    sub.send(p.Subscribe(1, [(topic, 1)]))
+    assert sub.next() == p.SubAck(1, [1])
+    publisher = paho(broker)
+    publisher.publish(topic, b"one", qos=1)
+    publisher.publish(topic, b"two", qos=1)
+    assert [sub.next().payload for _ in range(2)] == [b"one", b"two"]  # not acked
+    # [MQTT-3.8.4-3]: the same filter again replaces the subscription; what it
+    # held comes back, after the SUBACK.
+    sub.send(p.Subscribe(2, [(topic, 1)]))
+    assert sub.next() == p.SubAck(2, [1])
+    assert [sub.next().payload for _ in range(2)] == [b"one", b"two"]
+
+
 def test_outbound_qos2_handshake_and_pubrel_resent_on_resume(broker, raw, paho):
     topic = unique("two")
     sub = raw(broker, "q2sub", clean_session=False)

@@ -7,7 +7,6 @@ import base64
 import http.client
 import json
 import socket
-import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -111,6 +110,38 @@ def test_a_queue_with_consumers_is_not_deleted(admin_broker, stomp_client):
     assert status == 409 and "consumers" in json.loads(body)["reason"]
 
 
+def test_a_queue_holding_messages_is_deleted_only_with_force(admin_broker, stomp_client):
+    queue = f"/queue/{unique('full')}"
+    fill(stomp_client, admin_broker, queue, 3)
+    status, body, _ = call(admin_broker, "DELETE", f"/api/v1/destinations{queue}")
+    refused = json.loads(body)
+    assert (status, refused["status"], refused["depth"]) == (409, 409, 3)
+    assert "3 messages" in refused["reason"] and "force=true" in refused["reason"]
+    assert json.loads(call(admin_broker, "GET", f"/api/v1/destinations{queue}")[1])["depth"] == 3  # untouched
+    status, body, _ = call(admin_broker, "DELETE", f"/api/v1/destinations{queue}?force=true")
+    assert (status, json.loads(body)) == (200, {"deleted": 3})
+    assert call(admin_broker, "GET", f"/api/v1/destinations{queue}")[0] == 404
+
+
+def test_a_forced_delete_removes_stored_messages_for_good(broker_factory, stomp_client):
+    settings = {"admin": {"users": USERS}}
+    broker = broker_factory(**settings)
+    queue = f"/queue/{unique('stored')}"
+    producer = stomp_client(broker)
+    for i in range(3):
+        producer.send(queue, f"m{i}".encode(), persistent="true")
+    producer.close()
+    status, body, _ = call(broker, "DELETE", f"/api/v1/destinations{queue}?force=true")
+    assert (status, json.loads(body)) == (200, {"deleted": 3})
+    broker.stop()
+    broker = broker_factory(**settings)  # the same data folder
+    assert call(broker, "GET", f"/api/v1/destinations{queue}")[0] == 404
+    consumer = stomp_client(broker)
+    consumer.subscribe(queue)
+    consumer.barrier()
+    assert consumer.bodies == []
+
+
 def test_sending_through_the_api_reaches_a_stomp_consumer(admin_broker, stomp_client):
     queue = f"/queue/{unique('send')}"
     consumer = stomp_client(admin_broker)
@@ -171,10 +202,8 @@ def test_malformed_oversized_and_unknown_requests_get_4xx(admin_broker):
 def test_a_client_that_never_finishes_its_request_is_cut_off(admin_broker):
     with socket.create_connection(("127.0.0.1", admin_broker.admin_port), timeout=5) as raw:
         raw.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
-        start = time.monotonic()
-        answer = raw.recv(100)
+        answer = raw.recv(100)  # within the socket's 5 s: request_timeout_s is 1
         assert answer.startswith(b"HTTP/1.1 408")
-        assert time.monotonic() - start < 3
     assert call(admin_broker, "GET", "/healthz", auth=None)[0] == 200  # the server is fine
 
 

@@ -98,6 +98,24 @@ async def test_silent_client_is_dropped_after_interval_times_grace(autojump_cloc
         assert session.closed
 
 
+async def test_strict_grace_drops_a_client_at_the_agreed_interval(autojump_clock: trio.testing.MockClock) -> None:
+    server_end, client_end = trio.testing.memory_stream_pair()
+    connection, session = make_connection(server_end, heartbeat_send_ms=0, heartbeat_receive_ms=1000, heartbeat_grace=1.0)
+    peer = Peer(client_end)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_and_close, connection)
+        nursery.start_soon(peer.read_all)
+        await client_end.send_all(CONNECT % (1000, 0))
+        await trio.sleep(0.9)
+        await client_end.send_all(b"\n")  # on time
+        started = trio.current_time()
+        await peer.eof.wait()
+        # No grace: dropped once the 1 s interval passes, not at 2 s.
+        assert 0.999 < trio.current_time() - started < 1.5
+        errors = [f for f in peer.frames if type(f) is frames.Error]
+        assert errors and "heart-beat" in errors[0].headers["message"]
+
+
 async def test_no_connect_within_login_timeout_is_closed(autojump_clock: trio.testing.MockClock) -> None:
     server_end, client_end = trio.testing.memory_stream_pair()
     connection, session = make_connection(server_end, connect_timeout_s=3.0)

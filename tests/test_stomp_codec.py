@@ -153,6 +153,16 @@ SPLIT_CORPUS = [
         id="heartbeats-between-frames",
     ),
     pytest.param(
+        b"\x00\n\x00CONNECT\naccept-version:1.2\n\n\x00\x00\r\n\x00\x00SEND\n\n\x00\x00",
+        [frames.Connect({"accept-version": "1.2"}, b""), frames.Send({}, b"")],
+        id="stray-nuls-between-frames",
+    ),
+    pytest.param(
+        b"CONNECT\naccept-version:1.2\n\n\n\x00STOMP\n\n\r\n \t\x00SUBSCRIBE\nid:0\n\n\n\x00",
+        [frames.Connect({"accept-version": "1.2"}, b""), frames.Stomp({}, b""), frames.Subscribe({"id": "0"}, b"")],
+        id="blank-body-on-bodyless-frames",
+    ),
+    pytest.param(
         b"SEND\r\ndestination:/queue/a\r\nk:v\r\n\r\nbody\x00",
         [frames.Send({"destination": "/queue/a", "k": "v"}, b"body")],
         id="crlf-headers",
@@ -234,6 +244,28 @@ def test_partial_frame_and_lone_cr_wait_for_more() -> None:
     conn.receive_data(b"z\x00")
     assert list(conn.events()) == [frames.Send({}, b"xyz")]
     assert not conn.mid_frame
+
+
+def test_a_send_keeps_a_blank_body() -> None:
+    # Only frames that take no body have a blank one dropped.
+    assert decode([b"SEND\n\n\n\x00"]) == [frames.Send({}, b"\n")]
+
+
+@pytest.mark.parametrize("filler", [b"\x00", b"\n", b"\r\n", b"\x00\r\n\n"])
+def test_a_flood_between_frames_is_dropped_as_it_arrives(filler: bytes) -> None:
+    # Bytes between frames are never buffered, so no amount of them grows
+    # memory, and a frame after them is still held to the frame limit.
+    conn = connection(Role.SERVER, max_frame_bytes=32)
+    chunk = filler * (64 * 1024 // len(filler))
+    for _ in range(16):  # 1 MiB, far beyond the frame limit
+        conn.receive_data(chunk)
+        assert list(conn.events()) == []
+        assert conn.buffered_bytes == 0 and not conn.mid_frame
+    conn.receive_data(b"SEND\n\nhi\x00" + filler)
+    assert list(conn.events()) == [frames.Send({}, b"hi")]
+    conn.receive_data(b"SEND\n\n" + b"x" * 40 + b"\x00")
+    with pytest.raises(RemoteProtocolError, match="too large"):
+        list(conn.events())
 
 
 def test_eof_closes_but_buffered_frames_are_still_parsed() -> None:
@@ -465,6 +497,10 @@ ERROR_CASES = [
     pytest.param(
         Role.SERVER, "1.2", {}, b"ACK\ncontent-length:1\n\nx\x00", "must not have a body", id="body-on-ack-by-length"
     ),
+    pytest.param(
+        Role.SERVER, "1.2", {}, b"CONNECT\n\n\n x\n\x00", "must not have a body", id="non-blank-body-on-connect"
+    ),
+    pytest.param(Role.SERVER, "1.2", {}, b"\x00\rSEND\n\n\x00", "carriage return", id="bare-cr-after-nul"),
     pytest.param(
         Role.CLIENT, "1.2", {}, b"RECEIPT\nreceipt-id:1\n\nx\x00", "must not have a body", id="body-on-receipt"
     ),

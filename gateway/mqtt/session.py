@@ -503,7 +503,7 @@ class MqttSession:
         for topic_filter, qos in packet.topics:
             reason = codec.validate_topic_filter(topic_filter)
             pattern = topics.to_pattern(topic_filter) if reason is None else reason
-            subscription = self._subscribe(topic_filter, qos) if not isinstance(pattern, str) else pattern
+            subscription = self._subscribe(topic_filter, qos, start=False) if not isinstance(pattern, str) else pattern
             if isinstance(subscription, str):
                 refused.append((topic_filter, subscription))
                 codes.append(packets.SUBACK_FAILURE)  # that filter alone fails
@@ -518,10 +518,11 @@ class MqttSession:
                           refused=len(refused), filters=len(codes))
         self.outbox.append(self.codec.send(packets.SubAck(packet.packet_id, codes)), lsn)
         for subscription, pattern in subscribed.values():  # after the SUBACK [MQTT-3.3.1-6]
+            self.client.start(subscription)  # type: ignore[union-attr]  # a durable one's backlog, too
             for message in self.broker.retained_for(pattern, subscription.queue.limit):
                 subscription.queue.put(message)
 
-    def _subscribe(self, topic_filter: str, qos: int) -> Subscription | str:
+    def _subscribe(self, topic_filter: str, qos: int, *, start: bool = True) -> Subscription | str:
         """The new subscription, or why the core refused it."""
         client = self.client
         assert client is not None
@@ -534,7 +535,9 @@ class MqttSession:
         durable = None if self.clean_session else (OWNER_PREFIX + self.client_id, f"{qos}:{topic_filter}")
         token = _Sub(topic_filter, qos)
         try:
-            subscription = client.subscribe(token, pattern, mode, self.settings.max_inflight, durable=durable)
+            subscription = client.subscribe(
+                token, pattern, mode, self.settings.max_inflight, durable=durable, start=start
+            )
         except CoreError as exc:
             return exc.reason
         self._subs[topic_filter] = token

@@ -12,6 +12,7 @@ Spec references are to https://stomp.github.io/stomp-specification-1.2.html.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Iterator
 
 from gateway.stomp import frames
@@ -68,6 +69,12 @@ _ESCAPE_TABLE = {
     "1.2": str.maketrans(_ESCAPES_12),
 }
 
+
+# What may come between frames: EOLs (heart-beats) and stray NULs.
+_BETWEEN_FRAMES = re.compile(rb"(?:\r?\n|\x00)*")
+_BETWEEN_BYTES = b"\r\n\x00"
+# What a frame that takes no body may carry instead of one.
+_BLANK = b" \t\r\n"
 
 # Frames parsed before a version is agreed: they may use CRLF whatever it is.
 _PRE_NEGOTIATION = frozenset({"CONNECT", "STOMP", "CONNECTED"})
@@ -204,27 +211,22 @@ class StompConnection:
         buf = self._buf
         pos = self._pos
         n = len(buf)
-        # EOLs between frames are heart-beats (§Heart-beating); skip them.
-        while pos < n:
-            c = buf[pos]
-            if c == 10:
-                pos += 1
-            elif c == 13:
-                if pos + 1 == n:
-                    break
-                if buf[pos + 1] != 10:
-                    raise RemoteProtocolError("carriage return not followed by line feed")
-                pos += 2
-            else:
-                break
-        self._pos = pos
+        # EOLs between frames are heart-beats (§Heart-beating); a NUL there is
+        # a client ending its frames twice.  Both are skipped and dropped at
+        # once, so a flood of them is never buffered.
+        if pos < n and buf[pos] in _BETWEEN_BYTES:
+            skipped = _BETWEEN_FRAMES.match(buf, pos)
+            assert skipped is not None  # "*" matches the empty string
+            pos = self._pos = skipped.end()
         if pos >= n:
             if pos:
                 self._buf = b""
                 self._pos = 0
             return None
         if buf[pos] == 13:
-            return None  # a lone CR at the end; wait for its LF
+            if pos + 1 == n:
+                return None  # a lone CR at the end; wait for its LF
+            raise RemoteProtocolError("carriage return not followed by line feed")
 
         # Find the blank line that ends the headers.  LF-only frames end in
         # "\n\n"; with 1.2 CRLF endings it is "\r\n\r\n", which contains
@@ -308,9 +310,15 @@ class StompConnection:
         self._pos = body_end + 1
         if body_end == body_start:
             return cls(headers, b"")
+        body = buf[body_start:body_end]
         if cls.command not in frames.COMMANDS_WITH_BODY:
-            raise RemoteProtocolError(f"{cls.command} frame must not have a body")
-        return cls(headers, buf[body_start:body_end])
+            # Clients end CONNECT (and others) with a newline before the NUL;
+            # like RabbitMQ, take such blank bodies as none.  Anything else is
+            # a body the frame cannot carry.
+            if body.strip(_BLANK):
+                raise RemoteProtocolError(f"{cls.command} frame must not have a body")
+            body = b""
+        return cls(headers, body)
 
     def _check_partial_head(self, buf: bytes, pos: int, n: int) -> None:
         """Fail early on an incomplete head that already breaks a limit or names

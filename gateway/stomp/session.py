@@ -502,13 +502,17 @@ class StompSession:
         try:
             state.core = self.client.subscribe(  # type: ignore[union-attr]
                 state, address, mode, prefetch, durable=self._durable_owner(frame, sub_id),
-                selector=_selector(frame), priority=priority, exclusive=exclusive,
+                selector=_selector(frame), priority=priority, exclusive=exclusive, start=False,
             )
         except CoreError:
             del self._subs[sub_id]
             del self._subs_by_number[number]
             raise
+        # The RECEIPT says the subscription is in place, so it goes before the
+        # backlog it releases; a durable one's waits in the outbox until the
+        # subscription is on disk, holding those messages behind it.
         self._receipt_if_asked(frame, self.client.last_lsn)  # type: ignore[union-attr]
+        self.client.start(state.core)  # type: ignore[union-attr]
 
     def _durable_owner(self, frame: frames.Frame, sub_id: str) -> tuple[str, str] | None:
         """(client id, name) if the SUBSCRIBE asks for a durable subscription,
