@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -236,7 +235,6 @@ def test_signal_tells_clients_delivers_what_was_receipted_and_exits_0(gateway, c
         bodies = [f"m{i}:".encode() + b"x" * 2048 for i in range(300)]
         for i, body in enumerate(bodies):
             producer.send(queue, body, receipt=(i % 50 == 49))  # the last one receipted
-        started = time.monotonic()
         process.signal(signum)
         # Each client is told: an ERROR frame, or at least a clean close.
         told = watcher.wait_closed()
@@ -245,9 +243,10 @@ def test_signal_tells_clients_delivers_what_was_receipted_and_exits_0(gateway, c
         if told:
             assert "shut" in told[0].headers["message"]
         watcher.close()
-        assert consumer.rec.disconnected.wait(5)
-        assert process.wait_exit(timeout=5) == 0
-        assert time.monotonic() - started < 5
+        # Within the shutdown grace (10 s by default) and its margin: a slow
+        # machine may take longer to flush, but the broker never waits past it.
+        assert consumer.rec.disconnected.wait(15)
+        assert process.wait_exit(timeout=15) == 0
         # Every receipted message reached the live consumer, in order.
         consumer.wait_messages(len(bodies))
         assert consumer.bodies == bodies, "receipted messages lost at shutdown"

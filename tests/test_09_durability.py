@@ -448,11 +448,10 @@ def join_all(threads: Iterable[threading.Thread], timeout: float = 15.0) -> None
 # -- (a) queues: SIGKILL at random moments --------------------------------------
 
 QUEUE_ROUNDS = 24
-QUEUE_BUDGET_S = 80.0  # fail rather than run on: no round starts after this
 
 
 def test_receipted_queue_messages_survive_sigkill_at_random_moments(broker_process):
-    queue_crash_rounds(broker_process(), seeded("queue crash"), QUEUE_ROUNDS, QUEUE_BUDGET_S)
+    queue_crash_rounds(broker_process(), seeded("queue crash"), QUEUE_ROUNDS)
 
 
 SMALL_SEGMENTS = """
@@ -467,10 +466,12 @@ def test_queue_crashes_while_segments_roll_and_are_compacted(broker_process, tmp
     compacting segments) running all the time, so kills land in the middle of it."""
     config = tmp_path / "gateway.toml"
     config.write_text(SMALL_SEGMENTS)
-    queue_crash_rounds(broker_process("--config", str(config)), seeded("queue crash, small segments"), 12, 45.0)
+    queue_crash_rounds(broker_process("--config", str(config)), seeded("queue crash, small segments"), 12)
 
 
-def queue_crash_rounds(broker: BrokerProcess, rng: random.Random, rounds_wanted: int, budget_s: float) -> None:
+def queue_crash_rounds(broker: BrokerProcess, rng: random.Random, rounds_wanted: int) -> None:
+    """Bounded by its count of rounds and each round's own deadlines, never by
+    a budget for all of them: a slow machine runs the same rounds, slower."""
     ledger = Ledger()
     queue = f"/queue/{unique('crash')}"
     producers = [f"p{i}" for i in range(4)]
@@ -479,7 +480,6 @@ def queue_crash_rounds(broker: BrokerProcess, rng: random.Random, rounds_wanted:
     in_flight_at_kill = []
     rounds = 0
     while rounds < rounds_wanted:
-        assert time.monotonic() - started < budget_s, f"only {rounds} rounds in {budget_s} s"
         rounds += 1
         required = ledger.required()
         broker.start()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import http.client
 import json
-import time
 
 import pytest
 
@@ -263,9 +262,9 @@ def test_an_abrupt_disconnect_leaves_the_broker_serving(broker, ws, stomp_client
 def test_a_stopping_broker_tells_websocket_clients_and_closes_them(broker, ws):
     client = stomp_over(ws(broker, "/stomp", ["v12.stomp"], text=True))
     client.connect()
-    started = time.monotonic()
-    broker.stop()  # the client reads nothing meanwhile: the broker must not wait on it for long
-    assert time.monotonic() - started < 4.0
+    # The client reads nothing meanwhile: the broker stops anyway, within its
+    # shutdown grace (BrokerHandle.stop fails if the broker thread lingers).
+    broker.stop()
     error = client.next_frame()
     assert isinstance(error, frames.Error) and "shutting down" in error.headers["message"]
     assert client.sock.wait_closed() == 1000
