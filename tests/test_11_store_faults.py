@@ -218,18 +218,7 @@ def flip_body_byte(data_dir, marker: bytes) -> None:
 
 
 def corrupt_records_metric(broker) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    conn = http.client.HTTPConnection("127.0.0.1", broker.admin_port, timeout=5)
-    token = base64.b64encode(f"{VIEWER[0]}:{VIEWER[1]}".encode()).decode()
-    conn.request("GET", "/metrics", headers={"Authorization": f"Basic {token}"})
-    text = conn.getresponse().read().decode()
-    conn.close()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "gateway_store_corrupt_records_total":
-                return sample.value
-    raise AssertionError("no gateway_store_corrupt_records_total in /metrics")
+    return metric(broker, "gateway_store_corrupt_records_total")
 
 
 def restart_damaged(broker_factory, broker, data_dir):
