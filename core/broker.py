@@ -87,9 +87,12 @@ class BrokerSettings:
     max_retained_messages: int = 100_000
     max_retained_bytes: int = 256 * 1024 * 1024
     # Durable subscriptions (STOMP's and persistent MQTT sessions' filters)
-    # one user may hold, anonymous clients of an open broker sharing one
-    # budget; past it the SUBSCRIBE is refused (0 = no limit).
+    # one logged-in user may hold, and all clients together; past either the
+    # SUBSCRIBE is refused (0 = no limit).  Anonymous clients of an open
+    # broker are bound by the broker-wide limit alone: they are every device
+    # of a broker without users, not one user to be fair to.
     max_durable_subscriptions_per_user: int = 1_000
+    max_durable_subscriptions: int = 100_000
     # Topic archives (per-destination policy, usually): every message
     # published to an archived topic gets the topic's next offset and is kept
     # until retention drops it, by age and by bytes per topic (0 = no limit).
@@ -468,9 +471,11 @@ class Broker:
         ``owner`` past max_durable_subscriptions_per_user (``frees``: it
         replaces one of theirs): each is a queue kept on disk until removed."""
         limit = self.settings.max_durable_subscriptions_per_user
-        if limit and self.durables.held_by(owner) - frees >= limit:
-            who = "anonymous clients" if owner == ANONYMOUS_OWNER else f"user {owner!r}"
-            raise LimitExceeded(f"too many durable subscriptions for {who} (limit {limit})")
+        if limit and owner != ANONYMOUS_OWNER and self.durables.held_by(owner) - frees >= limit:
+            raise LimitExceeded(f"too many durable subscriptions for user {owner!r} (limit {limit})")
+        total = self.settings.max_durable_subscriptions
+        if total and len(self.durables) - frees >= total:
+            raise LimitExceeded(f"too many durable subscriptions on the broker (limit {total})")
 
     def _add_durable(
         self, key: str, client_id: str, name: str, pattern: Address, selector: Selector | None, owner: str | None

@@ -277,19 +277,21 @@ def test_a_user_past_max_durable_subscriptions_is_refused_and_others_are_not(bro
     assert phone.subscribe(("open/x", 1)) == [1]
 
 
-def test_anonymous_clients_of_an_open_broker_share_one_durable_budget(broker_factory, paho, raw_client):
-    broker = broker_factory(broker={"max_durable_subscriptions_per_user": 1})
+def test_anonymous_clients_of_an_open_broker_are_bound_by_the_broker_wide_limit(broker_factory, paho, raw_client):
+    """On a broker without users every device is anonymous: the per-user cap
+    would make one budget of the whole fleet, so the broker-wide one bounds them."""
+    broker = broker_factory(broker={"max_durable_subscriptions_per_user": 1, "max_durable_subscriptions": 2})
     first = paho(broker, "device-1", clean=False)
     assert first.subscribe(("open/a", 1)) == [1]
     second = paho(broker, "device-2", clean=False)
-    assert second.subscribe(("open/a", 1), ("open/b", 0)) == [0x80, 0x80]
+    assert second.subscribe(("open/a", 1), ("open/b", 0)) == [1, 0x80]  # two devices pass the per-user 1; a third durable passes the broker's 2
     stomp = raw_client(broker)
     stomp.connect(**{"client-id": "app"})
     stomp.send_frame("SUBSCRIBE", {"destination": "/topic/open.a", "id": "s", "persistent": "true", "receipt": "r"})
     error = stomp.expect_error_and_close()
     assert (error.headers["receipt-id"], error.headers["message"]) == (
-        "r", "too many durable subscriptions for anonymous clients (limit 1)")
-    assert second.subscribe(("open/a", 1)) == [0x80]  # still refused; the connection stays
+        "r", "too many durable subscriptions on the broker (limit 2)")
+    assert second.subscribe(("open/b", 1)) == [0x80]  # still refused; the connection stays
     first.close()
     assert paho(broker, "device-1", clean=True).connacks == [(False, 0)]  # a clean start removes it
-    assert second.subscribe(("open/a", 1)) == [1]
+    assert second.subscribe(("open/b", 1)) == [1]
