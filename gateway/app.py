@@ -189,7 +189,9 @@ async def serve(
         )
 
     registry = mqtt_session.Registry()
-    registry.restore(recovered.kv.get(mqtt_session.QOS2_NOTES, {}))
+    registry.restore(
+        recovered.kv.get(mqtt_session.QOS2_NOTES, {}), [(d.client_id, d.owner) for d in broker.durables.values()]
+    )
 
     def mqtt_connection(conn_id: str, conn_log: Any, transport: Transport) -> mqtt_session.MqttSession:
         return mqtt_session.MqttSession(

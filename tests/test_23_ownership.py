@@ -295,3 +295,46 @@ def test_anonymous_clients_of_an_open_broker_are_bound_by_the_broker_wide_limit(
     first.close()
     assert paho(broker, "device-1", clean=True).connacks == [(False, 0)]  # a clean start removes it
     assert second.subscribe(("open/b", 1)) == [1]
+
+
+# -- persistent MQTT sessions are bounded ------------------------------------------
+
+
+def refused_session(raw_mqtt, broker, client_id, **login):
+    raw = raw_mqtt(broker)
+    raw.send(p.Connect(client_id, clean_session=False, **login))
+    assert raw.next() == p.ConnAck(False, p.NOT_AUTHORIZED)
+    raw.wait_closed()
+
+
+def test_persistent_mqtt_sessions_are_capped_per_user_and_broker_wide(broker_factory, raw_mqtt):
+    """A user cycling through client ids with clean session 0 leaves a session
+    kept for each: past the cap CONNACK 0x05, while resuming one already kept,
+    and a clean session that ends one, still work; the cap survives a restart."""
+    limits = {"max_persistent_sessions_per_user": 2, "max_persistent_sessions": 3}
+    broker = broker_factory(auth=AUTH, mqtt=limits)
+    bob = {"username": "bob", "password": b"bob-pw"}
+    alice = {"username": "alice", "password": b"alice-pw"}
+    first = raw_mqtt(broker, "bob-1", clean_session=False, **bob)
+    first.send(p.Subscribe(1, [("open/kept", 1)]))  # stored: this session outlives a restart
+    assert first.next() == p.SubAck(1, [1])
+    first.close()
+    raw_mqtt(broker, "bob-2", clean_session=False, **bob).close()
+    refused_session(raw_mqtt, broker, "bob-3", **bob)
+    assert raw_mqtt(broker, "bob-1", clean_session=False, **bob).connack == p.ConnAck(True, 0)  # resuming needs no room
+    raw_mqtt(broker, "bob-2", clean_session=True, **bob).close()  # a clean session ends one
+    raw_mqtt(broker, "bob-3", clean_session=False, **bob).close()
+    raw_mqtt(broker, "alice-1", clean_session=False, **alice).close()  # bob's cap is not alice's
+    refused_session(raw_mqtt, broker, "alice-2", **alice)  # but the broker's 3 binds everyone
+    broker.stop()
+    broker = broker_factory(auth=AUTH, mqtt={**limits, "max_persistent_sessions_per_user": 1})
+    refused_session(raw_mqtt, broker, "bob-4", **bob)  # bob-1's stored session still counts
+    assert raw_mqtt(broker, "bob-1", clean_session=False, **bob).connack == p.ConnAck(True, 0)
+
+
+def test_anonymous_devices_of_an_open_broker_are_bound_by_the_broker_wide_session_limit(broker_factory, raw_mqtt):
+    broker = broker_factory(mqtt={"max_persistent_sessions_per_user": 1, "max_persistent_sessions": 2})
+    raw_mqtt(broker, "device-1", clean_session=False).close()
+    raw_mqtt(broker, "device-2", clean_session=False).close()  # past the per-user 1: a fleet, not a user
+    refused_session(raw_mqtt, broker, "device-3")
+    raw_mqtt(broker, "device-4", clean_session=True).close()  # clean sessions keep nothing, so need no room

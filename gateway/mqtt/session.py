@@ -18,13 +18,13 @@ import dataclasses
 import enum
 import itertools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from core.authorization import ANONYMOUS_PRINCIPAL, Principal
 from core.broker import Broker
 from core.clients import Client
-from core.durables import MQTT_PREFIX, claim_refusal, owner_of
+from core.durables import ANONYMOUS_OWNER, MQTT_PREFIX, claim_refusal, owner_of
 from core.errors import CoreError, LimitExceeded, NotAuthorized, UnknownMessage, UnknownSubscription
 from core.messages import Message
 from core.names import Address
@@ -62,6 +62,13 @@ class MqttSettings:
     max_inflight: int = 32
     # What a persistent session may hold; past it the oldest are dropped, counted.
     max_queued_messages: int = 1000
+    # Persistent sessions (clean session 0) kept for one logged-in user, and
+    # for all clients together: each is state kept until cleaned, so a client
+    # cycling through client ids must not grow the broker without bound.  One
+    # more gets CONNACK 0x05 (0 = no limit).  Anonymous clients of an open
+    # broker have only the broker-wide bound (they are a whole fleet).
+    max_persistent_sessions_per_user: int = 1000
+    max_persistent_sessions: int = 100_000
     outbox_high_water_bytes: int = 1024 * 1024
 
 
@@ -108,9 +115,15 @@ class Registry:
     def __init__(self) -> None:
         self.active: dict[str, MqttSession] = {}
         self.states: dict[str, SessionState] = {}
+        # Every persistent session the broker keeps, connected or away: client
+        # id -> owner (None: stored before owners were), counted by owner.
+        self.persistent: dict[str, str | None] = {}
+        self._by_owner: dict[str | None, int] = {}
 
-    def restore(self, notes: dict[str, bytes]) -> None:
-        """Inbound QoS 2 ids the store kept (``QOS2_NOTES``) from before a restart."""
+    def restore(self, notes: dict[str, bytes], durables: Iterable[tuple[str, str | None]] = ()) -> None:
+        """Inbound QoS 2 ids the store kept (``QOS2_NOTES``) from before a
+        restart, and the sessions the core's durables (client id with the
+        ``OWNER_PREFIX``, owner) show: both are persistent sessions kept."""
         for key, value in notes.items():
             client_id, _, packet_id = key.rpartition("\x00")
             if client_id and packet_id.isdigit():
@@ -118,6 +131,43 @@ class Registry:
                 state.inbound_qos2.add(int(packet_id))
                 if value.startswith(OWNER_MARK):
                     state.owner = value[len(OWNER_MARK) :].decode("utf-8", "replace")
+        for client_id, state in self.states.items():
+            self.hold(client_id, state.owner)
+        for client_id, owner in durables:
+            if client_id.startswith(OWNER_PREFIX):
+                self.hold(client_id[len(OWNER_PREFIX) :], owner)
+
+    def hold(self, client_id: str, owner: str | None) -> None:
+        """``client_id``'s session is kept, as ``owner``'s."""
+        if client_id in self.persistent:
+            if self.persistent[client_id] == owner:
+                return
+            self.release(client_id)
+        self.persistent[client_id] = owner
+        self._by_owner[owner] = self._by_owner.get(owner, 0) + 1
+
+    def release(self, client_id: str) -> None:
+        """``client_id``'s session is gone (a clean session replaced it)."""
+        if client_id in self.persistent:
+            owner = self.persistent.pop(client_id)
+            left = self._by_owner[owner] - 1
+            if left:
+                self._by_owner[owner] = left
+            else:
+                del self._by_owner[owner]
+
+    def quota_refusal(self, client_id: str, owner: str, settings: MqttSettings) -> str | None:
+        """Why one more persistent session, ``client_id`` of ``owner``, may
+        not be kept; None if it may (resuming one kept already always may)."""
+        if client_id in self.persistent:
+            return None
+        limit = settings.max_persistent_sessions_per_user
+        if limit and owner != ANONYMOUS_OWNER and self._by_owner.get(owner, 0) >= limit:
+            return f"too many persistent sessions for user {owner!r} (limit {limit})"
+        total = settings.max_persistent_sessions
+        if total and len(self.persistent) >= total:
+            return f"too many persistent sessions on the broker (limit {total})"
+        return None
 
 
 def _qos2_note(client_id: str, packet_id: int) -> str:
@@ -357,9 +407,15 @@ class MqttSession:
                 return
             client_id = f"gw-{os.urandom(6).hex()}"  # [MQTT-3.1.3-6]
         refusal = self._claim_refusal(client_id, principal, packet.clean_session)
+        if refusal is None and not packet.clean_session:
+            refusal = self.registry.quota_refusal(client_id, owner_of(principal), self.settings)
         if refusal is not None:  # checked before anything is taken over or cleaned
             self._refuse(packets.NOT_AUTHORIZED, f"user {principal.name!r} may not use client id {client_id[:80]!r}: {refusal}")
             return
+        if packet.clean_session:
+            self.registry.release(client_id)  # [MQTT-3.1.2-6]: whatever was kept goes
+        else:
+            self.registry.hold(client_id, owner_of(principal))
         previous = self.registry.active.get(client_id)
         if previous is not None:
             previous.close("session taken over by a new connection")  # [MQTT-3.1.4-2]
