@@ -109,6 +109,15 @@ class Client:
         """The private name a reply-to naming ``address`` is rewritten to."""
         return self.temporary(address)
 
+    def stored_send(self, transaction: str) -> Address | None:
+        """Where the first persistent send held in ``transaction`` goes, if it
+        has one: a COMMIT that stores it waits out a disk alarm too."""
+        tx = self.transactions.get(transaction)
+        for address, message in tx.sends if tx is not None else ():
+            if message.persistent:
+                return address
+        return None
+
     def held_for_disk(self, address: Address) -> bool:
         """Before a persistent message to ``address`` is taken: while the disk
         alarm is on, refuse it (:class:`LimitExceeded`, with

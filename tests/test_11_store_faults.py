@@ -391,6 +391,30 @@ def test_low_disk_space_holds_persistent_producers_until_it_is_back(capfd, broke
         client.close()
 
 
+def test_a_commit_of_persistent_sends_taken_before_the_alarm_waits_it_out(broker_factory, disk):
+    broker = alarm_broker(broker_factory)
+    queue = f"/queue/{unique('disk')}"
+    producer = RawClient(broker.stomp_address)
+    producer.connect(heart_beat="0,0")
+    producer.send_frame("BEGIN", {"transaction": "t"})
+    producer.send_frame("SEND", {"destination": queue, "transaction": "t", "receipt": "taken", **PERSISTENT}, b"in tx")
+    producer.receipt("taken")
+    set_free(broker, disk, 10 << 20, alarm=True)
+    producer.send_frame("COMMIT", {"transaction": "t", "receipt": "committed"})
+    core = broker.running.broker
+    wait_for(lambda: broker.call(lambda: len(core.disk_waiters)) == 1, what="the committing producer held")
+    assert [f.command for f in producer.quiet_for(0.2)] == []  # not committed: nothing stored
+    assert broker.call(lambda: broker.running.store.stats()["live_messages"]) == 0
+    set_free(broker, disk, 1 << 40, alarm=False)
+    producer.receipt("committed")
+    consumer = RawClient(broker.stomp_address)
+    consumer.connect(heart_beat="0,0")
+    consumer.send_frame("SUBSCRIBE", {"destination": queue, "id": "1"})
+    assert consumer.expect("MESSAGE").body == b"in tx"
+    for client in (consumer, producer):
+        client.close()
+
+
 def test_low_disk_space_refuses_a_persistent_send_with_send_fail_if_no_space(broker_factory, disk):
     broker = alarm_broker(broker_factory, send_fail_if_no_space=True)
     queue = f"/queue/{unique('disk')}"

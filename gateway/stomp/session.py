@@ -597,6 +597,12 @@ class StompSession:
 
     def _on_commit(self, frame: frames.Frame) -> None:
         transaction = _require(frame, "transaction")
+        stored = self.client.stored_send(transaction)  # type: ignore[union-attr]
+        if stored is not None and self.client.held_for_disk(stored):  # type: ignore[union-attr]
+            # Sends taken before the disk alarm, committed during it: held
+            # like a persistent SEND, and committed once space is back.
+            self.live.defer(frame)
+            return
         key = frame.headers.get("idempotency-key")
         if key is None:
             self._receipt_if_asked(frame, self.client.commit(transaction))  # type: ignore[union-attr]
