@@ -293,14 +293,7 @@ class Broker:
             for queue, count in adding.items():
                 self._refuse_if_full(queue, count)
         lsn = 0
-        if len(routed) == 1 and not acks and commit_key is None:  # a plain SEND: no transaction record
-            if adds:
-                lsn = self.store.add_message(*adds[0])
-            if archived:
-                stored = self.store.archive(*archived[0])
-                if routed[0][0].persistent:  # a receipt promises the archived copy too
-                    lsn = max(lsn, stored)
-        elif adds or acks or archived or commit_key is not None:
+        if adds or acks or archived or commit_key is not None:
             lsn = self.store.transaction(adds, list(acks), archived=archived, commit_key=commit_key)
         if commit_key is not None:
             self._remember_commit(commit_key, lsn)
@@ -532,9 +525,6 @@ class Broker:
         if durable.active is not None:
             raise InvalidRequest(f"durable subscription {key!r} is in use by a connection")
         return self._drop_durable(durable)
-
-    def archived(self, address: Address) -> bool:
-        return address.kind is Kind.TOPIC and self.policies.for_address(address).archive
 
     def restore_commit_keys(self, keys: list[str]) -> None:
         """Idempotency keys remembered from before a restart, oldest first."""

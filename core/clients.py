@@ -105,10 +105,6 @@ class Client:
         private = self.temporaries.get(address)
         return private if private is not None else self.broker.temporaries.claim(address, self)
 
-    def declare_temporary(self, address: Address) -> Address:
-        """The private name a reply-to naming ``address`` is rewritten to."""
-        return self.temporary(address)
-
     def stored_send(self, transaction: str) -> Address | None:
         """Where the first persistent send held in ``transaction`` goes, if it
         has one: a COMMIT that stores it waits out a disk alarm too."""

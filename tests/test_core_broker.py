@@ -594,7 +594,7 @@ def test_each_client_gets_its_own_temporary_queue_for_the_same_name() -> None:
     reply = address("/temp-queue/reply")
     first, first_sink = world.consumer("r", reply)
     second, second_sink = world.consumer("r", reply)
-    mine, theirs = first.declare_temporary(reply), second.declare_temporary(reply)
+    mine, theirs = first.temporary(reply), second.temporary(reply)
     assert mine != theirs and mine.text.startswith("/temp-queue/reply.~") and mine.is_queue
     assert world.broker.queue(mine) is not None and world.broker.queue(theirs) is not None
     to_first = world.send("for first", mine)  # a responder replies to the private name
@@ -607,12 +607,12 @@ def test_only_the_owner_reads_a_private_temporary_name() -> None:
     world = World()
     reply = address("/temp-queue/reply")
     owner, _ = world.consumer("r", reply)
-    private = owner.declare_temporary(reply)
+    private = owner.temporary(reply)
     other = world.broker.open_client(RecordingSink())
     with pytest.raises(NotAuthorized):
         other.subscribe("r", private, AUTO)
     assert other.subscriptions == {}
-    assert other.declare_temporary(private) is private  # forwarding someone's reply-to is fine
+    assert other.temporary(private) is private  # forwarding someone's reply-to is fine
     assert other.temporaries == {}
     owner.subscribe("r2", private, AUTO)  # the owner may use either name
 
@@ -622,7 +622,7 @@ def test_declared_temporary_queue_is_claimed_before_subscribing() -> None:
     reply = address("/temp-queue/reply")
     sink = RecordingSink()
     owner = world.broker.open_client(sink)
-    private = owner.declare_temporary(reply)
+    private = owner.temporary(reply)
     assert world.broker.queue(private) is not None
     world.send("early", private)
     assert sink.deliveries == []
@@ -635,7 +635,7 @@ def test_temporary_topics_are_per_client_too() -> None:
     temp = address("/temp-topic/events")
     first, first_sink = world.consumer("t", temp)
     _, second_sink = world.consumer("t", temp)
-    message = world.send("e", first.declare_temporary(temp))
+    message = world.send("e", first.temporary(temp))
     assert first_sink.messages == [message]
     assert second_sink.deliveries == []
 
@@ -654,7 +654,7 @@ def test_close_releases_temporary_queue_with_its_pending_messages() -> None:
     world = World()
     reply = address("/temp-queue/reply")
     owner, _ = world.consumer("r", reply, INDIVIDUAL, prefetch=1)
-    private = owner.declare_temporary(reply)
+    private = owner.temporary(reply)
     for i in range(3):
         world.send(str(i), private)
     queue = world.broker.queue(private)
@@ -673,7 +673,7 @@ def test_sends_to_a_released_temporary_queue_are_discarded_and_counted() -> None
     world = World()
     reply = address("/temp-queue/reply")
     owner, _ = world.consumer("r", reply)
-    private = owner.declare_temporary(reply)
+    private = owner.temporary(reply)
     owner.close()
     world.send("late", private)
     assert world.broker.queue(private) is None
@@ -686,16 +686,16 @@ def test_sends_to_a_released_temporary_queue_are_discarded_and_counted() -> None
 def test_temporaries_are_capped_per_client_and_do_not_use_up_destinations() -> None:
     world = World(max_temporaries_per_client=2, max_destinations=1)
     greedy = world.broker.open_client(RecordingSink())
-    greedy.declare_temporary(address("/temp-queue/a"))
-    greedy.declare_temporary(address("/temp-topic/b"))
+    greedy.temporary(address("/temp-queue/a"))
+    greedy.temporary(address("/temp-topic/b"))
     with pytest.raises(LimitExceeded, match=r"too many temporary destinations on this connection \(limit 2\)"):
-        greedy.declare_temporary(address("/temp-queue/c"))
-    greedy.declare_temporary(address("/temp-queue/a"))  # its own names still work
+        greedy.temporary(address("/temp-queue/c"))
+    greedy.temporary(address("/temp-queue/a"))  # its own names still work
     world.consumer("q", address("/queue/work"))  # the broker-wide limit is untouched
     world.consumer("r", address("/temp-queue/a"))  # and so are other clients' temporaries
     greedy.close()
     greedy = world.broker.open_client(RecordingSink())
-    greedy.declare_temporary(address("/temp-queue/c"))
+    greedy.temporary(address("/temp-queue/c"))
 
 
 # -- wildcards ---------------------------------------------------------------

@@ -41,7 +41,7 @@ def test_non_persistent_and_temporary_messages_never_touch_the_store() -> None:
     owner.subscribe("r", address("/temp-queue/replies"), AckMode.AUTO)
     producer = broker.open_client(RecordingSink())
     assert send(broker, producer, persistent=False)[1] == 0
-    reply = owner.declare_temporary(address("/temp-queue/replies"))
+    reply = owner.temporary(address("/temp-queue/replies"))
     assert send(broker, producer, reply)[1] == 0
     assert send(broker, producer, T)[1] == 0  # a topic with no durable subscriber
     assert store.calls == []

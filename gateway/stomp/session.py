@@ -464,7 +464,7 @@ class StompSession:
             if not isinstance(reply_address, str):
                 # The responder gets the private name, which reaches this
                 # connection's own queue whoever else uses the same name.
-                headers["reply-to"] = self.client.declare_temporary(reply_address).text  # type: ignore[union-attr]
+                headers["reply-to"] = self.client.temporary(reply_address).text  # type: ignore[union-attr]
         message = self.broker.message(
             address, headers, frame.body, persistent=persistent, priority=priority, expires=expires
         )
