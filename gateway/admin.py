@@ -11,7 +11,7 @@ import h11
 import trio
 
 from gateway.auth import VerificationPending
-from gateway.server import close_stream, peer_address
+from gateway.server import close_stream, peer_address, peer_host
 from gateway.adminapi import SECURITY_HEADERS, AdminApi, AdminSettings, Request, Response, error
 from gateway.websocket import Upgrades
 
@@ -100,7 +100,7 @@ async def serve_admin(
 
 async def _guarded(port: _Port, stream: trio.abc.Stream) -> None:
     peer = peer_address(stream)
-    host = peer.rsplit(":", 1)[0] if ":" in peer else peer
+    host = peer_host(peer)
     if not port.slots.take(host):
         with trio.CancelScope(shield=True):
             await trio.aclose_forcefully(stream)
@@ -147,7 +147,7 @@ async def _connection(port: _Port, stream: trio.abc.Stream, peer: str, release: 
                 if refused is not None:
                     await _send(conn, stream, refused, close=True)
                 return
-            request.peer = peer
+            request.host = peer_host(peer)
             response = await _answer(api, request, log)
             if response.status >= 500:
                 log.warning("admin_request_failed", method=request.method, target=request.target[:200],

@@ -100,7 +100,7 @@ class Request:
     target: str
     headers: dict[str, str]
     body: bytes = b""
-    peer: str = "unknown"  # host:port of the client
+    host: str = "unknown"  # the client's address, what the login lockout counts
 
 
 @dataclasses.dataclass
@@ -237,7 +237,7 @@ class AdminApi:
         header = request.headers.get("authorization")
         if not header:  # a browser's first request: ask, no failure counted
             return error(401, "credentials required", **{"WWW-Authenticate": 'Basic realm="gateway"'})
-        host = request.peer.rsplit(":", 1)[0] if ":" in request.peer else request.peer
+        host = request.host
         try:
             self.gate.gate(ADMIN, host)
         except AccessDenied as exc:

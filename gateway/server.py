@@ -371,7 +371,7 @@ class Server:
     async def serve_stream(self, name: str, factory: SessionFactory, stream: trio.abc.Stream, peer: str) -> None:
         """Run one connection over any byte stream (a socket, TLS, a
         WebSocket's messages) until it closes; ``name`` is its protocol label."""
-        host = peer.rsplit(":", 1)[0] if ":" in peer else peer
+        host = peer_host(peer)
         refused = self._admission(host)
         if refused is not None and self.refusing >= REFUSAL_SLOTS:
             with trio.CancelScope(shield=True):
@@ -439,6 +439,11 @@ def peer_address(stream: trio.abc.Stream) -> str:
     except OSError:
         return "unknown"
     return f"{host}:{port}"
+
+
+def peer_host(peer: str) -> str:
+    """The host of a ``host:port`` peer: what per-address limits count."""
+    return peer.rsplit(":", 1)[0] if ":" in peer else peer
 
 
 async def close_stream(stream: trio.abc.Stream) -> None:
