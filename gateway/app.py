@@ -20,16 +20,16 @@ from core.authorization import Authorizer, parse_entries
 from core.broker import Broker
 from gateway import auth
 from gateway.auth import Gatekeeper, Transport
-from gateway import metrics
-from gateway.admin import AdminSlots, serve_admin
-from gateway.adminapi import AdminApi, load_users
+from gateway.admin import metrics
+from gateway.admin.server import AdminSlots, serve_admin
+from gateway.admin.api import AdminApi, load_users
 from gateway.config import Config
 from gateway.mqtt import session as mqtt_session
-from gateway.server import REFUSAL_SLOTS, Limits, ListenerSpec, Server, TrioClock
+from gateway.transports.server import REFUSAL_SLOTS, Limits, ListenerSpec, Server, TrioClock
 from gateway.stomp.session import StompSession
-from gateway.websocket import Upgrades
+from gateway.transports.websocket import Upgrades
 from gateway.storage import BrokerStore, open_store, restored, restored_retained
-from gateway.tls import CertificateUsers, TlsSettings, files_version, load_files, server_context
+from gateway.transports.tls import CertificateUsers, TlsSettings, files_version, load_files, server_context
 from persistence.store import Store
 
 # After a failed write (disk full, I/O error) wait this long before the next

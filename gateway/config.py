@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from core.broker import BrokerSettings
-from gateway.adminapi import AdminSettings
+from gateway.admin.api import AdminSettings
 from gateway.auth import AuthSettings
 from gateway.mqtt.session import MqttSettings
 from gateway.stomp.session import StompSettings
-from gateway.tls import TlsSettings, server_context
+from gateway.transports.tls import TlsSettings, server_context
 from gateway.storage import StoreSettings
 
 LOG_FORMATS = ("console", "json")

@@ -16,7 +16,7 @@ from hypothesis import settings as hypothesis_settings
 
 from core.broker import BrokerSettings
 from gateway import app, logs
-from gateway.adminapi import AdminSettings
+from gateway.admin.api import AdminSettings
 from gateway.auth import AuthSettings
 from gateway.config import Config
 from gateway.mqtt.session import MqttSettings
@@ -236,7 +236,7 @@ def raw_mqtt(broker_factory: Callable[..., BrokerHandle]) -> Iterator[Callable[.
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """`gateway serve ...` as child processes (tests/test_07_cli.Process), killed in teardown."""
-    from tests.test_07_cli import Process
+    from tests.processes import Process
 
     made: list[Process] = []
 

@@ -2,7 +2,7 @@
 
 Codecs import neither Trio nor the core; the core imports neither Trio, the
 gateway nor persistence; persistence imports neither Trio, the gateway nor the
-core; sockets and threads stay in the server, admin and app modules.
+core; sockets and threads stay in the listeners, the admin server and app.
 """
 
 from __future__ import annotations
@@ -44,13 +44,13 @@ CODECS = files("gateway/stomp/codec.py", "gateway/stomp/frames.py", "gateway/mqt
 CORE = files("core/**/*.py")
 PERSISTENCE = files("persistence/**/*.py")
 SESSIONS = files("gateway/stomp/session.py", "gateway/mqtt/session.py", "gateway/outbox.py")
-IO_MODULES = {"server.py", "admin.py", "app.py"}
+# Sockets, tasks and threads: the listeners, the admin port's server and the wiring.
+IO_MODULES = files("gateway/transports/server.py", "gateway/admin/server.py", "gateway/app.py")
 # Trio stream adapters: they read and write a stream they are given (so they
 # import trio) but open no socket and start no task or thread.
-STREAM_ADAPTERS = {"websocket.py"}
+ADAPTERS = files("gateway/transports/websocket.py")
 NON_IO_GATEWAY = [p for p in files("gateway/**/*.py")
-                  if p.name not in IO_MODULES | STREAM_ADAPTERS and p.parent.name != "spark"]
-ADAPTERS = [p for p in files("gateway/*.py") if p.name in STREAM_ADAPTERS]
+                  if p not in IO_MODULES + ADAPTERS and p.parent.name != "spark"]
 
 
 def test_there_is_something_to_check() -> None:

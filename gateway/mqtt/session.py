@@ -9,7 +9,7 @@ on disk for QoS >= 1, exactly as for a STOMP durable subscriber.  PUBACK and
 PUBREC wait in the outbox for the store's LSN, like a STOMP RECEIPT.
 
 Synchronous and socket-free, with the server-facing shape of
-:class:`gateway.server.Session`.
+:class:`gateway.transports.server.Session`.
 """
 
 from __future__ import annotations

@@ -31,8 +31,8 @@ from wsproto.frame_protocol import CloseReason
 from wsproto.handshake import H11Handshake
 from wsproto.utilities import RemoteProtocolError
 
-from gateway.adminapi import Request, Response, error
-from gateway.server import SessionFactory
+from gateway.admin.http import Request, Response, error
+from gateway.transports.server import SessionFactory
 
 # Bytes asked of the transport per read.  Without extensions (we accept
 # none, so no permessage-deflate) a payload is never larger than the frame

@@ -11,8 +11,8 @@ import trio.testing
 import wsproto
 from wsproto import events as ws
 
-from gateway.adminapi import Response
-from gateway.websocket import (
+from gateway.admin.api import Response
+from gateway.transports.websocket import (
     MQTT_SUBPROTOCOLS, STOMP_SUBPROTOCOLS, Endpoint, WebSocketStream, choose_subprotocol,
 )
 
@@ -259,8 +259,8 @@ GOOD = {"host": "127.0.0.1:8161", "connection": "Upgrade", "upgrade": "websocket
        path=st.sampled_from(["/stomp", "/mqtt"]))
 def test_any_upgrade_request_is_served_or_refused_with_a_4xx(changes, path):
     """Fuzz the handshake with h11-legal header values: never an exception."""
-    from gateway.adminapi import Request
-    from gateway.websocket import Upgrades
+    from gateway.admin.api import Request
+    from gateway.transports.websocket import Upgrades
 
     async def main() -> None:
         server = RecordingServer()

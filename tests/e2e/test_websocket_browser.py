@@ -14,11 +14,11 @@ import pytest
 from tests import npm_bundles
 from tests.browser import chromium, requires_chromium, serve_files
 from tests.helpers import unique, wait_for
-from tests.test_23_tls import tls_broker
+from tests.e2e.test_tls import tls_broker
 
 pytestmark = requires_chromium
 
-PAGES = Path(__file__).resolve().parent / "pages"
+PAGES = Path(__file__).resolve().parent.parent / "pages"
 BROWSER_TIMEOUT_S = 15.0  # a cold chromium on a loaded machine is slow to its first frame
 
 

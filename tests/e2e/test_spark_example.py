@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from tests.helpers import wait_for
 from tests.spark_helpers import USER, read, url
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 READINGS = {"1": [20.0, 21.0, 22.5], "2": [18.25, 17.75]}
 
 

@@ -15,7 +15,7 @@ import pytest
 from gateway.mqtt import packets as p
 from tests.helpers import unique, wait_for
 from tests.mqtt_helpers import run_amqtt
-from tests.test_07_cli import free_port
+from tests.processes import free_port
 
 needs_mosquitto = pytest.mark.skipif(
     shutil.which("mosquitto_pub") is None or shutil.which("mosquitto_sub") is None,

@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from core import names
-from gateway.adminapi import Response, error, ok
+from gateway.admin.http import Response, error, ok
 from persistence.archive import Archive, ArchiveGone, ArchiveReader, Rows, TopicInfo, list_topics
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.auth import hash_password
 from gateway.config import ConfigError, load
-from gateway.tls import TlsSettings
+from gateway.transports.tls import TlsSettings
 from tests.helpers import RawClient, unique, wait_for
 from tests.mqtt_helpers import Paho
 

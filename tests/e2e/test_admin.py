@@ -269,7 +269,7 @@ def test_every_answer_forbids_framing_and_sniffing(admin_broker, method, path, a
 
 
 def test_a_send_through_the_api_acts_as_the_operator_under_an_acl(broker_factory, stomp_client):
-    from tests.test_22_authorization import ACL, USERS as CLIENTS, login
+    from tests.e2e.test_authorization import ACL, USERS as CLIENTS, login
 
     broker = broker_factory(admin={"users": USERS}, auth={"users": CLIENTS, "acl": ACL})
     # Not granted to anyone as such: the operator's send creates the queue too.

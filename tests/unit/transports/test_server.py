@@ -8,7 +8,7 @@ import trio
 import trio.testing
 
 from core.broker import Broker
-from gateway.server import Connection, TrioClock
+from gateway.transports.server import Connection, TrioClock
 from gateway.stomp import codec, frames
 from gateway.stomp.session import StompSession, StompSettings
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import http.client
 
-from gateway.adminapi import AdminApi
+from gateway.admin.api import AdminApi
 from gateway.stomp.session import StompSession
 from tests.helpers import unique
 

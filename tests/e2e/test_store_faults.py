@@ -16,7 +16,7 @@ import pytest
 
 from gateway.auth import hash_password
 from tests.helpers import RawClient, encode_frame, unique, wait_for
-from tests.test_07_cli import GATEWAY, free_port
+from tests.processes import GATEWAY, free_port
 
 PERSISTENT = {"persistent": "true"}
 

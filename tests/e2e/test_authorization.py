@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.auth import hash_password
 from gateway.mqtt import packets as p
 from tests.helpers import RawClient, unique, wait_for
-from tests.test_07_cli import free_port
+from tests.processes import free_port
 
 ITER = 1000  # cheap hashes: the tests measure behaviour, not PBKDF2
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gateway.auth import hash_password
 from tests.helpers import RawClient, encode_frame, unique
-from tests.test_07_cli import free_port
+from tests.processes import free_port
 
 BODY_BYTES = 16384
 GROWTH_LIMIT_MIB = 40

@@ -1,5 +1,5 @@
 """The admin HTTP server: h11 over Trio, one task per connection, every
-request bounded in size and time.  What a request means is adminapi's job."""
+request bounded in size and time.  What a request means is api.py's job."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import h11
 import trio
 
 from gateway.auth import VerificationPending
-from gateway.server import close_stream, peer_address, peer_host
-from gateway.adminapi import SECURITY_HEADERS, AdminApi, AdminSettings, Request, Response, error
-from gateway.websocket import Upgrades
+from gateway.transports.server import close_stream, peer_address, peer_host
+from gateway.admin.api import AdminApi, AdminSettings
+from gateway.admin.http import SECURITY_HEADERS, Request, Response, error
+from gateway.transports.websocket import Upgrades
 
 MAX_HEAD_BYTES = 16 * 1024
 RECEIVE_BYTES = 64 * 1024

@@ -1,6 +1,6 @@
 """The admin API's semantics: request in, response out, no sockets.
 
-Routes (``gateway/admin.py`` runs them over h11):
+Routes (``admin/server.py`` runs them over h11):
 
     GET    /healthz                              open: the process is alive
     GET    /readyz                               open: 200 once recovered and listening, 503 otherwise
@@ -15,7 +15,7 @@ Routes (``gateway/admin.py`` runs them over h11):
                                                  or an offline durable subscription (its name is its key: durable:...)
     GET    /api/v1/connections                   read: every connection
     DELETE /api/v1/connections/{id}              write: close one
-    GET    /api/v1/archive[/{topic}[/messages]]  read: topic archives (gateway/archiveapi.py)
+    GET    /api/v1/archive[/{topic}[/messages]]  read: topic archives (admin/archive.py)
 
 ``{name}`` is the destination URL-encoded (``%2Fqueue%2Forders``) or without
 its leading slash (``queue/orders``).  Errors are JSON: ``{"status", "reason"}``.
@@ -37,20 +37,12 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from core import names
 from core.broker import Broker
 from core.errors import CoreError, QueueNotEmpty
-from gateway import console
+from gateway.admin import archive, console
+from gateway.admin.http import SECURITY_HEADERS, Request, Response, error, ok
 from gateway.auth import ADMIN, AccessDenied, AuthSettings, Gatekeeper, dummy_hash
 
 ROLES = ("read", "write")
 WRITE_METHODS = frozenset({"POST", "PUT", "DELETE", "PATCH"})
-# The headers every answer carries: no page may frame the console
-# (clickjacking), no body is sniffed into another type, and no page address
-# leaks to elsewhere through links.
-SECURITY_HEADERS = (
-    ("X-Frame-Options", "DENY"),
-    ("Content-Security-Policy", "frame-ancestors 'none'"),
-    ("X-Content-Type-Options", "nosniff"),
-    ("Referrer-Policy", "no-referrer"),
-)
 USERS_FILE_ENV = "GATEWAY_ADMIN_USERS_FILE"
 
 
@@ -94,30 +86,6 @@ def load_users(settings: AdminSettings) -> dict[str, tuple[str, str]]:
     return users
 
 
-@dataclasses.dataclass
-class Request:
-    method: str
-    target: str
-    headers: dict[str, str]
-    body: bytes = b""
-    host: str = "unknown"  # the client's address, what the login lockout counts
-
-
-@dataclasses.dataclass
-class Response:
-    status: int
-    body: bytes
-    content_type: str = "application/json"
-    headers: list[tuple[str, str]] = dataclasses.field(default_factory=list)
-    # A body too big to hold: an object whose blocking next_chunk() returns
-    # the next piece (None at the end) and close(); admin.py sends it chunked.
-    stream: Any = None
-
-
-def error(status: int, reason: str, **headers: str) -> Response:
-    return Response(status, json.dumps({"status": status, "reason": reason}).encode(), headers=list(headers.items()))
-
-
 def _basic(header: str) -> tuple[str | None, str]:
     """(user, password) from a Basic Authorization header; (None, "") if it is none."""
     scheme, _, encoded = header.partition(" ")
@@ -156,10 +124,6 @@ def _json_only(request: Request) -> Response | None:
     if declared.split(";", 1)[0].strip().lower() != "application/json":
         return error(415, f"expected Content-Type application/json, not {declared[:100]}")
     return None
-
-
-def ok(payload: Any, status: int = 200) -> Response:
-    return Response(status, json.dumps(payload, separators=(",", ":")).encode())
 
 
 class AdminApi:
@@ -274,9 +238,8 @@ class AdminApi:
         if rest.startswith("destinations/"):
             return self._on_destination(method, rest[len("destinations/") :], query, body)
         if rest == "archive" or rest.startswith("archive/"):
-            from gateway import archiveapi  # it builds on this module's Response
-
-            return archiveapi.route(self.archive, method, rest[len("archive") :], query)
+            
+            return archive.route(self.archive, method, rest[len("archive") :], query)
         return error(404 if method == "GET" else 405, f"no route for {method} {path[:100]}")
 
     def _on_destination(self, method: str, rest: str, query: dict[str, list[str]], body: bytes) -> Response:
