@@ -51,8 +51,10 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import persistent  # noqa: E402  (the restartable Broker, the producers, the fill)
-import run as bench  # noqa: E402
+from broker_process import free_port, loadavg, on_sigterm  # noqa: E402
+from persistent_broker import Broker, Failed, default_broker_cmd  # noqa: E402
+import persistent_load  # noqa: E402  (the producers, the durable subscriber, the fill)
+from report import fmt  # noqa: E402
 
 SCENARIOS = ("archive-read", "archive-publish")
 ARCHIVED = "/topic/bench.a"
@@ -76,10 +78,10 @@ def _config(tmp: Path) -> Path:
     return path
 
 
-def _broker(args: argparse.Namespace, tmp: Path) -> tuple[persistent.Broker, int]:
-    admin = bench._free_port()
+def _broker(args: argparse.Namespace, tmp: Path) -> tuple[Broker, int]:
+    admin = free_port()
     template = args.broker_cmd.replace("--admin-port 0", f"--admin-port {admin}") + f" --config {_config(tmp)}"
-    return persistent.Broker(template), admin
+    return Broker(template), admin
 
 
 def _read(admin_port: int, topic: str, n: int, deadline: float) -> dict:
@@ -91,7 +93,7 @@ def _read(admin_port: int, topic: str, n: int, deadline: float) -> dict:
     conn.request("GET", f"/api/v1/archive/{topic}/messages?from=0&to={n}", headers={"Authorization": "Basic " + token})
     response = conn.getresponse()
     if response.status != 200:
-        raise persistent.Failed(f"read: HTTP {response.status}: {response.read()[:300]!r}")
+        raise Failed(f"read: HTTP {response.status}: {response.read()[:300]!r}")
     # Buffered: pyarrow reads a message as several small reads; http.client
     # pays per read call when it decodes the chunked encoding.
     reader = pa.ipc.open_stream(io.BufferedReader(response, 1 << 20))  # type: ignore[arg-type]
@@ -102,55 +104,55 @@ def _read(admin_port: int, topic: str, n: int, deadline: float) -> dict:
     for batch in reader:
         offsets = batch.column("offset")
         if offsets[0].as_py() != expected or offsets[-1].as_py() != expected + batch.num_rows - 1:
-            raise persistent.Failed(f"read: batch {batches} starts at {offsets[0]}, expected {expected}")
+            raise Failed(f"read: batch {batches} starts at {offsets[0]}, expected {expected}")
         expected += batch.num_rows
         rows += batch.num_rows
         batches += 1
         body_bytes += batch.column("body").nbytes
         if time.monotonic() > deadline:
-            raise persistent.Failed(f"read: timed out after {rows:,} rows")
+            raise Failed(f"read: timed out after {rows:,} rows")
     elapsed = time.monotonic() - t0
     conn.close()
     if rows != n:
-        raise persistent.Failed(f"read: {rows:,} rows of {n:,}")
+        raise Failed(f"read: {rows:,} rows of {n:,}")
     return {"rows": rows, "batches": batches, "read_s": elapsed, "rows_per_s": rows / elapsed,
             "arrow_mib": body_bytes / 2**20, "mib_per_s": body_bytes / 2**20 / elapsed}
 
 
-def scenario_read(args: argparse.Namespace, broker: persistent.Broker, admin: int, r: dict, deadline: float) -> None:
+def scenario_read(args: argparse.Namespace, broker: Broker, admin: int, r: dict, deadline: float) -> None:
     n = args.messages or 1_000_000
     broker.start(min(deadline, time.monotonic() + 30))
-    r.update({"messages": n, "body_bytes": persistent.BODY_SIZE})
-    r.update(persistent._fill(broker.port, ARCHIVED, n, deadline - 60))
+    r.update({"messages": n, "body_bytes": persistent_load.BODY_SIZE})
+    r.update(persistent_load.fill(broker.port, ARCHIVED, n, deadline - 60))
     r["broker_before_read"] = broker.memory_mib()
     r.update(_read(admin, ARCHIVED.removeprefix("/topic/"), n, deadline - 10))
     r["broker_after_read"] = broker.memory_mib()
     r["reader_peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _publish(args: argparse.Namespace, broker: persistent.Broker, dest: str, deadline: float, *, durable: bool) -> dict:
+def _publish(args: argparse.Namespace, broker: Broker, dest: str, deadline: float, *, durable: bool) -> dict:
     """The persistent benchmark's producers to ``dest``; with ``durable`` a
     durable subscriber consumes (and ACKs) everything, so each message is stored."""
     children = []
     try:
         if durable:
-            cons, cons_pipe = persistent._child(
-                functools.partial(persistent.consumer_main, durable=True), broker.port, dest, deadline, 15.0
+            cons, cons_pipe = persistent_load.spawn(
+                functools.partial(persistent_load.consumer_main, durable=True), broker.port, dest, deadline, 15.0
             )
             children.append(cons)
-            persistent._expect(cons_pipe, "READY", time.monotonic() + 30, broker, "consumer")
-        prod, pipe = persistent._child(persistent.producers_main, broker.port, dest, args.seconds, deadline)
+            persistent_load.expect(cons_pipe, "READY", time.monotonic() + 30, broker, "consumer")
+        prod, pipe = persistent_load.spawn(persistent_load.producers_main, broker.port, dest, args.seconds, deadline)
         children.append(prod)
-        persistent._expect(pipe, "READY", time.monotonic() + 30, broker, "producers")
+        persistent_load.expect(pipe, "READY", time.monotonic() + 30, broker, "producers")
         pipe.send("GO")
-        p = persistent._expect(pipe, "RESULT", deadline + 5, broker, "producers")
+        p = persistent_load.expect(pipe, "RESULT", deadline + 5, broker, "producers")
         if p.get("error"):
-            raise persistent.Failed(f"producers to {dest}: {p['error']}")
+            raise Failed(f"producers to {dest}: {p['error']}")
         if durable:
             cons_pipe.send(p["receipted"])
-            c = persistent._expect(cons_pipe, "RESULT", deadline + 10, broker, "consumer")
+            c = persistent_load.expect(cons_pipe, "RESULT", deadline + 10, broker, "consumer")
             if c.get("error") or c["received"] != p["receipted"]:
-                raise persistent.Failed(f"durable subscriber of {dest}: {c.get('error')} ({c['received']:,} received)")
+                raise Failed(f"durable subscriber of {dest}: {c.get('error')} ({c['received']:,} received)")
     finally:
         for child in children:
             child.join(2)
@@ -170,7 +172,7 @@ PUBLISH_RUNS = (
 )
 
 
-def scenario_publish(args: argparse.Namespace, broker: persistent.Broker, admin: int, r: dict, deadline: float) -> None:
+def scenario_publish(args: argparse.Namespace, broker: Broker, admin: int, r: dict, deadline: float) -> None:
     broker.start(min(deadline, time.monotonic() + 30))
     for i, (label, dest, durable) in enumerate(PUBLISH_RUNS):
         left = len(PUBLISH_RUNS) - i
@@ -183,14 +185,14 @@ def run_scenario(name: str, args: argparse.Namespace, body: Callable[..., None] 
     archiving broker, and report what it recorded, or what went wrong."""
     if body is None:
         body = scenario_read if name == "archive-read" else scenario_publish
-    r: dict = {"scenario": name, "ok": False, "problems": [], "loadavg_before": bench._loadavg()}
+    r: dict = {"scenario": name, "ok": False, "problems": [], "loadavg_before": loadavg()}
     start = time.monotonic()
     deadline = start + args.timeout
     with tempfile.TemporaryDirectory(prefix="gateway-archive-bench-") as tmp:
         broker, admin = _broker(args, Path(tmp))
         try:
             body(args, broker, admin, r, deadline)
-        except persistent.Failed as exc:
+        except Failed as exc:
             r["problems"].append(str(exc))
         except Exception as exc:  # a bug in the runner: still clean up and report
             r["problems"].append(f"runner error: {type(exc).__name__}: {exc}")
@@ -205,7 +207,7 @@ def run_scenario(name: str, args: argparse.Namespace, body: Callable[..., None] 
 
 
 def print_scenario(r: dict) -> None:
-    f = bench._f
+    f = fmt
     print(f"\n== {r['scenario']}: {'OK' if r['ok'] else 'FAILED'} ({r['wall_s']:.1f} s)")
     for problem in r["problems"]:
         print(f"   problem: {problem}")
@@ -232,7 +234,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--messages", type=int, metavar="N", help="archive-read: messages (default 1000000)")
     parser.add_argument("--seconds", type=float, default=10.0, metavar="S", help="archive-publish: seconds per run")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    parser.add_argument("--broker-cmd", default=persistent._default_broker_cmd(), metavar="CMD",
+    parser.add_argument("--broker-cmd", default=default_broker_cmd(), metavar="CMD",
                         help="broker command; {port} and {data_dir} are substituted (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="S", help="hard limit per scenario (default 600)")
     return parser.parse_args(argv)
@@ -240,10 +242,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    signal.signal(signal.SIGTERM, bench._on_sigterm)
+    signal.signal(signal.SIGTERM, on_sigterm)
     names = SCENARIOS if args.scenario == "all" else (args.scenario,)
     print(f"gateway archive benchmark: {platform.python_implementation()} {platform.python_version()}, "
-          f"{os.cpu_count()} CPUs, load average {bench._loadavg()}")
+          f"{os.cpu_count()} CPUs, load average {loadavg()}")
     results = []
     for name in names:
         results.append(run_scenario(name, args))

@@ -38,15 +38,17 @@ if str(HERE) not in sys.path:
 sys.path.insert(0, str(HERE.parent))
 
 import archive  # noqa: E402  (the archiving broker and its read user)
-import persistent  # noqa: E402  (the restartable Broker and the fill)
-import run as bench  # noqa: E402
+from broker_process import loadavg, memory_kb, on_sigterm, proc_tree  # noqa: E402
+from persistent_broker import Broker, Failed, default_broker_cmd  # noqa: E402
+from persistent_load import BODY_SIZE, fill  # noqa: E402
+from report import fmt  # noqa: E402
 
 BAR_ROWS_PER_S = 200_000
 
 
 def _tree_rss_mib(root: int) -> float:
     """RSS of a process and all its descendants (the JVM and its Python workers)."""
-    return sum(bench._memory_kb(pid)["VmRSS"] for pid in bench._proc_tree(root)) / 1024
+    return sum(memory_kb(pid)["VmRSS"] for pid in proc_tree(root)) / 1024
 
 
 def _spark(master: str):  # -> SparkSession
@@ -66,11 +68,11 @@ def _spark(master: str):  # -> SparkSession
     return spark
 
 
-def scenario(args: argparse.Namespace, broker: persistent.Broker, admin: int, r: dict, deadline: float) -> None:
+def scenario(args: argparse.Namespace, broker: Broker, admin: int, r: dict, deadline: float) -> None:
     n = args.messages
     broker.start(min(deadline, time.monotonic() + 30))
-    r.update({"messages": n, "body_bytes": persistent.BODY_SIZE})
-    r.update(persistent._fill(broker.port, archive.ARCHIVED, n, deadline - 120))
+    r.update({"messages": n, "body_bytes": BODY_SIZE})
+    r.update(fill(broker.port, archive.ARCHIVED, n, deadline - 120))
     spark = _spark(args.master)
     jvm = spark.sparkContext._gateway.proc.pid  # the JVM pyspark launched
     r["master"] = args.master
@@ -87,13 +89,13 @@ def scenario(args: argparse.Namespace, broker: persistent.Broker, admin: int, r:
             times = []
             for _ in range(args.repeat):
                 if time.monotonic() > deadline - 30:
-                    raise persistent.Failed(f"timed out before the {p}-partition runs finished")
+                    raise Failed(f"timed out before the {p}-partition runs finished")
                 t0 = time.monotonic()
                 count = df.count()
                 times.append(time.monotonic() - t0)
                 r["spark_peak_rss_mib"] = max(r["spark_peak_rss_mib"], _tree_rss_mib(jvm))
                 if count != n:
-                    raise persistent.Failed(f"{p} partitions: count() = {count:,}, expected {n:,}")
+                    raise Failed(f"{p} partitions: count() = {count:,}, expected {n:,}")
             best = min(times)
             r["runs"][p] = {"seconds": times, "rows_per_s": n / best}
         r["broker_after"] = broker.memory_mib()
@@ -106,7 +108,7 @@ def run_scenario(args: argparse.Namespace) -> dict:
 
 
 def print_scenario(r: dict) -> None:
-    f = bench._f
+    f = fmt
     print(f"\n== spark-read: {'OK' if r['ok'] else 'FAILED'} ({r['wall_s']:.1f} s)")
     for problem in r["problems"]:
         print(f"   problem: {problem}")
@@ -132,7 +134,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--master", default="local[4]", help="Spark master (default local[4]: four tasks at once)")
     parser.add_argument("--repeat", type=int, default=2, metavar="R", help="counts per partition count (default 2)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    parser.add_argument("--broker-cmd", default=persistent._default_broker_cmd(), metavar="CMD",
+    parser.add_argument("--broker-cmd", default=default_broker_cmd(), metavar="CMD",
                         help="broker command; {port} and {data_dir} are substituted (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=900.0, metavar="S", help="hard limit (default 900)")
     return parser.parse_args(argv)
@@ -140,9 +142,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    signal.signal(signal.SIGTERM, bench._on_sigterm)
+    signal.signal(signal.SIGTERM, on_sigterm)
     print(f"gateway spark-read benchmark: {platform.python_implementation()} {platform.python_version()}, "
-          f"{os.cpu_count()} CPUs, load average {bench._loadavg()}")
+          f"{os.cpu_count()} CPUs, load average {loadavg()}")
     result = run_scenario(args)
     print_scenario(result)
     if args.json:

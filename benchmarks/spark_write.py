@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from run import _free_port, _memory_kb  # noqa: E402
+from broker_process import free_port, memory_kb  # noqa: E402
 from spark_read import _spark  # noqa: E402
 
 from gateway.auth import hash_password  # noqa: E402
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     print(f"gateway spark-write benchmark: {platform.python_implementation()} {platform.python_version()}, "
           f"{os.cpu_count()} CPUs, {args.rows:,} rows x 128 B, master {args.master}")
-    stomp_port, mqtt_port, admin_port = _free_port(), _free_port(), _free_port()
+    stomp_port, mqtt_port, admin_port = free_port(), free_port(), free_port()
     with tempfile.TemporaryDirectory(prefix="gateway-spark-write-") as tmp:
         config = Path(tmp) / "gateway.toml"
         config.write_text(
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                         best = elapsed if best is None else min(best, elapsed)
                     assert best is not None
                     print(f"   {p} partition(s): {args.rows / best:,.0f} rows/s written and committed (best of {args.repeat})")
-                print(f"   broker RSS {_memory_kb(broker.pid)['VmRSS'] / 1024:.0f} MiB holding {expected:,} messages")
+                print(f"   broker RSS {memory_kb(broker.pid)['VmRSS'] / 1024:.0f} MiB holding {expected:,} messages")
             finally:
                 spark.stop()
         finally:

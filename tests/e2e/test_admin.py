@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.auth import hash_password
+from tests.auth_helpers import ACL, USERS as CLIENTS, login
 from tests.helpers import unique, wait_for
 
 WRITER = ("ops", "s3cret")
@@ -269,8 +270,6 @@ def test_every_answer_forbids_framing_and_sniffing(admin_broker, method, path, a
 
 
 def test_a_send_through_the_api_acts_as_the_operator_under_an_acl(broker_factory, stomp_client):
-    from tests.e2e.test_authorization import ACL, USERS as CLIENTS, login
-
     broker = broker_factory(admin={"users": USERS}, auth={"users": CLIENTS, "acl": ACL})
     # Not granted to anyone as such: the operator's send creates the queue too.
     status, body, _ = call(broker, "POST", "/api/v1/destinations/queue%2Forders.eu/messages", {"body": "by ops"})

@@ -17,38 +17,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.auth import hash_password
 from gateway.mqtt import packets as p
+from tests.auth_helpers import ACL, ITER, USERS, login
 from tests.helpers import RawClient, unique, wait_for
 from tests.processes import free_port
-
-ITER = 1000  # cheap hashes: the tests measure behaviour, not PBKDF2
-
-
-def user(name, password, *groups):
-    return {"name": name, "password_hash": hash_password(password, iterations=ITER), "groups": list(groups)}
-
-
-USERS = [
-    user("app", "app-pw", "producers"),
-    user("reader", "reader-pw", "consumers"),
-    user("ops", "ops-pw", "admins"),
-    user("late", "late-pw", "latecomers"),
-    user("sensor", "sensor-pw", "sensors"),
-]
-ACL = [
-    {"destination": "/queue/orders.>", "write": ["producers", "latecomers"], "read": ["consumers"], "admin": ["producers", "admins"]},
-    {"destination": "/topic/plant.>", "read": ["*"], "write": ["sensors"]},
-    {"destination": "/topic/barrier.>", "write": ["*"]},  # the test clients' round trips
-    {"destination": "/queue/replies", "read": ["producers"], "write": ["consumers"], "admin": ["producers"]},
-]
 
 
 @pytest.fixture
 def secured(broker_factory):
     return broker_factory(auth={"users": USERS, "acl": ACL})
-
-
-def login(name):
-    return {"login": name, "passcode": f"{name}-pw"}
 
 
 def refusal(broker, **connect_headers):

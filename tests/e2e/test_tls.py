@@ -11,23 +11,11 @@ import ssl
 
 import pytest
 
-from gateway.auth import hash_password
 from gateway.config import ConfigError, load
 from gateway.transports.tls import TlsSettings
 from tests.helpers import RawClient, unique, wait_for
 from tests.mqtt_helpers import Paho
-
-
-def tls_broker(broker_factory, pki, *, auth=None, **tls):
-    settings = TlsSettings(cert=pki["server"], key=pki["server"], **tls)
-    return broker_factory(tls=settings, stomp_tls_port=0, mqtt_tls_port=0, admin_tls_port=0, auth=auth)
-
-
-def client_context(pki, *, certificate=False) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=pki["ca"])
-    if certificate:
-        context.load_cert_chain(pki["client_cert"], pki["client_key"])
-    return context
+from tests.tls_helpers import CERT_AUTH, client_context, tls_broker
 
 
 def stomp_tls(stomp_client, broker, pki, *, certificate=False, **headers):
@@ -72,13 +60,6 @@ def test_the_admin_api_over_https(broker_factory, pki):
         assert connection.getresponse().status == 200
     finally:
         connection.close()
-
-
-SENSOR = {"name": "sensor", "password_hash": hash_password("unused", iterations=1000), "groups": ["sensors"]}
-CERT_AUTH = {
-    "users": [SENSOR],
-    "acl": [{"destination": "/topic/plant.>", "write": ["sensors"], "read": ["sensors"]}],
-}
 
 
 def test_a_client_certificate_logs_in_as_its_mapped_user(broker_factory, pki, stomp_client, raw_client):

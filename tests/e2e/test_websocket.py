@@ -16,7 +16,7 @@ from gateway.mqtt import packets
 from gateway.stomp import frames
 from tests.helpers import RawClient, encode_frame, unique, wait_for
 from tests.mqtt_helpers import RawMqtt
-from tests.e2e.test_tls import CERT_AUTH, client_context, tls_broker
+from tests.tls_helpers import CERT_AUTH, client_context, tls_broker
 from tests.ws_helpers import Refused, WebSocketSocket
 
 

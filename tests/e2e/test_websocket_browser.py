@@ -14,7 +14,7 @@ import pytest
 from tests import npm_bundles
 from tests.browser import chromium, requires_chromium, serve_files
 from tests.helpers import unique, wait_for
-from tests.e2e.test_tls import tls_broker
+from tests.tls_helpers import tls_broker
 
 pytestmark = requires_chromium
 

@@ -1,0 +1,200 @@
+"""The Kubernetes deployment in deploy/ as the deploy tests see it: the
+kustomization rendered (with ``kubectl kustomize`` when kubectl is on the PATH,
+else with the small renderer below, which knows exactly the kustomize features
+deploy/ uses and refuses any other), lookups into the rendered objects, the
+config the pod's broker would run with, and the Dockerfile's instructions."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gateway import __main__ as cli
+from gateway import config
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+GATEWAY = str(Path(sys.executable).parent / "gateway")
+
+
+# -- rendering ---------------------------------------------------------------
+
+
+def _hash_suffix(obj: dict[str, Any]) -> str:
+    """kustomize's content hash for a generated ConfigMap or Secret (api/hasher)."""
+    # kustomize (v5) hashes with an empty name: the suffix depends on the content alone.
+    fields: dict[str, Any] = {"kind": obj["kind"], "name": "", "data": obj.get("data", {})}
+    if obj["kind"] == "Secret":
+        fields["type"] = obj.get("type", "Opaque")
+    # Go's json.Marshal: sorted keys, no spaces, <, > and & escaped, non-ASCII kept.
+    encoded = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    for char, escape in (("&", "\\u0026"), ("<", "\\u003c"), (">", "\\u003e"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        encoded = encoded.replace(char, escape)
+    digest = hashlib.sha256(encoded.encode()).hexdigest()[:10]
+    return digest.translate(str.maketrans({"0": "g", "1": "h", "3": "k", "a": "m", "e": "t"}))
+
+
+def _kyaml_base64(text: str) -> str:
+    """Base64 as kustomize writes it: in 70-column lines, each ending in a newline, once longer than one."""
+    encoded = base64.b64encode(text.encode()).decode()
+    if len(encoded) < 70:
+        return encoded
+    return "".join(encoded[i : i + 70] + "\n" for i in range(0, len(encoded), 70))
+
+
+def _generated(kind: str, spec: dict[str, Any], base: Path) -> dict[str, Any]:
+    unknown = set(spec) - {"name", "files", "type"}
+    assert not unknown, f"the test's renderer does not know {kind} generator fields {unknown}: extend it"
+    data = {}
+    for item in spec.get("files", []):
+        key, _, path = item.rpartition("=")
+        key = key or Path(path).name
+        content = (base / path).read_text()
+        data[key] = _kyaml_base64(content) if kind == "Secret" else content
+    obj: dict[str, Any] = {"apiVersion": "v1", "kind": kind, "metadata": {"name": spec["name"]}, "data": data}
+    if kind == "Secret":
+        obj["type"] = spec.get("type", "Opaque")
+    return obj
+
+
+def pod_spec(obj: dict[str, Any]) -> dict[str, Any] | None:
+    return obj.get("spec", {}).get("template", {}).get("spec")
+
+
+def _add_labels(obj: dict[str, Any], pairs: dict[str, str], selectors: bool, templates: bool) -> None:
+    obj["metadata"].setdefault("labels", {}).update(pairs)
+    spec = obj.get("spec", {})
+    if selectors:
+        if obj["kind"] == "Service" and "selector" in spec:
+            spec["selector"].update(pairs)
+        elif "selector" in spec:  # workloads and PodDisruptionBudgets
+            spec["selector"].setdefault("matchLabels", {}).update(pairs)
+    if selectors or templates:
+        if "template" in spec:
+            spec["template"].setdefault("metadata", {}).setdefault("labels", {}).update(pairs)
+        for claim in spec.get("volumeClaimTemplates", []):
+            claim.setdefault("metadata", {}).setdefault("labels", {}).update(pairs)
+
+
+def _set_image(pod: dict[str, Any], rule: dict[str, str]) -> None:
+    for container in pod.get("initContainers", []) + pod.get("containers", []):
+        name = re.split(r"[@]|:(?=[^/]*$)", container["image"])[0]
+        if name == rule["name"]:
+            container["image"] = rule.get("newName", name) + (f":{rule['newTag']}" if "newTag" in rule else "")
+
+
+def _rename_references(pod: dict[str, Any], names: dict[tuple[str, str], str]) -> None:
+    def renamed(kind: str, name: str) -> str:
+        return names.get((kind, name), name)
+
+    for volume in pod.get("volumes", []):
+        if "configMap" in volume:
+            volume["configMap"]["name"] = renamed("ConfigMap", volume["configMap"]["name"])
+        if "secret" in volume:
+            volume["secret"]["secretName"] = renamed("Secret", volume["secret"]["secretName"])
+    for container in pod.get("initContainers", []) + pod.get("containers", []):
+        for env in container.get("env", []):
+            source = env.get("valueFrom", {})
+            if "configMapKeyRef" in source:
+                source["configMapKeyRef"]["name"] = renamed("ConfigMap", source["configMapKeyRef"]["name"])
+            if "secretKeyRef" in source:
+                source["secretKeyRef"]["name"] = renamed("Secret", source["secretKeyRef"]["name"])
+        for env_from in container.get("envFrom", []):
+            if "configMapRef" in env_from:
+                env_from["configMapRef"]["name"] = renamed("ConfigMap", env_from["configMapRef"]["name"])
+            if "secretRef" in env_from:
+                env_from["secretRef"]["name"] = renamed("Secret", env_from["secretRef"]["name"])
+
+
+def render_python(base: Path = DEPLOY) -> list[dict[str, Any]]:
+    """``kubectl kustomize`` for the features deploy/kustomization.yaml uses, and no others."""
+    kustomization = yaml.safe_load((base / "kustomization.yaml").read_text())
+    known = {"apiVersion", "kind", "resources", "labels", "images", "configMapGenerator", "secretGenerator", "namespace"}
+    assert not set(kustomization) - known, f"the test's renderer does not know {set(kustomization) - known}: extend it"
+    objects: list[dict[str, Any]] = []
+    for resource in kustomization.get("resources", []):
+        assert (base / resource).is_file(), f"{resource}: the renderer handles files, not bases or URLs"
+        objects += [doc for doc in yaml.safe_load_all((base / resource).read_text()) if doc]
+    names: dict[tuple[str, str], str] = {}
+    for key, kind in (("configMapGenerator", "ConfigMap"), ("secretGenerator", "Secret")):
+        for spec in kustomization.get(key, []):
+            obj = _generated(kind, spec, base)
+            hashed = f"{spec['name']}-{_hash_suffix(obj)}"
+            names[(kind, spec["name"])] = hashed
+            obj["metadata"]["name"] = hashed
+            objects.append(obj)
+    for entry in kustomization.get("labels", []):
+        assert not set(entry) - {"pairs", "includeSelectors", "includeTemplates"}, entry
+        for obj in objects:
+            _add_labels(obj, entry["pairs"], entry.get("includeSelectors", False), entry.get("includeTemplates", False))
+    for obj in objects:
+        if "namespace" in kustomization:
+            obj["metadata"]["namespace"] = kustomization["namespace"]
+        pod = pod_spec(obj)
+        if pod is not None:
+            _rename_references(pod, names)
+            for rule in kustomization.get("images", []):
+                _set_image(pod, rule)
+    return objects
+
+
+def render_kubectl(base: Path = DEPLOY) -> list[dict[str, Any]]:
+    kubectl = shutil.which("kubectl")
+    assert kubectl is not None
+    out = subprocess.run([kubectl, "kustomize", str(base)], capture_output=True, text=True, timeout=60, check=True)
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+def the(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {[o['metadata']['name'] for o in found]}"
+    return found[0]
+
+
+def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    containers = pod_spec(the(objects, "StatefulSet"))["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def port_number(ctr: dict[str, Any], port: int | str) -> int:
+    if isinstance(port, int):
+        return port
+    return next(p["containerPort"] for p in ctr["ports"] if p["name"] == port)
+
+
+def effective_config(objects: list[dict[str, Any]], tmp_path: Path) -> tuple[config.Config, Any]:
+    """The config the pod's broker would run with: the ConfigMap's file at the
+    --config path plus the flags, through the real CLI parser and loader."""
+    ctr = container(objects)
+    args = cli._parser().parse_args(ctr["args"])
+    cm = the(objects, "ConfigMap")
+    path = tmp_path / "gateway.toml"
+    path.write_text(cm["data"][Path(args.config).name])
+    overrides = {k: getattr(args, k) for k in ("bind", "stomp_port", "mqtt_port", "admin_port", "data_dir", "log_format", "log_level")}
+    return config.load(str(path), overrides), args
+
+
+# -- the Dockerfile -----------------------------------------------------------
+
+
+def dockerfile_instructions() -> dict[str, list[str]]:
+    text = (DEPLOY / "Dockerfile").read_text()
+    text = re.sub(r"\\\n", " ", text)  # line continuations
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        word, _, rest = line.partition(" ")
+        out.setdefault(word.upper(), []).append(rest.strip())
+    return out

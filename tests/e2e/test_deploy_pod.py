@@ -1,0 +1,167 @@
+"""The pod spec in deploy/ held against the real program: the command line
+parses with the real CLI, the ConfigMap's file loads with the real config
+loader, and the ports, paths, probes, security context, Services, budget and
+grace period agree with what that config says."""
+
+from __future__ import annotations
+
+import base64
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway import __main__ as cli
+from gateway import config
+from tests.deploy_helpers import GATEWAY, container, dockerfile_instructions, effective_config, pod_spec, port_number, the
+
+# Flush window plus closing the store (last fdatasync): what the kubelet must wait beyond shutdown_grace_s.
+STORE_CLOSE_MARGIN_S = 5.0
+
+
+def test_container_runs_the_documented_command(rendered: list[dict[str, Any]]) -> None:
+    ctr = container(rendered)
+    assert ctr["command"] == ["gateway"]
+    assert ctr["args"][0] == "serve"
+    args = cli._parser().parse_args(ctr["args"])  # exits (fails) on an unknown flag
+    assert args.command == "serve"
+    assert (args.bind, args.data_dir, args.log_format) == ("0.0.0.0", "/data", "json")
+    assert args.config == "/etc/gateway/gateway.toml"
+    help_text = subprocess.run([GATEWAY, "serve", "--help"], capture_output=True, text=True, timeout=30, check=True).stdout
+    for flag in (a for a in ctr["args"] if a.startswith("--")):
+        assert flag in help_text, f"{flag} is not in `gateway serve --help`"
+    assert ctr["image"].startswith("gateway:"), "the images: entry gives the tag"
+
+
+def test_configmap_file_loads_and_agrees_with_the_pod(rendered: list[dict[str, Any]], tmp_path: Path) -> None:
+    sts = the(rendered, "StatefulSet")
+    pod = pod_spec(sts)
+    ctr = container(rendered)
+    cfg, args = effective_config(rendered, tmp_path)
+    # The file alone (without the flags) loads too, and says the same thing.
+    alone = config.load(str(tmp_path / "gateway.toml"))
+    assert (alone.bind, alone.data_dir, alone.log_format) == (cfg.bind, cfg.data_dir, cfg.log_format)
+
+    ports = {p["name"]: p["containerPort"] for p in ctr["ports"]}
+    assert ports == {"stomp": cfg.stomp_port, "mqtt": cfg.mqtt_port, "admin": cfg.admin_port}
+    assert ports == {"stomp": 61613, "mqtt": 1883, "admin": 8161}
+
+    mounts = {m["name"]: m for m in ctr["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    # --config is the ConfigMap's key, mounted read-only.
+    config_mount = next(m for m in ctr["volumeMounts"] if args.config.startswith(m["mountPath"].rstrip("/") + "/"))
+    assert config_mount["readOnly"] is True
+    assert volumes[config_mount["name"]]["configMap"]["name"] == the(rendered, "ConfigMap")["metadata"]["name"]
+    # The data folder is the claim from volumeClaimTemplates.
+    assert mounts["data"]["mountPath"] == cfg.data_dir
+    assert [c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]] == ["data"]
+    assert "data" not in volumes
+    # The admin users file is the Secret's key, named by the variable the broker reads.
+    env = {e["name"]: e["value"] for e in ctr["env"]}
+    users_env = "GATEWAY_ADMIN_USERS_FILE"
+    try:
+        from gateway.admin.api import USERS_FILE_ENV
+    except ImportError:
+        pass
+    else:
+        assert USERS_FILE_ENV == users_env
+    users_path = env[users_env]
+    secret_mount = next(m for m in ctr["volumeMounts"] if users_path.startswith(m["mountPath"].rstrip("/") + "/"))
+    assert secret_mount["readOnly"] is True
+    secret = the(rendered, "Secret")
+    assert volumes[secret_mount["name"]]["secret"]["secretName"] == secret["metadata"]["name"]
+    assert Path(users_path).name in secret["data"]
+    # The kubelet waits for the whole drain before SIGKILL.
+    assert pod["terminationGracePeriodSeconds"] >= cfg.shutdown_grace_s + STORE_CLOSE_MARGIN_S
+    # Service links would put GATEWAY_* variables (from the Service "gateway") in the environment.
+    assert pod["enableServiceLinks"] is False
+
+
+def test_probes_hit_the_admin_port(rendered: list[dict[str, Any]], tmp_path: Path) -> None:
+    ctr = container(rendered)
+    cfg, _ = effective_config(rendered, tmp_path)
+    expected = {"readinessProbe": "/readyz", "livenessProbe": "/healthz", "startupProbe": "/healthz"}
+    for probe, path in expected.items():
+        get = ctr[probe]["httpGet"]
+        assert get["path"] == path, probe
+        assert port_number(ctr, get["port"]) == cfg.admin_port, probe
+    startup = ctr["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 60, "store recovery gets at least a minute"
+
+
+def _quantity(value: str | int) -> float:
+    units = {"m": 1e-3, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6, "G": 1e9}
+    match = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(value))
+    assert match, value
+    return float(match[1]) * units.get(match[2], 1) if match[2] else float(match[1])
+
+
+def test_security_context_and_resources(rendered: list[dict[str, Any]]) -> None:
+    pod = pod_spec(the(rendered, "StatefulSet"))
+    ctr = container(rendered)
+    psc, csc = pod["securityContext"], ctr["securityContext"]
+    assert psc["runAsNonRoot"] is True and psc["runAsUser"] > 0 and psc["fsGroup"] > 0
+    assert csc["runAsNonRoot"] is True
+    assert csc["readOnlyRootFilesystem"] is True
+    assert csc["allowPrivilegeEscalation"] is False
+    assert csc["capabilities"]["drop"] == ["ALL"] and "add" not in csc["capabilities"]
+    assert psc["seccompProfile"]["type"] == "RuntimeDefault"
+    # A read-only root needs a writable /tmp.
+    tmp_mount = next(m for m in ctr["volumeMounts"] if m["mountPath"] == "/tmp")
+    assert "emptyDir" in next(v for v in pod["volumes"] if v["name"] == tmp_mount["name"])
+    # The image's USER is the uid the pod runs as.
+    user = dockerfile_instructions()["USER"][-1].split(":")
+    assert int(user[0]) == psc["runAsUser"] == csc.get("runAsUser", psc["runAsUser"])
+    resources = ctr["resources"]
+    for kind in ("cpu", "memory"):
+        request, limit = _quantity(resources["requests"][kind]), _quantity(resources["limits"][kind])
+        assert 0 < request <= limit, kind
+
+
+def test_services_pdb_and_statefulset_fit_together(rendered: list[dict[str, Any]], tmp_path: Path) -> None:
+    sts = the(rendered, "StatefulSet")
+    template_labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert sts["spec"]["replicas"] == 1, "the store has one writer"
+    assert sts["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
+    cfg, _ = effective_config(rendered, tmp_path)
+    ctr = container(rendered)
+
+    service = the(rendered, "Service", "gateway")
+    assert service["spec"].get("type", "ClusterIP") == "ClusterIP"
+    assert service["spec"]["selector"].items() <= template_labels.items()
+    exposed = {p["name"]: (p["port"], port_number(ctr, p["targetPort"])) for p in service["spec"]["ports"]}
+    assert exposed == {"stomp": (61613, cfg.stomp_port), "mqtt": (1883, cfg.mqtt_port), "admin": (8161, cfg.admin_port)}
+    notes = service["metadata"]["annotations"]
+    assert notes["prometheus.io/scrape"] == "true"
+    assert int(notes["prometheus.io/port"]) == cfg.admin_port
+    assert notes["prometheus.io/path"] == "/metrics"
+
+    headless = the(rendered, "Service", sts["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"].items() <= template_labels.items()
+
+    pdb = the(rendered, "PodDisruptionBudget")
+    assert pdb["spec"].get("maxUnavailable") == 0 or pdb["spec"].get("minAvailable") == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
+
+
+def test_admin_users_secret_is_a_placeholder_that_admits_nobody(rendered: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = the(rendered, "Secret")
+    text = base64.b64decode(secret["data"]["users.toml"]).decode()
+    assert "REPLACE" in text and "gateway passwd" in text, "the placeholder tells operators what to do"
+    users = tomllib.loads(text)["users"]
+    assert users and all({"name", "password_hash", "role"} <= set(u) for u in users)
+    from gateway import auth
+    from gateway.admin import api as adminapi
+    path = tmp_path / "users.toml"
+    path.write_text(text)
+    monkeypatch.setenv(adminapi.USERS_FILE_ENV, str(path))
+    cfg, _ = effective_config(rendered, tmp_path)
+    loaded = adminapi.load_users(cfg.admin)
+    assert set(loaded) == {u["name"] for u in users}
+    for name, (hashed, _) in loaded.items():
+        for guess in ("", "admin", "password", "changeme", name, "REPLACE-ME"):
+            assert not auth.verify_password(guess, hashed), f"the placeholder admits {name}:{guess!r}"
