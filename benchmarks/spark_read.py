@@ -51,7 +51,7 @@ def _tree_rss_mib(root: int) -> float:
     return sum(memory_kb(pid)["VmRSS"] for pid in proc_tree(root)) / 1024
 
 
-def _spark(master: str):  # -> SparkSession
+def spark_session(master: str):  # -> SparkSession
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
@@ -73,7 +73,7 @@ def scenario(args: argparse.Namespace, broker: Broker, admin: int, r: dict, dead
     broker.start(min(deadline, time.monotonic() + 30))
     r.update({"messages": n, "body_bytes": BODY_SIZE})
     r.update(fill(broker.port, archive.ARCHIVED, n, deadline - 120))
-    spark = _spark(args.master)
+    spark = spark_session(args.master)
     jvm = spark.sparkContext._gateway.proc.pid  # the JVM pyspark launched
     r["master"] = args.master
     r["runs"] = {}

@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from broker_process import free_port, memory_kb  # noqa: E402
-from spark_read import _spark  # noqa: E402
+from spark_read import spark_session  # noqa: E402
 
 from gateway.auth import hash_password  # noqa: E402
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                     break
                 except OSError:
                     time.sleep(0.02)
-            spark = _spark(args.master)
+            spark = spark_session(args.master)
             try:
                 expected = _depth(admin_port)
                 for p in args.partitions:
