@@ -173,7 +173,8 @@ class Broker:
         self,
         messages: Message | Sequence[Message],
         producer: Producer | None = None,
-        *,
+        # Not keyword-only, though meant as keywords: CPython fills missing
+        # keyword-only arguments from a dict, a cost on every SEND.
         acks: Sequence[tuple[str, Message]] = (),
         commit_key: str | None = None,
         retain: bool = False,
@@ -208,47 +209,60 @@ class Broker:
         One message without acks takes a shorter path (no bookkeeping for
         many): every SEND and PUBLISH comes this way, and the general one cost
         about 4% of the broker's CPU per message."""
-        if to is not None:
-            for message in [messages] if isinstance(messages, Message) else messages:
-                to.put(message)
-            return 0
-        if not isinstance(messages, Message):
-            lsn = self._enter_all(messages, producer, acks, commit_key, dead_letter)
-            for message in messages if retain else ():
-                lsn = max(lsn, self._keep_retained(message, producer))
-            return lsn
-        if acks or commit_key is not None:
-            lsn = self._enter_all((messages,), producer, acks, commit_key, dead_letter)
-        else:  # the fast path: the same rules as _enter_all, for one message
-            message = messages
-            address = message.address
-            policy = self.policies.for_address(address)
-            targets = self.registry.targets_for(message)
-            refuses = policy.send_fail_if_no_space and address.is_queue and not dead_letter
-            if refuses and targets:
-                _refuse_if_full(targets[0], 1)
-            lsn = 0
-            if message.persistent:
-                keys = [queue.key for queue in targets if queue.key is not None]
-                if keys:
-                    lsn = self.store.add_message(message, keys)
-            if policy.archive and address.kind is Kind.TOPIC:
-                archived = self.store.archive(address.name, message)
-                if message.persistent:  # a receipt promises the archived copy too
-                    lsn = max(lsn, archived)
-            if dead_letter:
-                self.stats.dead_lettered += 1
-            else:
-                self.stats.messages_in += 1
-            # A full queue under send_fail_if_no_space refuses the next SEND instead of holding this one.
-            if _put(message, targets) and producer is not None and not refuses and not dead_letter:
-                if producer.hold([queue for queue in targets if queue.waiters is not None]):
-                    self.stats.producer_holds += 1
+        if messages.__class__ is not Message or acks or commit_key is not None or to is not None:
+            return self._enter_all(messages, producer, acks, commit_key, retain, dead_letter, to)
+        # The fast path: _enter_all's rules, for one message.
+        message: Message = messages  # type: ignore[assignment]
+        address = message.address
+        policy = self.policies.for_address(address)
+        targets = self.registry.targets_for(message)
+        refuses = policy.send_fail_if_no_space and address.is_queue and not dead_letter
+        if refuses and targets:
+            _refuse_if_full(targets[0], 1)
+        lsn = 0
+        if message.persistent:
+            keys = [queue.key for queue in targets if queue.key is not None]
+            if keys:
+                lsn = self.store.add_message(message, keys)
+        if policy.archive and address.kind is Kind.TOPIC:
+            archived = self.store.archive(address.name, message)
+            if message.persistent:  # a receipt promises the archived copy too
+                lsn = max(lsn, archived)
+        if dead_letter:
+            self.stats.dead_lettered += 1
+        else:
+            self.stats.messages_in += 1
+        # A full queue under send_fail_if_no_space refuses the next SEND instead of holding this one.
+        if _put(message, targets) and producer is not None and not refuses and not dead_letter:
+            if producer.hold([queue for queue in targets if queue.waiters is not None]):
+                self.stats.producer_holds += 1
         if retain:
-            lsn = max(lsn, self._keep_retained(messages, producer))
+            lsn = max(lsn, self._keep_retained(message, producer))
         return lsn
 
     def _enter_all(
+        self,
+        messages: Message | Sequence[Message],
+        producer: Producer | None,
+        acks: Sequence[tuple[str, Message]],
+        commit_key: str | None,
+        retain: bool,
+        dead_letter: bool,
+        to: Queue | None,
+    ) -> int:
+        """:meth:`publish` for any number of messages, all or none."""
+        if isinstance(messages, Message):
+            messages = (messages,)
+        if to is not None:
+            for message in messages:
+                to.put(message)
+            return 0
+        lsn = self._enter_messages(messages, producer, acks, commit_key, dead_letter)
+        for message in messages if retain else ():
+            lsn = max(lsn, self._keep_retained(message, producer))
+        return lsn
+
+    def _enter_messages(
         self,
         messages: Sequence[Message],
         producer: Producer | None,
@@ -256,7 +270,6 @@ class Broker:
         commit_key: str | None,
         dead_letter: bool,
     ) -> int:
-        """:meth:`publish` for any number of messages, all or none."""
         if len(messages) > 1:  # create no queue unless all of them can be
             registry = self.registry
             missing = {m.address for m in messages if m.address.kind is Kind.QUEUE and m.address not in registry.queues}

@@ -52,7 +52,6 @@ class Core(Protocol):
         self,
         messages: Message | Sequence[Message],
         producer: Any = None,
-        *,
         acks: Sequence[tuple[str, Message]] = (),
         commit_key: str | None = None,
         retain: bool = False,
@@ -104,7 +103,7 @@ class Client:
 
     # -- producing ---------------------------------------------------------
 
-    def send(self, message: Message, transaction: str | None = None, *, retain: bool = False) -> int:
+    def send(self, message: Message, transaction: str | None = None, retain: bool = False) -> int:
         """Publish, or hold until COMMIT when in a transaction.  Returns the LSN
         a durability promise (a receipt) must wait for.  ``retain``: keep it
         as its topic's retained value too (MQTT); if the broker's bounds do
