@@ -5,11 +5,12 @@ map), and the temporary destinations and producer holds that die with it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-from core.authorization import ANONYMOUS_PRINCIPAL, DECISION_CACHE, Principal
+from core.authorization import ANONYMOUS_PRINCIPAL, DECISION_CACHE, Authorizer, Principal
 from core.destinations import Queue
-from core.durables import DurableSubscription, claim_refusal, durable_key, owner_of
+from core.durables import DurableSubscription, Durables, claim_refusal, durable_key, owner_of
 from core.errors import (
     CoreError,
     DuplicateSubscription,
@@ -23,12 +24,52 @@ from core.errors import (
 )
 from core.messages import Message
 from core.names import Address, Kind, is_private
-from core.ports import Sink
+from core.policies import Policies
+from core.ports import Clock, Sink
+from core.registry import QueueRegistry
+from core.settings import BrokerSettings
 from core.subscriptions import AckMode, Subscription
+from core.temporaries import Temporaries
 from core.transactions import Transaction
 
-if TYPE_CHECKING:
-    from core.broker import Broker
+
+class Core(Protocol):
+    """What a client uses of the broker (a :class:`core.broker.Broker`, which
+    imports this module, not the other way round): its parts and its public
+    operations, never its internals."""
+
+    authorizer: Authorizer | None
+    secured: bool
+    settings: BrokerSettings
+    policies: Policies
+    clock: Clock
+    registry: QueueRegistry
+    durables: Durables
+    temporaries: Temporaries
+    commit_keys: dict[str, int]
+
+    def publish(
+        self,
+        messages: Message | Sequence[Message],
+        producer: Any = None,
+        acks: Sequence[tuple[str, Message]] = (),
+        commit_key: str | None = None,
+        retain: bool = False,
+        dead_letter: bool = False,
+        to: Queue | None = None,
+    ) -> int: ...
+
+    def retained_for(self, pattern: Address, limit: int = 0) -> list[Message]: ...
+
+    def held_for_disk(self, client: Any, address: Address) -> bool: ...
+
+    def count_denied(self, operation: str) -> None: ...
+
+    def hold_transaction_bytes(self, size: int) -> None: ...
+
+    def release_transaction_bytes(self, size: int) -> None: ...
+
+    def client_closed(self, client: Any) -> None: ...
 
 
 class Client:
@@ -36,7 +77,7 @@ class Client:
     transactions and temporary destinations, all released by :meth:`close`."""
 
     def __init__(
-        self, broker: Broker, sink: Sink, number: int, client_id: str | None, principal: Principal = ANONYMOUS_PRINCIPAL
+        self, broker: Core, sink: Sink, number: int, client_id: str | None, principal: Principal = ANONYMOUS_PRINCIPAL
     ) -> None:
         self.broker = broker
         self.sink = sink
@@ -54,20 +95,30 @@ class Client:
         # Each maps to its delivered count when last checked (check_held).
         self.blocked_on: dict[Queue, int] = {}
         self.last_lsn = 0
+        # Why the last send's retained value was not kept (max_retained_*),
+        # or None: it was routed all the same (MQTT 3.1.1 cannot say no).
+        self.retain_refusal: str | None = None
         self.held_until = 0.0  # when to check_held next, on the broker clock
         self.closed = False
 
     # -- producing ---------------------------------------------------------
 
-    def send(self, message: Message, transaction: str | None = None) -> int:
+    def send(self, message: Message, transaction: str | None = None, retain: bool = False) -> int:
         """Publish, or hold until COMMIT when in a transaction.  Returns the LSN
-        a durability promise (a receipt) must wait for."""
+        a durability promise (a receipt) must wait for.  ``retain``: keep it
+        as its topic's retained value too (MQTT); if the broker's bounds do
+        not allow that, ``retain_refusal`` says why."""
         if message.address.is_temporary:
             message.address = self.temporary(message.address)
         if self.broker.authorizer is not None:
             self.authorize("write", message.address)
         if transaction is None:
-            return self.broker.route(message, self)
+            if not retain:
+                return self.broker.publish(message, self)
+            self.retain_refusal = None
+            return self.broker.publish(message, self, retain=True)
+        if retain:
+            raise InvalidRequest("a retained message cannot wait in a transaction")
         tx = self._transaction(transaction)
         self._grow(tx)
         self._hold_bytes(tx, message)
@@ -90,10 +141,9 @@ class Client:
                 self._decisions.clear()
             self._decisions[key] = allowed
         if not allowed:
-            denied = self.broker.stats.denied
-            denied[operation] = denied.get(operation, 0) + 1
+            self.broker.count_denied(operation)
             raise NotAuthorized(f"user {self.principal.name!r} may not {operation} {address.text!r}")
-        if address.is_queue and address not in self.broker.queues and operation != "admin":
+        if address.is_queue and address not in self.broker.registry.queues and operation != "admin":
             self.authorize("admin", address)
 
     def temporary(self, address: Address) -> Address:
@@ -120,24 +170,27 @@ class Client:
         send_fail_if_no_space) or hold this producer until free space comes
         back (True: the caller keeps the message, stops reading, and offers it
         again once :meth:`Sink.unblocked`).  Nothing is stored meanwhile."""
-        broker = self.broker
-        if not broker.disk_alarm:
-            return False
-        if broker.policies.for_address(address).send_fail_if_no_space:
-            raise LimitExceeded("the broker's disk is nearly full: persistent messages are refused (send_fail_if_no_space)")
-        if self not in broker.disk_waiters:
-            broker.disk_waiters[self] = None
-            broker.stats.producer_holds += 1
-        return True
+        return self.broker.held_for_disk(self, address)
 
-    def _hold(self, queues: list[Queue]) -> None:
+    def disk_cleared(self) -> None:
+        """The disk alarm is off: go on, unless a congested queue still holds us."""
+        if not self.closed and not self.blocked_on:
+            self.sink.unblocked()
+
+    def hold(self, queues: list[Queue]) -> bool:
+        """Flow control (core.broker.Producer): our messages went to these
+        congested queues; stop producing until they drain.  Whether that
+        holds us now (the broker counts it)."""
         if not self.blocked_on:
             self.held_until = self.broker.clock.monotonic() + self.broker.settings.slow_consumer_s
         for queue in queues:
             if queue not in self.blocked_on and queue.wait(self):
                 self.blocked_on[queue] = queue.stats.delivered
-        if self.blocked_on:
-            self.broker.stats.producer_holds += 1
+        return bool(self.blocked_on)
+
+    def refused_retain(self, reason: str) -> None:
+        """core.broker.Producer: the message went out, its retained value was not kept."""
+        self.retain_refusal = reason
 
     def unblocked(self, queue: Queue) -> None:
         """A queue we were held back by has drained (core.destinations.Waiter)."""
@@ -209,27 +262,29 @@ class Client:
             subscription = self._subscribe_durable(token, address, ack_mode, window, durable, selector)
         else:
             if address.is_queue:
-                queue = self.broker.queues.get(address) or self.broker._create_queue(address)
+                queue = self.broker.registry.get(address)
                 subscription = Subscription(token, address, queue, self.sink, ack_mode, window, private=False, owner=self)
                 subscription.selector = selector  # consumers of one queue may each filter
                 subscription.priority = priority
                 subscription.exclusive = exclusive
             else:
-                queue = self.broker._arm(
-                    Queue(address, owner=self, limit=policy.topic_buffer_limit, high_water=policy.topic_high_water)
-                )
-                queue.selector = selector  # filtered as the topic fans out
+                queue = self.broker.registry.topic_queue(address, self, selector)  # filtered as the topic fans out
                 subscription = Subscription(token, address, queue, self.sink, ack_mode, window, private=True, owner=self)
-                self.broker._trees[address.kind].add(address.segments, subscription)
+                self.broker.registry.attach(address, subscription)
             self.subscriptions[token] = subscription
             queue.add_consumer(subscription)
         if start:
             self.start(subscription)
         return subscription
 
-    def start(self, subscription: Subscription) -> None:
-        """Deliver what waits for a subscription made with ``start=False``."""
+    def start(self, subscription: Subscription, *, retained: bool = False) -> None:
+        """Deliver what waits for a subscription made with ``start=False``;
+        ``retained``: then the retained values of the topics it matches
+        (MQTT), as many as its queue can hold."""
         subscription.queue.dispatch()
+        if retained:
+            queue = subscription.queue
+            self.broker.publish(self.broker.retained_for(subscription.address, queue.limit), to=queue)
 
     def _subscribe_durable(
         self, token: Any, address: Address, ack_mode: AckMode, window: int, owner: tuple[str, str], selector: Any = None
@@ -242,7 +297,7 @@ class Client:
         if existing is not None and existing.active is not None:
             raise DuplicateSubscription(f"durable subscription {name!r} of client {client_id!r} is already active")
         owner = owner_of(self.principal)
-        durable, self.last_lsn = self.broker._durable(client_id, name, address, selector, owner)
+        durable, self.last_lsn = self.broker.durables.subscribe(client_id, name, address, selector, owner)
         subscription = Subscription(token, address, durable.queue, self.sink, ack_mode, window, private=False, owner=self)
         subscription.durable = durable
         durable.active = subscription
@@ -258,7 +313,7 @@ class Client:
             raise UnknownSubscription(f"no subscription {token!r} on this connection")
         self._detach(subscription)
         if remove_durable and subscription.durable is not None:
-            return self.broker._drop_durable(subscription.durable)
+            return self.broker.durables.drop(subscription.durable)
         return 0
 
     def remove_durable(self, client_id: str, name: str) -> int:
@@ -269,7 +324,7 @@ class Client:
             raise UnknownSubscription(f"no durable subscription {name!r} for client {client_id!r}")
         if durable.active is not None:
             raise InvalidRequest(f"durable subscription {name!r} is in use by another connection")
-        return self.broker._drop_durable(durable)
+        return self.broker.durables.drop(durable)
 
     def check_durable_owner(self, durable: DurableSubscription | None, client_id: str, name: str) -> None:
         """Refuse (:class:`NotAuthorized`) resuming, replacing or removing a
@@ -287,7 +342,7 @@ class Client:
         queue.remove_consumer(subscription)
         unacked = subscription.take_all()
         if subscription.private:
-            self.broker._trees[subscription.address.kind].remove(subscription.address.segments, subscription)
+            self.broker.registry.detach(subscription.address, subscription)
             queue.relieve()  # nobody will drain it now; free its producers
         elif unacked:
             queue.requeue(unacked)
@@ -405,19 +460,16 @@ class Client:
         """Count a transactional send's bytes against this connection's and the
         broker's limits, so open transactions cannot take the broker's memory."""
         size = len(message.body or b"") + sum(len(k) + len(v) for k, v in (message.headers or {}).items())
-        settings, broker = self.broker.settings, self.broker
-        mine, total = settings.max_transaction_bytes_per_client, settings.max_transaction_bytes_total
+        mine = self.broker.settings.max_transaction_bytes_per_client
         if mine and self.transaction_bytes + size > mine:
             raise LimitExceeded(f"open transactions on this connection hold too many bytes (limit {mine})")
-        if total and broker.transaction_bytes + size > total:
-            raise LimitExceeded(f"open transactions on the broker hold too many bytes (limit {total})")
+        self.broker.hold_transaction_bytes(size)  # refused past the broker-wide limit
         tx.bytes += size
         self.transaction_bytes += size
-        broker.transaction_bytes += size
 
     def _release_bytes(self, tx: Transaction) -> None:
         self.transaction_bytes -= tx.bytes
-        self.broker.transaction_bytes -= tx.bytes
+        self.broker.release_transaction_bytes(tx.bytes)
         tx.bytes = 0
 
     # -- leaving -----------------------------------------------------------
@@ -428,7 +480,7 @@ class Client:
         if self.closed:
             return
         self.closed = True
-        self.broker.stats.clients -= 1
+        self.broker.client_closed(self)
         # Detach first, so rolled-back acks go to the other consumers, not to us.
         subscriptions, self.subscriptions = self.subscriptions, {}
         for subscription in subscriptions.values():
@@ -444,4 +496,3 @@ class Client:
             if queue.waiters is not None and self in queue.waiters:
                 queue.waiters.remove(self)
         self.blocked_on.clear()
-        self.broker.disk_waiters.pop(self, None)

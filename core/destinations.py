@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import enum
 import heapq
 import itertools
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from core.messages import MAX_PRIORITY, Message
+from core.buffers import PriorityBuffer
+from core.messages import Message
 from core.names import Address
-from core.ports import Clock, Store
-from core.subscriptions import AckMode, Subscription
+from core.ports import Clock, Sink, Store
 
 
 # Ties between redeliveries due at the same millisecond keep their order.
@@ -23,86 +23,29 @@ GROUP_HEADER = "JMSXGroupID"
 MAX_GROUPS = 65_536
 
 
-class PriorityBuffer:
-    """Messages by priority (0-9), FIFO within a priority.
+class AckMode(enum.Enum):
+    AUTO = "auto"  # acked as it is handed to the connection
+    CLIENT = "client"  # an ack covers this message and every earlier one
+    CLIENT_INDIVIDUAL = "client-individual"  # an ack covers exactly one message
 
-    ``pop`` takes the oldest message of the highest priority present.
-    """
 
-    __slots__ = ("_levels", "_len", "_top")
+class Consumer(Protocol):
+    """What a queue needs of a consumer (a :class:`core.subscriptions.Subscription`,
+    which imports this module, not the other way round)."""
 
-    def __init__(self) -> None:
-        self._levels: list[deque[Message]] = [deque() for _ in range(MAX_PRIORITY + 1)]
-        self._len = 0
-        self._top = -1  # highest non-empty level, -1 when empty
+    sink: Sink
+    ack_mode: AckMode
+    unacked: dict[str, Message]
+    selector: Any
+    priority: int
+    exclusive: bool
 
-    def __len__(self) -> int:
-        return self._len
-
-    def __bool__(self) -> bool:
-        return self._len > 0
-
-    def __iter__(self) -> Iterator[Message]:
-        """In delivery order, without removing anything."""
-        for level in reversed(self._levels):
-            yield from level
-
-    def push(self, message: Message) -> None:
-        p = message.priority
-        self._levels[p].append(message)
-        self._len += 1
-        if p > self._top:
-            self._top = p
-
-    def push_front(self, message: Message) -> None:
-        p = message.priority
-        self._levels[p].appendleft(message)
-        self._len += 1
-        if p > self._top:
-            self._top = p
-
-    def pop(self) -> Message:
-        level = self._levels[self._top]
-        message = level.popleft()
-        self._len -= 1
-        if not level:
-            self._settle()
-        return message
-
-    def lowest_priority(self) -> int:
-        for p, level in enumerate(self._levels):
-            if level:
-                return p
-        return MAX_PRIORITY + 1
-
-    def pop_lowest(self) -> Message:
-        """The oldest message of the lowest priority: the one to evict first."""
-        for level in self._levels:
-            if level:
-                message = level.popleft()
-                self._len -= 1
-                if not level:
-                    self._settle()
-                return message
-        raise IndexError("pop from an empty PriorityBuffer")
-
-    def clear(self) -> list[Message]:
-        drained = list(self)
-        for level in self._levels:
-            level.clear()
-        self._len = 0
-        self._top = -1
-        return drained
-
-    def _settle(self) -> None:
-        top = self._top
-        while top >= 0 and not self._levels[top]:
-            top -= 1
-        self._top = top
+    @property
+    def has_room(self) -> bool: ...
 
 
 class Waiter(Protocol):
-    """A producer held back by congested queues (a :class:`core.broker.Client`)."""
+    """A producer held back by congested queues (a :class:`core.clients.Client`)."""
 
     def unblocked(self, queue: Queue) -> None: ...
 
@@ -144,23 +87,13 @@ class Queue:
         "selective", "selector", "ranked", "groups", "redelivery_delay", "delayed",
     )
 
-    def __init__(
-        self,
-        address: Address,
-        *,
-        owner: Any = None,
-        limit: int = 0,
-        high_water: int = 0,
-        store: Store | None = None,
-        key: str | None = None,
-        resident: int = 0,
-    ) -> None:
+    def __init__(self, address: Address, *, owner: Any = None, store: Store | None = None, key: str | None = None) -> None:
         self.address = address
         # Stored messages in this queue are acked in ``store`` under ``key``;
         # past ``resident`` pending messages, new stored ones wait as stubs.
         self.store = store
         self.key = key
-        self.resident = resident
+        self.resident = 0
         # Where a message redelivered more than max_redeliveries times goes
         # (the broker's dead-letter routing); None: redeliver forever.
         self.dead_letter: Callable[[Queue, Message, str], None] | None = None
@@ -181,23 +114,59 @@ class Queue:
         self.ranked = False
         # Message groups (JMSXGroupID): which consumer owns each group.  None
         # until a grouped message arrives; then dispatch is message-aware.
-        self.groups: dict[str, Subscription] | None = None
+        self.groups: dict[str, Consumer] | None = None
         # Redelivery delay: ms to hold a message back given its redelivery
         # count (None: put it back at once), and the held ones by due time.
         self.redelivery_delay: Callable[[int], int] | None = None
         self.delayed: list[tuple[int, int, Message]] = []
         self.pending = PriorityBuffer()
-        self.consumers: list[Subscription] = []
+        self.consumers: list[Consumer] = []
         self._rr = 0
         self.stats = QueueStatistics()
         self.owner = owner
-        self.limit = limit
-        self.high_water = high_water
+        self.limit = 0
+        self.high_water = 0
         self.waiters: list[Waiter] | None = None  # None: not congested
         # A consumer that made no progress while producers waited on it: it
         # no longer holds them back (see Client.check_held); cleared once it
         # catches up.
         self.slow = False
+
+    def configure(
+        self,
+        *,
+        limit: int | None = None,
+        high_water: int | None = None,
+        resident: int | None = None,
+        clock: Clock | None = None,
+        expired_to_dlq: bool | None = None,
+        dead_letter: Callable[[Queue, Message, str], None] | None = None,
+        max_redeliveries: int | None = None,
+        redelivery_delay: Callable[[int], int] | None = None,
+        selector: Any = None,
+    ) -> Queue:
+        """Set how this queue behaves (None: as it is): the one place its
+        settings are written, by the broker from its policies and by a
+        protocol that bounds its own subscriptions (MQTT's max queued)."""
+        if limit is not None:
+            self.limit = limit
+        if high_water is not None:
+            self.high_water = high_water
+        if resident is not None:
+            self.resident = resident
+        if clock is not None:
+            self.clock = clock
+        if expired_to_dlq is not None:
+            self.expired_to_dlq = expired_to_dlq
+        if dead_letter is not None:
+            self.dead_letter = dead_letter
+        if max_redeliveries is not None:
+            self.max_redeliveries = max_redeliveries
+        if redelivery_delay is not None:
+            self.redelivery_delay = redelivery_delay
+        if selector is not None:
+            self.selector = selector
+        return self
 
     @property
     def congested(self) -> bool:
@@ -244,6 +213,13 @@ class Queue:
         pending.push(message)
         if self.high_water and self.waiters is None and not self.slow and len(pending) >= self.high_water:
             self.waiters = []
+
+    def restore(self, messages: Iterable[Message]) -> None:
+        """Messages recovered from the store, in their order, before anyone
+        consumes: they entered (through the broker's door) before a restart."""
+        for message in messages:
+            self.pending.push(message)
+            self.stats.enqueued += 1
 
     def requeue(self, messages: Iterable[Message]) -> None:
         """Put messages back at the head, marked redelivered, in their original
@@ -310,14 +286,14 @@ class Queue:
         for producer in waiters or ():
             producer.unblocked(self)
 
-    def add_consumer(self, subscription: Subscription) -> None:
+    def add_consumer(self, subscription: Consumer) -> None:
         """Attach a consumer; delivery to it starts with the next :meth:`dispatch`."""
         self.consumers.append(subscription)
         if subscription.selector is not None:
             self.selective += 1
         self._rerank()
 
-    def remove_consumer(self, subscription: Subscription) -> None:
+    def remove_consumer(self, subscription: Consumer) -> None:
         self.consumers.remove(subscription)
         if self.groups:  # its groups move on to whoever takes their next message
             for group in [g for g, owner in self.groups.items() if owner is subscription]:
@@ -362,7 +338,7 @@ class Queue:
         for message in kept:
             pending.push(message)
 
-    def _pick_for(self, message: Message) -> Subscription | None:
+    def _pick_for(self, message: Message) -> Consumer | None:
         """Round robin over the consumers with room that select ``message``
         (its headers in memory)."""
         group = message.headers.get(GROUP_HEADER) if self.groups is not None and message.headers else None
@@ -391,7 +367,7 @@ class Queue:
         consumers = self.consumers
         self.ranked = any(c.exclusive for c in consumers) or len({c.priority for c in consumers}) > 1
 
-    def _eligible(self) -> list[Subscription]:
+    def _eligible(self) -> list[Consumer]:
         """The consumers that may be picked now, by rank: the first exclusive
         consumer alone if there is one (ActiveMQ's exclusive consumer), else
         the highest priority that has room, else all."""
@@ -405,7 +381,7 @@ class Queue:
                 return group
         return consumers
 
-    def _pick(self) -> Subscription | None:
+    def _pick(self) -> Consumer | None:
         if self.ranked:
             group = self._eligible()
             n = len(group)
@@ -491,7 +467,7 @@ class Queue:
         self._forget(message)
         return False
 
-    def _deliver(self, consumer: Subscription, message: Message) -> None:
+    def _deliver(self, consumer: Consumer, message: Message) -> None:
         if message.body is None and not self._load(message):
             return
         self.stats.delivered += 1

@@ -7,11 +7,10 @@ structurally: neither side imports the other.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from core.messages import Message
-    from core.subscriptions import Subscription
 
 
 class Clock(Protocol):
@@ -35,7 +34,9 @@ class Sink(Protocol):
 
     accepting: bool
 
-    def deliver(self, subscription: Subscription, message: Message) -> bool | None:
+    # ``subscription``: a core.subscriptions.Subscription, not imported here,
+    # so this module stays a leaf that the core's modules all depend on.
+    def deliver(self, subscription: Any, message: Message) -> bool | None:
         """Hand over one message.  True means it needs no acknowledgement
         after all (settled on the spot), whatever the subscription's ack mode."""
         ...

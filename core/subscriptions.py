@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from core.destinations import AckMode, Queue
 from core.errors import UnknownMessage
 from core.messages import Message
 from core.names import Address
+from core.ports import Sink
 
-if TYPE_CHECKING:
-    from core.destinations import Queue
-    from core.ports import Sink
-
-
-class AckMode(enum.Enum):
-    AUTO = "auto"  # acked as it is handed to the connection
-    CLIENT = "client"  # an ack covers this message and every earlier one
-    CLIENT_INDIVIDUAL = "client-individual"  # an ack covers exactly one message
+__all__ = ["AckMode", "Subscription"]  # AckMode lives with the queue that acts on it
 
 
 class Subscription:

@@ -14,29 +14,32 @@ client could otherwise use it all up) but are capped per connection by
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from core import names
 from core.errors import InvalidDestination, LimitExceeded, NotAuthorized
 from core.names import Address
+from core.registry import QueueRegistry
 
-if TYPE_CHECKING:
-    from core.broker import Broker
-    from core.clients import Client
+
+class Owner(Protocol):
+    """A connection that owns temporary destinations (a core.clients.Client)."""
+
+    number: int
+    temporaries: dict[Address, Address]  # the temporary names it used -> its private destinations
 
 
 class Temporaries:
     """The broker's private temporary destinations and their owners."""
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self.owners: dict[Address, Client] = {}
-        self.queues = 0  # of broker.queues, the temporary ones
+    def __init__(self, registry: QueueRegistry) -> None:
+        self.registry = registry
+        self.owners: dict[Address, Owner] = {}
         self._tag = os.urandom(3).hex()
 
-    def claim(self, name: Address, client: Client) -> Address:
+    def claim(self, name: Address, client: Owner) -> Address:
         """A new private destination for ``client``'s temporary ``name``."""
-        limit = self.broker.settings.max_temporaries_per_client
+        limit = self.registry.settings.max_temporaries_per_client
         if len(client.temporaries) >= limit:
             raise LimitExceeded(f"too many temporary destinations on this connection (limit {limit})")
         private = names.parse(f"{name.text}.{names.PRIVATE_MARK}{client.number}-{self._tag}")
@@ -45,20 +48,18 @@ class Temporaries:
         self.owners[private] = client
         client.temporaries[name] = private
         if private.is_queue:
-            self.broker._create_queue(private, owner=client)
+            self.registry.create(private, owner=client)
         return private
 
-    def check_owner(self, private: Address, client: Client) -> None:
+    def check_owner(self, private: Address, client: Owner) -> None:
         if self.owners.get(private) is not client:
             raise NotAuthorized(f"temporary destination {private.text!r} belongs to another connection")
 
     def release(self, private: Address) -> None:
         """The owner left: its destination goes, with what waited there."""
         self.owners.pop(private, None)
-        broker = self.broker
-        queue = broker.queues.pop(private, None)
+        queue = self.registry.drop(private)
         if queue is not None:
-            self.queues -= 1
             queue.stats.discarded += len(queue.pending.clear())
-            broker.stats.messages_discarded += queue.stats.discarded
+            self.registry.stats.messages_discarded += queue.stats.discarded
             queue.relieve()

@@ -133,7 +133,7 @@ async def serve(
     broker.restore_commit_keys(adapter.restored_commit_keys(recovered))
     for durable in broker.durables.values():  # persistent MQTT sessions keep their bound
         if durable.client_id.startswith(mqtt_session.OWNER_PREFIX):
-            durable.queue.limit = config.mqtt.max_queued_messages
+            durable.queue.configure(limit=config.mqtt.max_queued_messages)
     log.info(
         "store_recovered",
         clean=recovered.clean,
@@ -269,7 +269,7 @@ async def serve(
             nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
-            adapter.remember_redeliveries(list(broker.queues.values()) + [d.queue for d in broker.durables.values()])
+            adapter.remember_redeliveries(broker.all_queues())
             await trio.to_thread.run_sync(store.close, limiter=store_threads)
     log.info("broker_stopped")
 

@@ -297,13 +297,13 @@ class AdminApi:
         # The sender is the operator (a write-role admin user, already checked),
         # whose rights cover every destination as purge and delete do; the
         # clients' authorization map is not theirs to answer to.
-        self.broker.route(message)
+        self.broker.publish(message)  # the same door as a client's SEND, without a producer to hold
         return ok({"message_id": message.id}, 201)
 
     # -- views ---------------------------------------------------------------
 
     def _queues(self) -> list[Any]:
-        return list(self.broker.queues.values()) + [d.queue for d in self.broker.durables.values()]
+        return self.broker.all_queues()
 
     def _destination(self, queue: Any) -> dict[str, Any]:
         durable = queue.key is not None and queue.key.startswith("durable:")

@@ -25,7 +25,7 @@ from core.authorization import ANONYMOUS_PRINCIPAL, Principal
 from core.broker import Broker
 from core.clients import Client
 from core.durables import ANONYMOUS_OWNER, MQTT_PREFIX, claim_refusal, owner_of
-from core.errors import CoreError, LimitExceeded, NotAuthorized, UnknownMessage, UnknownSubscription
+from core.errors import CoreError, NotAuthorized, UnknownMessage, UnknownSubscription
 from core.messages import Message
 from core.names import Address
 from core.ports import Clock
@@ -501,7 +501,7 @@ class MqttSession:
         message = self.broker.message(address, {}, packet.payload, persistent=packet.qos > 0)
         message.qos = packet.qos
         try:
-            lsn = client.send(message)
+            lsn = client.send(message, retain=packet.retain)
         except NotAuthorized as exc:
             # [MQTT-3.3.5-2]: 3.1.1 has no way to tell a publisher no; the
             # publish is acknowledged as usual and dropped.  Logged once per
@@ -512,7 +512,7 @@ class MqttSession:
             lsn = 0
         else:
             if packet.retain:
-                lsn = max(lsn, self._retain(message))
+                self._retain_refused(message)
         if packet.qos == 1:
             self.outbox.append(self.codec.send(packets.PubAck(packet.packet_id)), lsn)
         elif packet.qos == 2:
@@ -573,10 +573,9 @@ class MqttSession:
             self.log.info("mqtt_subscribe_refused", filter=refused[0][0][:200], reason=refused[0][1],
                           refused=len(refused), filters=len(codes))
         self.outbox.append(self.codec.send(packets.SubAck(packet.packet_id, codes)), lsn)
-        for subscription, pattern in subscribed.values():  # after the SUBACK [MQTT-3.3.1-6]
-            self.client.start(subscription)  # type: ignore[union-attr]  # a durable one's backlog, too
-            for message in self.broker.retained_for(pattern, subscription.queue.limit):
-                subscription.queue.put(message)
+        for subscription, _ in subscribed.values():  # after the SUBACK [MQTT-3.3.1-6]
+            # A durable one's backlog, then the retained values its filter matches.
+            self.client.start(subscription, retained=True)  # type: ignore[union-attr]
 
     def _subscribe(self, topic_filter: str, qos: int, *, start: bool = True) -> Subscription | str:
         """The new subscription, or why the core refused it."""
@@ -598,7 +597,7 @@ class MqttSession:
             return exc.reason
         self._subs[topic_filter] = token
         if durable is not None:
-            subscription.queue.limit = self.settings.max_queued_messages
+            subscription.queue.configure(limit=self.settings.max_queued_messages)
         return subscription
 
     def _on_unsubscribe(self, packet: packets.Unsubscribe) -> None:
@@ -641,26 +640,23 @@ class MqttSession:
         message = self.broker.message(address, {}, will.payload, persistent=will.qos > 0)
         message.qos = will.qos
         try:
-            self.client.send(message)  # authorized like any publish, retained value included
+            self.client.send(message, retain=will.retain)  # authorized like any publish, retained value included
         except CoreError as exc:
             self.log.warning("mqtt_will_refused", client_id=self.client_id, topic=will.topic[:200], reason=exc.reason)
             return
         if will.retain:
-            self._retain(message)
+            self._retain_refused(message)
         self.log.info("mqtt_will_published", client_id=self.client_id, topic=will.topic[:200])
 
-    def _retain(self, message: Message) -> int:
-        """Keep ``message`` as its topic's retained value if the broker's
-        bounds allow; if not, it was still published: 3.1.1 has no way to say
-        no, so the refusal is logged (once per connection) and counted."""
-        try:
-            return self.broker.retain(message)
-        except LimitExceeded as exc:
-            if not self._retain_refused_logged:
-                self._retain_refused_logged = True
-                self.log.warning("retained_refused", client_id=self.client_id, topic=topics.from_address(message.address)[:200],
-                                 reason=exc.reason)
-            return 0
+    def _retain_refused(self, message: Message) -> None:
+        """The broker's bounds did not let ``message`` be kept as its topic's
+        retained value (the core counted it); it was still published: 3.1.1
+        has no way to say no, so the refusal is logged (once per connection)."""
+        reason = self.client.retain_refusal if self.client is not None else None
+        if reason is not None and not self._retain_refused_logged:
+            self._retain_refused_logged = True
+            self.log.warning("retained_refused", client_id=self.client_id, topic=topics.from_address(message.address)[:200],
+                             reason=reason)
 
     def _refuse(self, code: int, reason: str) -> None:
         self.outbox.append(self.codec.send(packets.ConnAck(False, code)))

@@ -79,14 +79,14 @@ def test_the_retained_store_keeps_the_last_non_empty_message_per_topic() -> None
     broker, store = make_broker()
     first = topic_message(broker, "a/b", b"one")
     second = topic_message(broker, "a/b", b"two", qos=1)
-    broker.retain(first)
-    broker.retain(second)
+    broker.publish(first, retain=True)
+    broker.publish(second, retain=True)
     pattern = topics.to_pattern("a/+")
     assert isinstance(pattern, names.Address)
     copies = broker.retained_for(pattern)
     assert [(m.body, m.retain, m.qos) for m in copies] == [(b"two", True, 1)]
     assert not second.retain  # live deliveries never carry the flag
-    broker.retain(topic_message(broker, "a/b", b""))
+    broker.publish(topic_message(broker, "a/b", b""), retain=True)
     assert broker.retained_for(pattern) == []
     assert store.calls == [("retain", "/topic/a.b", b"one"), ("retain", "/topic/a.b", b"two"), ("retain", "/topic/a.b", None)]
 
