@@ -20,13 +20,14 @@ from core.errors import (
     UnknownDestination,
 )
 from core.matching import SubscriptionTree
-from core.messages import DEFAULT_PRIORITY, Message
+from core.messages import DEFAULT_PRIORITY, Message, store_transaction
 from core import names
 from core.names import Address, Kind
 from core.policies import Policies, check_entries
 from core.retained import RetainedMessages
 from core.selectors import Selector, SelectorError, compile_selector
-from core.ports import Clock, NoStore, Sink, Store
+from core.ports import Clock, Sink
+from core.storage import MessageStore, NoStore
 from core.clients import Client
 from core.subscriptions import Subscription
 from core.temporaries import Temporaries
@@ -133,7 +134,7 @@ class Broker:
         settings: BrokerSettings | None = None,
         *,
         node: str | None = None,
-        store: Store | None = None,
+        store: MessageStore | None = None,
         authorizer: Authorizer | None = None,
     ) -> None:
         self.clock = clock
@@ -143,7 +144,7 @@ class Broker:
         # login and ownerless state is nobody's (core.durables.claim_refusal).
         self.secured = False
         self.settings = settings or BrokerSettings()
-        self.store: Store = store if store is not None else NoStore()
+        self.store: MessageStore = store if store is not None else NoStore()
         self.policies = Policies(self.settings)
         self._delaying: list[Queue] = []  # queues that hold redeliveries back
         self.queues: dict[Address, Queue] = {}
@@ -233,9 +234,9 @@ class Broker:
         if message.persistent:
             keys = [queue.key for queue in targets if queue.key is not None]
             if keys:
-                lsn = self.store.add_message(message, keys)
+                lsn, message.location = self.store.add_message(message.record(), keys)
         if policy.archive and address.kind is Kind.TOPIC:
-            archived = self.store.archive(address.name, message)
+            archived = self.store.archive_message(address.name, message.record())
             if message.persistent:  # a receipt promises the archived copy too
                 lsn = max(lsn, archived)
         self.stats.messages_in += 1
@@ -294,7 +295,7 @@ class Broker:
                 self._refuse_if_full(queue, count)
         lsn = 0
         if adds or acks or archived or commit_key is not None:
-            lsn = self.store.transaction(adds, list(acks), archived=archived, commit_key=commit_key)
+            lsn = store_transaction(self.store, adds, acks, archived=archived, commit_key=commit_key)
         if commit_key is not None:
             self._remember_commit(commit_key, lsn)
         congested: dict[Queue, None] | None = None
@@ -321,7 +322,7 @@ class Broker:
         self._check_retained(message)
         self.retained.put(message)
         # Kept on disk whatever its QoS: a retained value is state, not traffic.
-        return self.store.retain(address.text, message)
+        return self.store.retain(address.text, message.record(), message.qos)
 
     def _check_retained(self, message: Message) -> None:
         """Refuse (:class:`LimitExceeded`) a retained message past the
@@ -436,11 +437,11 @@ class Broker:
             # A stub: its headers and body are on disk.  Read into a copy of
             # the stub (the new message has no place on disk yet).
             loaded = message.stub()
-            if not self.store.load(loaded):
+            if not loaded.load(self.store):
                 # Its record is damaged (the store reported it): nothing is
                 # left to dead-letter, so it is only forgotten.
                 if queue.key is not None:
-                    self.store.ack(queue.key, message)
+                    self.store.ack(queue.key, message.id)
                 queue.stats.discarded += 1
                 return
             body, headers = loaded.body, dict(loaded.headers or {})
@@ -456,9 +457,9 @@ class Broker:
         dead = self.queues.get(target) or self._create_queue(target)
         if message.persistent and message.location >= 0 and queue.key is not None:
             # Atomically: in the DLQ and out of its queue, or neither.
-            self.store.transaction([(copy, [dead.key])] if dead.key else [], [(queue.key, message)])
+            store_transaction(self.store, [(copy, [dead.key])] if dead.key else [], [(queue.key, message)])
         elif message.persistent and dead.key is not None:
-            self.store.add_message(copy, [dead.key])
+            _, copy.location = self.store.add_message(copy.record(), [dead.key])
         queue.stats.discarded += 1
         self.stats.dead_lettered += 1
         dead.put(copy)

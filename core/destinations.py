@@ -10,7 +10,8 @@ from typing import Any, Protocol
 
 from core.messages import MAX_PRIORITY, Message
 from core.names import Address
-from core.ports import Clock, Store
+from core.ports import Clock
+from core.storage import MessageStore
 from core.subscriptions import AckMode, Subscription
 
 
@@ -151,7 +152,7 @@ class Queue:
         owner: Any = None,
         limit: int = 0,
         high_water: int = 0,
-        store: Store | None = None,
+        store: MessageStore | None = None,
         key: str | None = None,
         resident: int = 0,
     ) -> None:
@@ -336,7 +337,7 @@ class Queue:
         if self.key is not None and self.store is not None:
             for message in messages:
                 if message.location >= 0:
-                    lsn = self.store.ack(self.key, message)
+                    lsn = self.store.ack(self.key, message.id)
         return lsn
 
     def _dispatch_selective(self) -> None:
@@ -478,14 +479,14 @@ class Queue:
     def _forget(self, message: Message) -> None:
         """A discarded message is done with here, in the store too."""
         if message.location >= 0 and self.key is not None and self.store is not None:
-            self.store.ack(self.key, message)
+            self.store.ack(self.key, message.id)
 
     def _load(self, message: Message) -> bool:
         """Bring a stub's headers and body in from the store.  A damaged
         record (the store reported and counted it) loses exactly its own
         message: forgotten here and in the store, so a restart does not bring
         it back, and dispatch goes on with the next."""
-        if self.store is None or self.store.load(message):
+        if self.store is None or message.load(self.store):
             return True
         self.stats.discarded += 1
         self._forget(message)
@@ -498,7 +499,7 @@ class Queue:
         if consumer.ack_mode is AckMode.AUTO:
             self.stats.dequeued += 1
             if message.location >= 0 and self.key is not None and self.store is not None:
-                self.store.ack(self.key, message)
+                self.store.ack(self.key, message.id)
             consumer.sink.deliver(consumer, message)
             return
         consumer.unacked[message.id] = message
