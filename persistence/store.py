@@ -57,6 +57,11 @@ Log = Callable[..., None]
 
 
 class Store(Maintenance):
+    """The core's store port (``core.storage.MessageStore``, satisfied
+    structurally: its records in, its records out), plus what the broker's
+    tasks drive: the committer protocol, upkeep (:class:`Maintenance`) and
+    the delivery counts noted across a clean stop."""
+
     def __init__(
         self,
         directory: str | os.PathLike[str],
