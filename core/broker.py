@@ -15,14 +15,15 @@ from core.clients import Client
 from core.destinations import Queue
 from core.durables import Durables
 from core.errors import InvalidDestination, LimitExceeded
-from core.messages import DEFAULT_PRIORITY, Message
+from core.messages import DEFAULT_PRIORITY, Message, store_transaction
 from core.names import Address, Kind
 from core.policies import Policies
-from core.ports import Clock, NoStore, Sink, Store
+from core.ports import Clock, Sink
 from core.registry import QueueRegistry
 from core.retained import RetainedMessages
 from core.selectors import SelectorError, compile_selector
 from core.settings import BrokerSettings, BrokerStatistics
+from core.storage import MessageStore, NoStore
 from core.temporaries import Temporaries
 
 __all__ = ["Broker", "BrokerSettings", "BrokerStatistics", "Client", "Producer"]
@@ -50,7 +51,7 @@ class Broker:
         settings: BrokerSettings | None = None,
         *,
         node: str | None = None,
-        store: Store | None = None,
+        store: MessageStore | None = None,
         authorizer: Authorizer | None = None,
     ) -> None:
         self.clock = clock
@@ -60,7 +61,7 @@ class Broker:
         # login and ownerless state is nobody's (core.durables.claim_refusal).
         self.secured = False
         self.settings = settings or BrokerSettings()
-        self.store: Store = store if store is not None else NoStore()
+        self.store: MessageStore = store if store is not None else NoStore()
         self.policies = Policies(self.settings)
         self.stats = BrokerStatistics()
         self.registry = QueueRegistry(self.settings, self.policies, clock, self.store, self.stats, self._dead_letter)
@@ -223,9 +224,9 @@ class Broker:
         if message.persistent:
             keys = [queue.key for queue in targets if queue.key is not None]
             if keys:
-                lsn = self.store.add_message(message, keys)
+                lsn, message.location = self.store.add_message(message.record(), keys)
         if policy.archive and address.kind is Kind.TOPIC:
-            archived = self.store.archive(address.name, message)
+            archived = self.store.archive_message(address.name, message.record())
             if message.persistent:  # a receipt promises the archived copy too
                 lsn = max(lsn, archived)
         if dead_letter:
@@ -299,7 +300,7 @@ class Broker:
                 _refuse_if_full(queue, count)
         lsn = 0
         if adds or acks or archived or commit_key is not None:
-            lsn = self.store.transaction(adds, list(acks), archived=archived, commit_key=commit_key)
+            lsn = store_transaction(self.store, adds, acks, archived=archived, commit_key=commit_key)
         if commit_key is not None:
             self._remember_commit(commit_key, lsn)
         congested: dict[Queue, None] = {}
@@ -333,7 +334,7 @@ class Broker:
                 producer.refused_retain(reason)
             return 0
         self.retained.put(message)
-        return self.store.retain(address.text, message)
+        return self.store.retain(address.text, message.record(), message.qos)
 
     def _dead_letter(self, queue: Queue, message: Message, reason: str) -> None:
         """Move a message that keeps failing, or expired, to the dead-letter
@@ -354,11 +355,11 @@ class Broker:
             # A stub: its headers and body are on disk.  Read into a copy of
             # the stub (the new message has no place on disk yet).
             loaded = message.stub()
-            if not self.store.load(loaded):
+            if not loaded.load(self.store):
                 # Its record is damaged (the store reported it): nothing is
                 # left to dead-letter, so it is only forgotten.
                 if queue.key is not None:
-                    self.store.ack(queue.key, message)
+                    self.store.ack(queue.key, message.id)
                 queue.stats.discarded += 1
                 return
             body, headers = loaded.body, dict(loaded.headers or {})

@@ -11,7 +11,8 @@ from typing import Any, Protocol
 from core.buffers import PriorityBuffer
 from core.messages import Message
 from core.names import Address
-from core.ports import Clock, Sink, Store
+from core.ports import Clock, Sink
+from core.storage import MessageStore
 
 
 # Ties between redeliveries due at the same millisecond keep their order.
@@ -87,7 +88,7 @@ class Queue:
         "selective", "selector", "ranked", "groups", "redelivery_delay", "delayed",
     )
 
-    def __init__(self, address: Address, *, owner: Any = None, store: Store | None = None, key: str | None = None) -> None:
+    def __init__(self, address: Address, *, owner: Any = None, store: MessageStore | None = None, key: str | None = None) -> None:
         self.address = address
         # Stored messages in this queue are acked in ``store`` under ``key``;
         # past ``resident`` pending messages, new stored ones wait as stubs.
@@ -312,7 +313,7 @@ class Queue:
         if self.key is not None and self.store is not None:
             for message in messages:
                 if message.location >= 0:
-                    lsn = self.store.ack(self.key, message)
+                    lsn = self.store.ack(self.key, message.id)
         return lsn
 
     def _dispatch_selective(self) -> None:
@@ -454,14 +455,14 @@ class Queue:
     def _forget(self, message: Message) -> None:
         """A discarded message is done with here, in the store too."""
         if message.location >= 0 and self.key is not None and self.store is not None:
-            self.store.ack(self.key, message)
+            self.store.ack(self.key, message.id)
 
     def _load(self, message: Message) -> bool:
         """Bring a stub's headers and body in from the store.  A damaged
         record (the store reported and counted it) loses exactly its own
         message: forgotten here and in the store, so a restart does not bring
         it back, and dispatch goes on with the next."""
-        if self.store is None or self.store.load(message):
+        if self.store is None or message.load(self.store):
             return True
         self.stats.discarded += 1
         self._forget(message)
@@ -474,7 +475,7 @@ class Queue:
         if consumer.ack_mode is AckMode.AUTO:
             self.stats.dequeued += 1
             if message.location >= 0 and self.key is not None and self.store is not None:
-                self.store.ack(self.key, message)
+                self.store.ack(self.key, message.id)
             consumer.sink.deliver(consumer, message)
             return
         consumer.unacked[message.id] = message

@@ -15,7 +15,7 @@ from core.authorization import ANONYMOUS_PRINCIPAL, Principal
 from core.destinations import Queue
 from core.errors import InvalidRequest, LimitExceeded, UnknownDestination
 from core.names import Address
-from core.ports import Store
+from core.storage import MessageStore
 from core.registry import QueueRegistry
 from core.settings import BrokerSettings
 from core.subscriptions import Subscription
@@ -96,7 +96,7 @@ class Durables(dict[str, DurableSubscription]):
     through :meth:`subscribe`, :meth:`restore` and :meth:`drop`, which keep
     the three in step, the topic tree and the store too."""
 
-    def __init__(self, registry: QueueRegistry, store: Store, settings: BrokerSettings) -> None:
+    def __init__(self, registry: QueueRegistry, store: MessageStore, settings: BrokerSettings) -> None:
         super().__init__()
         self.registry = registry
         self.store = store

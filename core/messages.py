@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from core.names import Address
+from core.storage import MessageStore, StoredMessage
 
 DEFAULT_PRIORITY = 4
 MAX_PRIORITY = 9
+_new_record = tuple.__new__
 
 
 class Message:
@@ -122,6 +125,26 @@ class Message:
         copy.retain = True
         return copy
 
+    def record(self) -> StoredMessage:
+        """What the store keeps of this message (see core.storage)."""
+        # tuple.__new__, as StoredMessage._make does: the NamedTuple's own
+        # __new__ is a Python function, and this runs for every stored message.
+        return _new_record(StoredMessage, (
+            self.id, self.address.text, self.headers, self.body, self.priority, self.expires, self.timestamp,
+            self.redeliveries, -1,
+        ))
+
+    def load(self, store: MessageStore) -> bool:
+        """Fill in a stub's headers and body from ``store``.  False when its
+        record is unreadable: the store has reported and counted it, and the
+        caller drops the message."""
+        record = store.load(self.location, self.address.text)
+        if record is None:
+            return False
+        self.headers = record.headers
+        self.body = record.body
+        return True
+
     @property
     def effective_qos(self) -> int:
         """The QoS a subscriber may receive this at, at most: as published over
@@ -136,3 +159,25 @@ class Message:
 
     def __repr__(self) -> str:
         return f"Message({self.id!r}, {self.address.text!r}, redeliveries={self.redeliveries})"
+
+
+def store_transaction(
+    store: MessageStore,
+    adds: Sequence[tuple[Message, list[str]]],
+    acks: Sequence[tuple[str, Message]],
+    *,
+    archived: Sequence[tuple[str, Message]] = (),
+    commit_key: str | None = None,
+) -> int:
+    """One :meth:`MessageStore.transaction` of the core's messages: stored
+    messages with their queue keys, acks by queue key, archived copies by
+    topic name; the stored ones learn their location.  Returns the LSN."""
+    lsn, locations = store.transaction(
+        [(message.record(), keys) for message, keys in adds],
+        [(key, message.id) for key, message in acks],
+        archived=[(topic, message.record()) for topic, message in archived],
+        commit_key=commit_key,
+    )
+    for (message, _), location in zip(adds, locations):
+        message.location = location
+    return lsn

@@ -13,7 +13,8 @@ from core.matching import SubscriptionTree
 from core.messages import Message
 from core.names import Address, Kind
 from core.policies import Policies
-from core.ports import Clock, Store
+from core.ports import Clock
+from core.storage import MessageStore
 from core.settings import BrokerSettings, BrokerStatistics
 
 # What a queue hands a message to that keeps failing (the broker's dead-letter move).
@@ -29,7 +30,7 @@ class QueueRegistry:
         settings: BrokerSettings,
         policies: Policies,
         clock: Clock,
-        store: Store,
+        store: MessageStore,
         stats: BrokerStatistics,
         dead_letter: DeadLetter,
     ) -> None:

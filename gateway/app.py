@@ -17,6 +17,7 @@ import trio
 
 from core import names
 from core.authorization import Authorizer, parse_entries
+from core import recovery
 from core.broker import Broker
 from gateway import auth
 from gateway.auth import Gatekeeper, Transport
@@ -28,7 +29,6 @@ from gateway.mqtt import session as mqtt_session
 from gateway.transports.server import REFUSAL_SLOTS, Limits, ListenerSpec, Server, TrioClock
 from gateway.stomp.session import StompSession
 from gateway.transports.websocket import Upgrades
-from gateway.storage import BrokerStore, open_store, restored, restored_retained
 from gateway.transports.tls import CertificateUsers, TlsSettings, files_version, load_files, server_context
 from persistence.store import Store
 
@@ -50,6 +50,12 @@ ADMIN_THREADS = 4
 # File descriptors beyond the connections: the store's segments, the
 # listeners, the archive's open files, logs.
 FILE_HEADROOM = 256
+
+
+def _report(log: Any, event: str, **fields: Any) -> None:
+    """The store's events: corruption and failures are worth an operator's
+    attention (the store says which with its event name), the rest is INFO."""
+    (log.warning if any(word in event for word in ("corrupt", "fail", "gap", "refused")) else log.info)(event, **fields)
 
 
 def disk_free_bytes(path: str) -> int:
@@ -116,7 +122,7 @@ async def serve(
     :meth:`Running.stop`), then drain, close the store and return."""
     Path(config.data_dir).mkdir(parents=True, exist_ok=True)
     _raise_file_limit(config, log)
-    store = open_store(config.data_dir, config.store, log)
+    store = Store.in_data_dir(config.data_dir, config.store, partial(_report, log))
     started = time.monotonic()
     store_threads = trio.CapacityLimiter(STORE_THREADS)
     password_threads = trio.CapacityLimiter(PASSWORD_THREADS)
@@ -124,21 +130,18 @@ async def serve(
     if config.store.sync == "never":
         log.warning("store_sync_never", detail="persistent messages are NOT safe from a crash; for tests only")
     clock = TrioClock()
-    adapter = BrokerStore(store)
     acl = parse_entries(config.auth.acl, groups=config.auth.groups)
-    broker = Broker(clock, config.broker, store=adapter, authorizer=Authorizer(acl) if acl else None)
-    subscriptions, queues, skipped = restored(recovered)
-    broker.restore(subscriptions, queues, restored_retained(recovered))
-    adapter.forget_redeliveries(recovered)
-    broker.restore_commit_keys(adapter.restored_commit_keys(recovered))
+    broker = Broker(clock, config.broker, store=store, authorizer=Authorizer(acl) if acl else None)
+    skipped = recovery.restore(broker, recovered)
+    store.forget_redeliveries()
     for durable in broker.durables.values():  # persistent MQTT sessions keep their bound
         if durable.client_id.startswith(mqtt_session.OWNER_PREFIX):
             durable.queue.configure(limit=config.mqtt.max_queued_messages)
     log.info(
         "store_recovered",
         clean=recovered.clean,
-        messages=sum(len(q) for q in queues.values()),
-        durable_subscriptions=len(subscriptions),
+        messages=sum(len(q) for q in recovered.queues.values()),
+        durable_subscriptions=len(recovered.subscriptions),
         replayed_records=recovered.replayed_records,
         corrupt_records=recovered.corrupt_records,
         torn_bytes=recovered.torn_bytes,
@@ -269,7 +272,7 @@ async def serve(
             nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
-            adapter.remember_redeliveries(broker.all_queues())
+            store.remember_redeliveries(recovery.delivered(broker.all_queues()))
             await trio.to_thread.run_sync(store.close, limiter=store_threads)
     log.info("broker_stopped")
 

@@ -13,7 +13,7 @@ from gateway.auth import AuthSettings
 from gateway.mqtt.session import MqttSettings
 from gateway.stomp.session import StompSettings
 from gateway.transports.tls import TlsSettings, server_context
-from gateway.storage import StoreSettings
+from persistence.settings import StoreSettings
 
 LOG_FORMATS = ("console", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")

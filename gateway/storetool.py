@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from persistence import store as persistent
+from persistence import offline
 
 
 class ProgressBar:
@@ -44,7 +44,7 @@ def main(action: str, data_dir: str) -> int:
         return 2
     bar = ProgressBar("checking" if action == "check" else "compacting")
     try:
-        report = persistent.check(directory, progress=bar) if action == "check" else persistent.compact(directory, progress=bar)
+        report = offline.check(directory, progress=bar) if action == "check" else offline.compact(directory, progress=bar)
     except OSError as exc:
         bar.done()
         print(f"gateway: {exc}", file=sys.stderr)

@@ -16,9 +16,10 @@ about 300 bytes a message here, id included).
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from core.storage import StoredMessage
 
 from persistence import records
 from persistence.journal import OFFSET_BITS
@@ -79,17 +80,8 @@ class Index:
 
     # -- changes (runtime and replay) ----------------------------------------
 
-    def add(
-        self,
-        message_id: str,
-        location: int,
-        keys: list[str],
-        destination: str,
-        priority: int,
-        expires: int,
-        timestamp: int,
-        delivery_count: int,
-    ) -> None:
+    def add(self, message: StoredMessage, location: int, keys: Sequence[str]) -> None:
+        message_id, destination, _, _, priority, expires, timestamp, delivery_count, _ = message
         if not keys:
             return  # held by nobody: dead on arrival
         refs: Any = keys[0] if len(keys) == 1 else tuple(dict.fromkeys(keys))
@@ -220,9 +212,8 @@ class Index:
         handler(location, payload)
 
     def _replay_add(self, location: int, payload: memoryview) -> None:
-        mid, dest, priority, expires, timestamp, count, keys = records.decode_message_meta(payload)
-        intern = sys.intern
-        self.add(mid, location, [intern(k) for k in keys], intern(dest), priority, expires, timestamp, count)
+        message, keys = records.decode_message_meta(payload, location)
+        self.add(message, location, keys)
 
     def _replay_move(self, location: int, payload: memoryview) -> None:
         self.move(records.decode_message_id(payload), location)

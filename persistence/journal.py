@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -267,11 +266,12 @@ class Journal:
         head = os.pread(fd, HEADER_BYTES, off)
         if len(head) < HEADER_BYTES:
             raise CorruptRecord(f"no record at {segment_name(seg)}:{off}")
-        magic, crc, _version, rtype, length = HEADER.unpack(head)
-        payload = os.pread(fd, length, off + HEADER_BYTES)
-        if magic not in (MAGIC, records.NESTED_MAGIC) or zlib.crc32(payload, zlib.crc32(head[records.CRC_FROM :])) != crc:
-            raise CorruptRecord(f"bad record at {segment_name(seg)}:{off}")
-        return rtype, payload
+        frame = head + os.pread(fd, HEADER.unpack(head)[4], off + HEADER_BYTES)
+        try:
+            rtype, _ = records.parse_frame(frame, 0, len(frame), nested_ok=True)
+        except CorruptRecord as exc:
+            raise CorruptRecord(f"bad record at {segment_name(seg)}:{off} ({exc.reason})") from None
+        return rtype, frame[HEADER_BYTES:]
 
     def read_frames(self, seg: int, offset: int, max_bytes: int) -> tuple[list[tuple[int, int, bytes]], int, bool]:
         """Whole frames of a closed segment from ``offset``: ``([(location,

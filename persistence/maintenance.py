@@ -39,6 +39,7 @@ class Maintenance:
     _compacting: list[int] | None
     _compacted: set[int]
     appended_lsn: int
+    durable_lsn: int
 
     def checkpoint_due(self) -> bool:
         if self._prepared is not None or (self._inflight is not None and self._inflight.checkpoint is not None):
@@ -68,6 +69,29 @@ class Maintenance:
         )
         self._ckpt_bytes_at = self._journal.appended_bytes
         self._want_checkpoint = False
+
+    def stats(self) -> dict[str, Any]:
+        """What the store holds and how dead each segment is (for logs and metrics)."""
+        index = self._index
+        sizes = self._journal.segment_sizes()
+        dead = {}
+        for seg in sorted(sizes):
+            total = index.seg_records.get(seg, 0)
+            dead[segment_name(seg)] = round(1 - index.seg_live.get(seg, 0) / total, 3) if total else 1.0
+        return {
+            "segments": len(sizes),
+            "bytes": sum(sizes.values()),
+            "live_messages": len(index.messages),
+            "subscriptions": len(index.subscriptions),
+            "kv_keys": sum(len(space) for space in index.kv.values()),
+            "unwritten_messages": len(index.orphans),
+            "pending_bytes": self._journal.pending_bytes,
+            "appended_lsn": self.appended_lsn,
+            "durable_lsn": self.durable_lsn,
+            "corrupt_records": self._journal.corrupt_records,
+            "fsyncs": self._journal.syncs,
+            "dead_ratio": dead,
+        }
 
     def collect_garbage(self) -> list[str]:
         """Delete closed segments with no live message, that the installed

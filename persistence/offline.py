@@ -1,22 +1,22 @@
 """``check`` and ``compact`` of a store folder while no broker has it open
-(``gateway store check|compact``).  Reached through persistence.store."""
+(``gateway store check|compact``)."""
 
 from __future__ import annotations
 
-import fcntl
 import os
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from persistence import checkpoint as checkpoints
+from persistence import recovery
 from persistence.archive import Archive
 from persistence.archive_check import check_archive
 from persistence.index import REFS, Index, ref_list
-from persistence.journal import OFFSET_BITS, Journal, list_segments, segment_name
+from persistence.journal import OFFSET_BITS, OFFSET_MASK, Journal, list_segments, segment_name
 from persistence.records import CorruptRecord
-from persistence.store import CLEAN_NAME, LOCK_NAME, Store
+from persistence.recovery import CLEAN_NAME
+from persistence.store import Store
 
 Progress = Callable[[int, int], None] | None
 # At most this many corrupt records are listed one by one in a report.
@@ -24,22 +24,13 @@ MAX_LISTED_CORRUPTIONS = 100
 _PROGRESS_EVERY_RECORDS = 20_000
 
 
-def _refuse_if_open(directory: Path) -> None:
-    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        raise OSError(exc.errno, f"store {directory} is open in a running broker; stop it first") from exc
-    finally:
-        os.close(fd)
-
-
 def check(directory: Path, progress: Progress = None) -> dict[str, Any]:
     """Read every segment and validate every record (nothing is changed,
     not even a torn tail), and rebuild the state the broker would recover."""
     if not directory.is_dir():
         raise FileNotFoundError(f"no store at {directory}")
-    _refuse_if_open(directory)
+    # Only to see that no broker has it: released at once, nothing is changed.
+    os.close(recovery.lock_folder(directory, f"store {directory} is open in a running broker; stop it first"))
     corruptions: list[dict[str, Any]] = []
 
     def on_corrupt(path: str, offset: int, reason: str) -> None:
@@ -50,21 +41,16 @@ def check(directory: Path, progress: Progress = None) -> dict[str, Any]:
     report_checkpoint: dict[str, Any] = {"present": False}
     start = 0
     try:
-        snapshot = checkpoints.load(directory)
+        snapshot = recovery.load_snapshot(directory, index)
     except CorruptRecord as exc:
         snapshot = None
         report_checkpoint = {"present": True, "corrupt": exc.reason}
     if snapshot is not None:
-        index.messages = snapshot.messages
-        index.subscriptions = snapshot.subscriptions
-        index.kv = snapshot.kv
-        index.seg_records = snapshot.seg_records
-        index.seg_live = dict(snapshot.seg_live)
         start = snapshot.position
         report_checkpoint = {
             "present": True,
             "segment": segment_name(start >> OFFSET_BITS),
-            "offset": start & ((1 << OFFSET_BITS) - 1),
+            "offset": start & OFFSET_MASK,
             "messages": len(snapshot.messages),
         }
     segments = list_segments(directory)
@@ -77,25 +63,20 @@ def check(directory: Path, progress: Progress = None) -> dict[str, Any]:
         running += sizes[seg]
     journal = Journal(directory, 2**62)
     index.tracking = False
-    records = replayed = 0
+    records = 0
     unknown = 0
 
     def on_unknown(location: int, rtype: int) -> None:
         nonlocal unknown
         unknown += 1
 
-    for location, rtype, payload in journal.scan(0, on_corrupt=on_corrupt, truncate=False):
+    def scanned(location: int) -> None:
+        nonlocal records
         records += 1
-        if location >= start:
-            try:
-                index.replay(location, rtype, payload, on_unknown)
-            except (CorruptRecord, ValueError, IndexError) as exc:
-                journal.corrupt_records += 1
-                on_corrupt(str(journal.path(location >> OFFSET_BITS)), location & ((1 << OFFSET_BITS) - 1), str(exc))
-            replayed += 1
         if progress is not None and records % _PROGRESS_EVERY_RECORDS == 0:
-            seg = location >> OFFSET_BITS
-            progress(before.get(seg, 0) + (location & ((1 << OFFSET_BITS) - 1)), total)
+            progress(before.get(location >> OFFSET_BITS, 0) + (location & OFFSET_MASK), total)
+
+    replayed = recovery.replay(journal, index, start, on_corrupt, on_unknown, scan_from=0, truncate=False, scanned=scanned)
     if progress is not None:
         progress(total, total)
     destinations: Counter[str] = Counter()
@@ -147,7 +128,7 @@ def compact(directory: Path, progress: Progress = None) -> dict[str, Any]:
     moved_steps = 0
     deleted: list[str] = []
     try:
-        while store.compact_step(10_000, min_dead_ratio=0.0) or store._journal.pending_bytes:
+        while store.compact_step(10_000, min_dead_ratio=0.0) or store.stats()["pending_bytes"]:
             store.flush()
             moved_steps += 1
             if progress is not None:

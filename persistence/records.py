@@ -38,7 +38,10 @@ import struct
 import sys
 import zlib
 from array import array
+from collections.abc import Sequence
 from enum import IntEnum
+
+from core.storage import Retained, StoredMessage, StoredSubscription
 
 MAGIC = b"\xd5\x47"
 NESTED_MAGIC = b"\xd5\x4e"
@@ -83,6 +86,12 @@ class CorruptRecord(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+# What decoding a payload that passed its checksum but is not what its type
+# says may raise (a writer's bug, or a format this version misreads).
+# struct.error is not a ValueError.
+DECODE_ERRORS = (CorruptRecord, ValueError, IndexError, struct.error)
 
 
 def header(rtype: int, payload: bytes, magic: bytes = MAGIC) -> bytes:
@@ -165,17 +174,9 @@ def decode_one(payload: bytes | memoryview) -> str:
 # -- record payloads ---------------------------------------------------------
 
 
-def encode_message(
-    message_id: str,
-    destination: str,
-    headers: dict[str, str] | None,
-    body: bytes | None,
-    priority: int,
-    expires: int,
-    timestamp: int,
-    delivery_count: int,
-    keys: list[str],
-) -> bytes:
+def encode_message(message: StoredMessage, keys: Sequence[str]) -> bytes:
+    """A MESSAGE_ADD payload: ``message`` held by the queues in ``keys``."""
+    message_id, destination, headers, body, priority, expires, timestamp, delivery_count, _ = message
     idb = message_id.encode()
     db = destination.encode()
     kbs = [k.encode() for k in keys]
@@ -195,9 +196,10 @@ def encode_message(
     )
 
 
-def decode_message_meta(payload: bytes | memoryview) -> tuple[str, str, int, int, int, int, list[str]]:
-    """``(id, destination, priority, expires, timestamp, delivery_count, keys)``
-    without decoding headers or body: the recovery path."""
+def _message_head(payload: bytes | memoryview) -> tuple[int, int, int, int, str, str, list[str], int]:
+    """The one parse of a message payload's metadata: ``(priority, expires,
+    timestamp, delivery count, id, destination, queue keys, where the
+    headers start)``."""
     priority, expires, timestamp, count, lid, ldest, nkeys = _MSG_FIXED.unpack_from(payload, 0)
     p = _MSG_FIXED.size
     message_id = str(payload[p : p + lid], "utf-8")
@@ -211,7 +213,18 @@ def decode_message_meta(payload: bytes | memoryview) -> tuple[str, str, int, int
         for n in lengths:
             keys.append(str(payload[p : p + n], "utf-8"))
             p += n
-    return message_id, destination, priority, expires, timestamp, count, keys
+    return priority, expires, timestamp, count, message_id, destination, keys, p
+
+
+def decode_message_meta(payload: bytes | memoryview, location: int = -1) -> tuple[StoredMessage, list[str]]:
+    """The message without headers and body, and its queue keys: the
+    recovery path, which never touches headers or body.  Destination and
+    keys are interned: recovery may hold millions of messages in memory, and
+    a queue's share one string."""
+    priority, expires, timestamp, count, message_id, destination, keys, _ = _message_head(payload)
+    intern = sys.intern
+    message = StoredMessage(message_id, intern(destination), None, None, priority, expires, timestamp, count, location)
+    return message, [intern(k) for k in keys]
 
 
 def decode_message_id(payload: bytes | memoryview) -> str:
@@ -220,22 +233,13 @@ def decode_message_id(payload: bytes | memoryview) -> str:
     return str(payload[p : p + lid], "utf-8")
 
 
-def decode_message(payload: bytes | memoryview) -> tuple[str, str, dict[str, str], bytes, int, int, int, int, list[str]]:
-    """Everything: ``(id, destination, headers, body, priority, expires,
-    timestamp, delivery_count, keys)``."""
-    priority, expires, timestamp, count, lid, ldest, nkeys = _MSG_FIXED.unpack_from(payload, 0)
-    p = _MSG_FIXED.size
-    message_id = str(payload[p : p + lid], "utf-8")
-    p += lid
-    destination = str(payload[p : p + ldest], "utf-8")
-    p += ldest
-    keys = []
-    if nkeys:
-        lengths_k = _read_lengths("H", payload, p, nkeys)
-        p += 2 * nkeys
-        for n in lengths_k:
-            keys.append(str(payload[p : p + n], "utf-8"))
-            p += n
+def decode_message(payload: bytes | memoryview, location: int = -1) -> StoredMessage:
+    """The whole message, headers and body included."""
+    return _decode_whole(payload, location)[0]
+
+
+def _decode_whole(payload: bytes | memoryview, location: int) -> tuple[StoredMessage, list[str]]:
+    priority, expires, timestamp, count, message_id, destination, keys, p = _message_head(payload)
     (nheaders,) = _U32.unpack_from(payload, p)
     p += 4
     lengths = _read_lengths("I", payload, p, 2 * nheaders)
@@ -244,10 +248,56 @@ def decode_message(payload: bytes | memoryview) -> tuple[str, str, dict[str, str
     for n in lengths:
         texts.append(str(payload[p : p + n], "utf-8"))
         p += n
-    headers = dict(zip(texts[0::2], texts[1::2]))
     if p > len(payload):
         raise CorruptRecord("message headers run past the payload")
-    return message_id, destination, headers, bytes(payload[p:]), priority, expires, timestamp, count, keys
+    headers = dict(zip(texts[0::2], texts[1::2]))
+    body = bytes(payload[p:])
+    return StoredMessage(message_id, destination, headers, body, priority, expires, timestamp, count, location), keys
+
+
+# The store's own key/value namespaces: delivery counts noted at a clean
+# stop, retained messages by topic, and the idempotency keys of committed
+# transactions, each with its commit's sequence number (so the oldest are
+# known after a restart).
+REDELIVERIES = "redeliveries"
+RETAINED = "retained"
+COMMIT_KEYS = "commit-keys"
+
+# A retained message is kept as a key/value note (its topic the key) whose
+# value is the message codec's payload, with the MQTT QoS where queue keys go
+# (a retained message belongs to no queue): "qos:1", or "qos:" for none.
+_QOS_MARK = "qos:"
+
+
+def encode_retained(retained: Retained) -> bytes:
+    qos = retained.qos
+    return encode_message(retained.message, [_QOS_MARK if qos is None else f"{_QOS_MARK}{qos}"])
+
+
+def decode_retained(payload: bytes | memoryview) -> Retained:
+    message, keys = _decode_whole(payload, -1)
+    qos_text = keys[0][len(_QOS_MARK) :] if keys and keys[0].startswith(_QOS_MARK) else ""
+    return Retained(message, int(qos_text) if qos_text.isdigit() else None)
+
+
+# A durable subscription's description is kept as one string: the pattern,
+# then after a NUL (which no destination name or selector can hold) the
+# selector, then after another the owner's name ("" for the anonymous
+# principal).  Folders written before selectors, or before owners, were
+# kept read as having none.
+_FIELD_MARK = "\x00"
+
+
+def encode_subscription(pattern: str, selector: str | None, owner: str | None) -> str:
+    if owner is None:
+        return pattern if selector is None else f"{pattern}{_FIELD_MARK}{selector}"
+    return f"{pattern}{_FIELD_MARK}{selector or ''}{_FIELD_MARK}{owner}"
+
+
+def decode_subscription(key: str, stored: str) -> StoredSubscription:
+    parts = stored.split(_FIELD_MARK, 2)
+    selector = parts[1] if len(parts) > 1 and parts[1] else None
+    return StoredSubscription(key, parts[0], selector, parts[2] if len(parts) > 2 else None)
 
 
 def encode_tx(ops: list[tuple[int, bytes]]) -> tuple[bytes, list[int]]:

@@ -31,25 +31,24 @@ added is never on disk.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from core.storage import Recovered, Retained, StoredMessage
 from persistence import checkpoint as checkpoints
 from persistence import records
+from persistence import recovery
 from persistence.archive import Archive
 from persistence.index import Index
 from persistence.maintenance import Maintenance
-from persistence.journal import OFFSET_BITS, Batch, Journal, fsync_directory, neutralize, segment_name
-from persistence.records import CorruptRecord, RecordType
+from persistence.journal import OFFSET_BITS, OFFSET_MASK, Batch, Journal, fsync_directory, neutralize, segment_name
+from persistence.recovery import CLEAN_NAME
+from persistence.records import COMMIT_KEYS, REDELIVERIES, RETAINED, CorruptRecord, RecordType
+from persistence.settings import SYNC_POLICIES, StoreSettings
 
-SYNC_POLICIES = ("always", "interval", "never")
-CLEAN_NAME = "CLEAN"
-LOCK_NAME = "LOCK"
 # Checkpoint once this much journal has been appended since the last one
 # (capped, so huge segments do not mean huge replays).
 CHECKPOINT_MAX_BYTES = 64 * 2**20
@@ -57,32 +56,12 @@ CHECKPOINT_MAX_BYTES = 64 * 2**20
 Log = Callable[..., None]
 
 
-@dataclass(slots=True)
-class StoredMessage:
-    id: str
-    destination: str
-    headers: dict[str, str] | None  # None when paged out (metadata only)
-    body: bytes | None  # None when paged out
-    priority: int
-    expires: int  # epoch ms, 0 = never
-    timestamp: int  # epoch ms
-    delivery_count: int  # earlier deliveries
-    location: int = -1  # set by the store: where read_message finds it
-
-
-@dataclass
-class Recovered:
-    clean: bool
-    subscriptions: dict[str, str]
-    queues: dict[str, list[StoredMessage]]  # metadata only, in append order
-    kv: dict[str, dict[str, bytes]]
-    corrupt_records: int
-    torn_bytes: int
-    replayed_records: int
-    seconds: float
-
-
 class Store(Maintenance):
+    """The core's store port (``core.storage.MessageStore``, satisfied
+    structurally: its records in, its records out), plus what the broker's
+    tasks drive: the committer protocol, upkeep (:class:`Maintenance`) and
+    the delivery counts noted across a clean stop."""
+
     def __init__(
         self,
         directory: str | os.PathLike[str],
@@ -121,6 +100,22 @@ class Store(Maintenance):
         self._compacted: set[int] = set()
         self._lock_fd: int | None = None
         self._open = False
+        self._commit_seq = 0
+        # Locations whose record failed to read: never read (or reported) again.
+        self._damaged: set[int] = set()
+
+    @classmethod
+    def in_data_dir(cls, data_dir: str | os.PathLike[str], settings: StoreSettings, log: Log | None = None) -> Store:
+        """The store of a broker's data folder (``store/``), with its topic
+        archives beside it (``archive/``)."""
+        return cls(
+            Path(data_dir) / "store",
+            segment_bytes=settings.segment_bytes,
+            sync=settings.sync,
+            interval_ms=settings.sync_interval_ms,
+            log=log,
+            archive=Archive(Path(data_dir) / "archive", segment_bytes=settings.archive_segment_bytes, log=log),
+        )
 
     # -- opening and closing -------------------------------------------------
 
@@ -128,42 +123,27 @@ class Store(Maintenance):
         """Load the checkpoint, replay the journal after it, cut a torn tail."""
         started = time.monotonic()
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._lock()
+        self._lock_fd = recovery.lock_folder(self.directory, f"store {self.directory} is in use by another process")
         clean = (self.directory / CLEAN_NAME).exists()
         corrupt = 0
-        snapshot = None
+        index = self._index
+        start = 0
         try:
-            snapshot = checkpoints.load(self.directory)
+            snapshot = recovery.load_snapshot(self.directory, index)
         except CorruptRecord as exc:
             corrupt += 1
             self._emit("checkpoint_corrupt", path=str(self.directory / checkpoints.CHECKPOINT_NAME), reason=exc.reason)
-        index = self._index
-        start = 0
-        if snapshot is not None:
-            index.messages = snapshot.messages
-            index.subscriptions = snapshot.subscriptions
-            index.kv = snapshot.kv
-            index.seg_records = snapshot.seg_records
-            index.seg_live = dict(snapshot.seg_live)
-            start = snapshot.position
-            self._ckpt_position = snapshot.position
-            self._ckpt_live = snapshot.seg_live
-        replayed = 0
+        else:
+            if snapshot is not None:
+                start = self._ckpt_position = snapshot.position
+                self._ckpt_live = snapshot.seg_live
         journal = self._journal
         index.tracking = False
         archive = self.archive
         if archive is not None:
             archive.open()
             index.on_archive = archive.recover
-        for location, rtype, payload in journal.scan(start, on_corrupt=self._on_corrupt):
-            try:
-                index.replay(location, rtype, payload, self._on_unknown)
-            except (CorruptRecord, ValueError, IndexError) as exc:  # struct.error is a ValueError
-                # Checksummed but undecodable: a writer bug, not a torn write.
-                journal.corrupt_records += 1
-                seg, off = location >> OFFSET_BITS, location & ((1 << OFFSET_BITS) - 1)
-                self._on_corrupt(str(journal.path(seg)), off, f"undecodable payload: {exc}")
-            replayed += 1
+        replayed = recovery.replay(journal, index, start, self._on_corrupt, self._on_unknown)
         index.forward.clear()
         index.origin.clear()
         if archive is not None:
@@ -181,23 +161,12 @@ class Store(Maintenance):
             fsync_directory(self.directory)
         self._ckpt_bytes_at = journal.appended_bytes
         self._open = True
-        queues: dict[str, list[StoredMessage]] = {}
-        for mid, (location, refs, dest, priority, expires, timestamp, count) in index.messages.items():
-            message = StoredMessage(mid, dest, None, None, priority, expires, timestamp, count, location)
-            for key in (refs,) if refs.__class__ is str else refs:
-                queue = queues.get(key)
-                if queue is None:
-                    queue = queues[key] = []
-                queue.append(message)
-        return Recovered(
-            clean=clean,
-            subscriptions=dict(index.subscriptions),
-            queues=queues,
-            kv={ns: dict(space) for ns, space in index.kv.items()},
-            corrupt_records=journal.corrupt_records + corrupt,
-            torn_bytes=journal.torn_bytes,
-            replayed_records=replayed,
-            seconds=time.monotonic() - started,
+        numbered = recovery.numbered_commit_keys(index.kv)
+        if numbered:  # later commits number on from the newest
+            self._commit_seq = numbered[-1][0]
+        return recovery.recovered(
+            index, clean=clean, corrupt_records=journal.corrupt_records + corrupt, torn_bytes=journal.torn_bytes,
+            replayed_records=replayed, seconds=time.monotonic() - started,
         )
 
     def close(self) -> None:
@@ -237,15 +206,6 @@ class Store(Maintenance):
             self.batch_written(batch)
             last = batch
 
-    def _lock(self) -> None:
-        fd = os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            raise OSError(exc.errno, f"store {self.directory} is in use by another process") from exc
-        self._lock_fd = fd
-
     def _release(self) -> None:
         self._journal.close()
         if self.archive is not None:
@@ -266,24 +226,21 @@ class Store(Maintenance):
         self._emit(
             "record_type_unknown",
             segment=segment_name(location >> OFFSET_BITS),
-            offset=location & ((1 << OFFSET_BITS) - 1),
+            offset=location & OFFSET_MASK,
             type=rtype,
         )
 
     # -- changes (main thread) -----------------------------------------------
 
-    def add_message(self, message: StoredMessage, keys: list[str]) -> int:
-        m = message
-        payload = records.encode_message(
-            m.id, m.destination, m.headers, m.body, m.priority, m.expires, m.timestamp, m.delivery_count, keys
-        )
-        lsn, location = self._journal.append(RecordType.MESSAGE_ADD, payload)
+    def add_message(self, message: StoredMessage, keys: Sequence[str]) -> tuple[int, int]:
+        """Store ``message`` once for every queue in ``keys``: ``(lsn, location)``."""
+        placed = self._journal.append(RecordType.MESSAGE_ADD, records.encode_message(message, keys))
+        lsn, location = placed
         index = self._index
-        index.add(m.id, location, keys, m.destination, m.priority, m.expires, m.timestamp, m.delivery_count)
+        index.add(message, location, keys)
         index.count_record(location)
-        m.location = location
         self.appended_lsn = lsn
-        return lsn
+        return placed
 
     def ack(self, key: str, message_id: str) -> int:
         lsn, location = self._journal.append(RecordType.ACK, records.encode_two(key, message_id))
@@ -292,67 +249,97 @@ class Store(Maintenance):
         self.appended_lsn = lsn
         return lsn
 
-    def archive_message(self, topic: str, message_id: str, headers: dict[str, str] | None, body: bytes,
-                        priority: int, timestamp: int) -> int:
+    def archive_message(self, topic: str, message: StoredMessage) -> int:
         """Keep a message in ``topic``'s archive at its next offset."""
         assert self.archive is not None
-        payload = self.archive.append(topic, message_id, headers, body, priority, timestamp)
+        payload = self.archive.append(topic, message.id, message.headers, message.body or b"", message.priority, message.timestamp)
         if payload is None:
             return self.appended_lsn
         return self._change(RecordType.ARCHIVE, payload, _nothing)
 
     def transaction(
         self,
-        adds: list[tuple[StoredMessage, list[str]]],
-        acks: list[tuple[str, str]],
+        adds: Sequence[tuple[StoredMessage, Sequence[str]]],
+        acks: Sequence[tuple[str, str]],
         *,
-        archived: Sequence[tuple[str, str, dict[str, str] | None, bytes, int, int]] = (),
-        puts: Sequence[tuple[str, str, bytes]] = (),
-    ) -> int:
-        """All adds, acks, archive records (``(topic, id, headers, body,
-        priority, timestamp)``) and key/value puts as one record: after a
-        crash, all or nothing."""
-        if not adds and not acks and not archived and not puts:
-            return self.appended_lsn
-        ops: list[tuple[int, bytes]] = [
-            (
-                RecordType.MESSAGE_ADD,
-                records.encode_message(
-                    m.id, m.destination, m.headers, m.body, m.priority, m.expires, m.timestamp, m.delivery_count, keys
-                ),
-            )
-            for m, keys in adds
-        ]
+        archived: Sequence[tuple[str, StoredMessage]] = (),
+        commit_key: str | None = None,
+    ) -> tuple[int, list[int]]:
+        """All adds, acks (``(key, message id)``), archive records (``(topic,
+        message)``) and the COMMIT's idempotency key as one record: after a
+        crash, all or nothing.  ``(lsn, the location of each add)``."""
+        if not adds and not acks and not archived and commit_key is None:
+            return self.appended_lsn, []
+        ops: list[tuple[int, bytes]] = [(RecordType.MESSAGE_ADD, records.encode_message(m, keys)) for m, keys in adds]
         ops.extend((RecordType.ACK, records.encode_two(key, mid)) for key, mid in acks)
         if archived:
             assert self.archive is not None
-            for entry in archived:
-                row = self.archive.append(*entry)
+            for topic, m in archived:
+                row = self.archive.append(topic, m.id, m.headers, m.body or b"", m.priority, m.timestamp)
                 if row is not None:
                     ops.append((RecordType.ARCHIVE, row))
-        ops.extend((RecordType.KV_PUT, records.encode_kv_put(*put)) for put in puts)
+        numbered = b""
+        if commit_key is not None:
+            self._commit_seq += 1
+            numbered = b"%d" % self._commit_seq
+            ops.append((RecordType.KV_PUT, records.encode_kv_put(COMMIT_KEYS, commit_key, numbered)))
         payload, starts = records.encode_tx(ops)
         lsn, location = self._journal.append(RecordType.TX, payload)
         index = self._index
         base = location + records.HEADER_BYTES
+        locations = []
         for (m, keys), at in zip(adds, starts):
-            m.location = base + at
-            index.add(m.id, m.location, keys, m.destination, m.priority, m.expires, m.timestamp, m.delivery_count)
+            locations.append(base + at)
+            index.add(m, base + at, keys)
         for key, mid in acks:
             index.ack(key, mid)
-        for namespace, key, value in puts:
-            index.put(namespace, key, value)
+        if commit_key is not None:
+            index.put(COMMIT_KEYS, commit_key, numbered)
         seg = location >> OFFSET_BITS
         index.seg_records[seg] = index.seg_records.get(seg, 0) + len(ops)
         self.appended_lsn = lsn
-        return lsn
+        return lsn, locations
 
-    def add_subscription(self, key: str, pattern: str) -> int:
-        return self._change(RecordType.SUB_ADD, records.encode_two(key, pattern), self._index.add_subscription, key, pattern)
+    def forget_commit_key(self, key: str) -> int:
+        """An idempotency key fell out of the remembered window."""
+        return self.delete(COMMIT_KEYS, key)
+
+    def add_subscription(self, key: str, pattern: str, selector: str | None = None, owner: str | None = None) -> int:
+        """Keep a durable subscription: its topic pattern, selector and owner."""
+        text = records.encode_subscription(pattern, selector, owner)
+        return self._change(RecordType.SUB_ADD, records.encode_two(key, text), self._index.add_subscription, key, text)
 
     def remove_subscription(self, key: str) -> int:
         """Also drops ``key``'s reference from every message it held."""
         return self._change(RecordType.SUB_REMOVE, records.encode_one(key), self._index.remove_subscription, key)
+
+    def retain(self, topic: str, message: StoredMessage | None, qos: int | None = None) -> int:
+        """Keep ``message`` as the retained message of ``topic`` (None clears)."""
+        if message is None:
+            return self.delete(RETAINED, topic)
+        return self.put(RETAINED, topic, records.encode_retained(Retained(message, qos)))
+
+    def note(self, namespace: str, key: str, value: bytes | None) -> int:
+        """Keep a small piece of protocol state (None forgets it)."""
+        if value is None:
+            return self.delete(namespace, key)
+        return self.put(namespace, key, value)
+
+    def remember_redeliveries(self, delivered: Iterable[tuple[str, int]]) -> int:
+        """At a clean stop: note ``(message id, deliveries)`` of the messages
+        delivered in this run, so they come back marked redelivered (the
+        store keeps no count per delivery; that would cost a record per
+        message).  Returns how many were noted."""
+        noted = 0
+        for message_id, count in delivered:
+            self.put(REDELIVERIES, message_id, b"%d" % count)
+            noted += 1
+        return noted
+
+    def forget_redeliveries(self) -> None:
+        """Once restored, the notes of the last stop are spent."""
+        for message_id in list(self._index.kv.get(REDELIVERIES, {})):
+            self.delete(REDELIVERIES, message_id)
 
     def put(self, namespace: str, key: str, value: bytes) -> int:
         return self._change(RecordType.KV_PUT, records.encode_kv_put(namespace, key, value), self._index.put, namespace, key, value)
@@ -377,8 +364,22 @@ class Store(Maintenance):
             rtype, payload = self._journal.read(location)
             if rtype != RecordType.MESSAGE_ADD and rtype != RecordType.MESSAGE_MOVE:
                 raise CorruptRecord(f"location {location:#x} holds a record of type {rtype}, not a message")
-        mid, dest, headers, body, priority, expires, timestamp, count, _ = records.decode_message(payload)
-        return StoredMessage(mid, dest, headers, body, priority, expires, timestamp, count, location)
+        return records.decode_message(payload, location)
+
+    def load(self, location: int, destination: str) -> StoredMessage | None:
+        """:meth:`read_message`, or None when the record is unreadable: then
+        reported (naming ``destination``) and counted once, like a record
+        recovery skips.  Found only now because a clean start trusts its
+        checkpoint and leaves bodies on disk; every queue holding the record
+        asks again, and is told None without another report."""
+        if location in self._damaged:
+            return None
+        try:
+            return self.read_message(location)
+        except records.DECODE_ERRORS as exc:
+            self._damaged.add(location)
+            self.report_damaged(location, getattr(exc, "reason", None) or str(exc), destination=destination)
+            return None
 
     def report_damaged(self, location: int, reason: str, **fields: Any) -> None:
         """A record :meth:`read_message` could not read: counted and logged
@@ -387,7 +388,7 @@ class Store(Maintenance):
         if index.forward:
             location = index.forward.get(location, location)
         self._journal.corrupt_records += 1
-        seg, off = location >> OFFSET_BITS, location & ((1 << OFFSET_BITS) - 1)
+        seg, off = location >> OFFSET_BITS, location & OFFSET_MASK
         self._emit("record_corrupt", segment=str(self._journal.path(seg)), offset=off, reason=reason, **fields)
 
     # -- committer protocol --------------------------------------------------
@@ -476,43 +477,6 @@ class Store(Maintenance):
         last = batch.last_lsn
         self._failed_upto = max(self._failed_upto, last)
         return first, last
-
-    def stats(self) -> dict[str, Any]:
-        index = self._index
-        sizes = self._journal.segment_sizes()
-        dead = {}
-        for seg in sorted(sizes):
-            total = index.seg_records.get(seg, 0)
-            dead[segment_name(seg)] = round(1 - index.seg_live.get(seg, 0) / total, 3) if total else 1.0
-        return {
-            "segments": len(sizes),
-            "bytes": sum(sizes.values()),
-            "live_messages": len(index.messages),
-            "subscriptions": len(index.subscriptions),
-            "kv_keys": sum(len(space) for space in index.kv.values()),
-            "unwritten_messages": len(index.orphans),
-            "pending_bytes": self._journal.pending_bytes,
-            "appended_lsn": self.appended_lsn,
-            "durable_lsn": self.durable_lsn,
-            "corrupt_records": self._journal.corrupt_records,
-            "fsyncs": self._journal.syncs,
-            "dead_ratio": dead,
-        }
-
-
-def check(directory: str | os.PathLike[str], progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Verify a store folder offline (it must not be open elsewhere)."""
-    from persistence import offline
-
-    return offline.check(Path(directory), progress)
-
-
-def compact(directory: str | os.PathLike[str], progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Compact a store folder offline: move live messages out of segments with
-    dead records, checkpoint, delete what is no longer needed."""
-    from persistence import offline
-
-    return offline.compact(Path(directory), progress)
 
 
 def _abandon(store: Store) -> None:

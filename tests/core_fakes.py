@@ -8,6 +8,7 @@ from typing import Any
 from core import names
 from core.messages import Message
 from core.names import Address
+from core.storage import StoredMessage
 from core.subscriptions import Subscription
 
 
@@ -65,7 +66,7 @@ def address(text: str) -> Address:
 
 
 class RecordingStore:
-    """A core.ports.Store that records every call and hands out rising LSNs;
+    """A core.storage.MessageStore that records every call and hands out rising LSNs;
     ``bodies`` plays the disk for paged-out messages."""
 
     def __init__(self) -> None:
@@ -81,31 +82,33 @@ class RecordingStore:
         self.lsn += 1
         return self.lsn
 
-    def add_message(self, message: Message, keys: list[str]) -> int:
-        message.location = len(self.bodies)
-        self.bodies[message.location] = (dict(message.headers or {}), message.body or b"")
-        return self._next("add", message.id, tuple(keys))
+    def _keep(self, message: StoredMessage) -> int:
+        location = len(self.bodies)
+        self.bodies[location] = (dict(message.headers or {}), message.body or b"")
+        return location
 
-    def ack(self, key: str, message: Message) -> int:
-        return self._next("ack", key, message.id)
+    def add_message(self, message: StoredMessage, keys: Sequence[str]) -> tuple[int, int]:
+        location = self._keep(message)
+        return self._next("add", message.id, tuple(keys)), location
+
+    def ack(self, key: str, message_id: str) -> int:
+        return self._next("ack", key, message_id)
 
     def transaction(
         self,
-        adds: list[tuple[Message, list[str]]],
-        acks: list[tuple[str, Message]],
+        adds: Sequence[tuple[StoredMessage, Sequence[str]]],
+        acks: Sequence[tuple[str, str]],
         *,
-        archived: Sequence[tuple[str, Message]] = (),
+        archived: Sequence[tuple[str, StoredMessage]] = (),
         commit_key: str | None = None,
-    ) -> int:
-        for message, _ in adds:
-            message.location = len(self.bodies)
-            self.bodies[message.location] = (dict(message.headers or {}), message.body or b"")
-        call: tuple[Any, ...] = ("tx", tuple((m.id, tuple(k)) for m, k in adds), tuple((k, m.id) for k, m in acks))
+    ) -> tuple[int, list[int]]:
+        locations = [self._keep(message) for message, _ in adds]
+        call: tuple[Any, ...] = ("tx", tuple((m.id, tuple(k)) for m, k in adds), tuple(acks))
         if archived or commit_key is not None:
             call += (tuple((topic, m.body) for topic, m in archived), commit_key)
-        return self._next(*call)
+        return self._next(*call), locations
 
-    def archive(self, topic: str, message: Message) -> int:
+    def archive_message(self, topic: str, message: StoredMessage) -> int:
         return self._next("archive", topic, message.body)
 
     def forget_commit_key(self, key: str) -> int:
@@ -117,18 +120,18 @@ class RecordingStore:
     def remove_subscription(self, key: str) -> int:
         return self._next("unsub", key)
 
-    def retain(self, topic: str, message: Message | None) -> int:
+    def retain(self, topic: str, message: StoredMessage | None, qos: int | None = None) -> int:
         return self._next("retain", topic, None if message is None else message.body)
 
     def note(self, namespace: str, key: str, value: bytes | None) -> int:
         return self._next("note", namespace, key, value)
 
-    def load(self, message: Message) -> bool:
+    def load(self, location: int, destination: str) -> StoredMessage | None:
         self.loads += 1
-        if message.location in self.damaged:
-            return False
-        message.headers, message.body = self.bodies[message.location]
-        return True
+        if location in self.damaged:
+            return None
+        headers, body = self.bodies[location]
+        return StoredMessage("", destination, headers, body, 0, 0, 0, 0, location)
 
     def kinds(self) -> list[str]:
         return [call[0] for call in self.calls]

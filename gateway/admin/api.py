@@ -327,7 +327,7 @@ class AdminApi:
         damaged = False
         if message.body is None:  # on disk: read a copy, leave the queue's stub alone
             copy = message.stub()
-            damaged = not self.broker.store.load(copy)  # reported; dispatch drops it
+            damaged = not copy.load(self.broker.store)  # reported; dispatch drops it
             message = copy
         body = message.body or b""
         try:

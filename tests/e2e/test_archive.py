@@ -18,7 +18,7 @@ import stomp
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.auth import hash_password
-from gateway.storage import StoreSettings
+from persistence.settings import StoreSettings
 from tests.helpers import unique, wait_for
 from tests.processes import accepting
 from tests.e2e.test_durability import BrokerProcess, free_port

@@ -15,7 +15,10 @@ import pytest
 
 from gateway.auth import hash_password
 from gateway.mqtt import packets as p
-from gateway.storage import BrokerStore, StoreSettings, decode_subscription, encode_subscription, open_store
+from persistence import records
+from persistence.records import encode_subscription
+from persistence.settings import StoreSettings
+from persistence.store import Store
 from tests.helpers import unique
 
 ITER = 1000
@@ -213,10 +216,10 @@ def test_ownership_survives_a_restart(broker_factory, stomp_client, raw_client, 
 
 def test_a_durable_subscription_stored_without_an_owner_is_left_to_an_administrator(tmp_path, broker_factory, raw_client, stomp_client):
     # A folder written before owners were recorded: the subscription has none.
-    store = open_store(str(tmp_path / "data"), StoreSettings(sync="always"), log=_Silent())
+    store = Store.in_data_dir(str(tmp_path / "data"), StoreSettings(sync="always"))
     store.open()
     key = "durable:7:bob-app:news"
-    BrokerStore(store).add_subscription(key, "/topic/open.legacy")
+    store.add_subscription(key, "/topic/open.legacy")
     store.close()
     ops = {"name": "ops", "password_hash": hash_password("ops-pw", iterations=ITER), "role": "write"}
     broker = broker_factory(auth=AUTH, admin={"users": [ops]})
@@ -233,11 +236,9 @@ def test_a_durable_subscription_stored_without_an_owner_is_left_to_an_administra
     assert bob_back(stomp_client, broker, "/topic/open.legacy", "bob-app", 0, **DURABLE) == []
 
 
-class _Silent:
-    def info(self, *args, **kwargs):
-        pass
-
-    warning = info
+def decode_subscription(stored: str) -> tuple[str, str | None, str | None]:
+    """(pattern, selector, owner) of a stored description."""
+    return tuple(records.decode_subscription("durable:7:bob-app:news", stored))[1:]  # type: ignore[return-value]
 
 
 def test_the_stored_description_keeps_the_owner_and_older_ones_still_read():

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.storage import StoreSettings
+from persistence.settings import StoreSettings
 from tests.helpers import wait_for
 from tests.spark_helpers import read, stream
 

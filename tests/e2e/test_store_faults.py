@@ -328,7 +328,7 @@ def disk(monkeypatch):
 
 
 def alarm_broker(broker_factory, **broker_settings):
-    from gateway.storage import StoreSettings
+    from persistence.settings import StoreSettings
 
     return broker_factory(store=StoreSettings(maintenance_interval_s=0.05, min_free_bytes=50 << 20),
                           broker=broker_settings, admin=ADMIN)
@@ -467,7 +467,7 @@ def small_volume(tmp_path):
 
 
 def test_a_really_filling_volume_holds_the_producer_and_loses_nothing(small_volume, broker_factory):
-    from gateway.storage import StoreSettings
+    from persistence.settings import StoreSettings
 
     broker = broker_factory(store=StoreSettings(segment_bytes=1 << 20, min_free_bytes=5 << 20,
                                                 maintenance_interval_s=0.05))

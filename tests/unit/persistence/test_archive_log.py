@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from core.storage import StoredMessage
 from persistence import checkpoint as checkpoints
 from persistence.archive import Archive, ArchiveGone, decode_row, directory_name, segment_name
 from persistence.store import Store, _abandon
@@ -169,7 +170,7 @@ def store(path: Path, segment_bytes: int = 4096) -> tuple[Store, Archive]:
 def test_archive_records_lost_from_their_segment_come_back_from_the_journal(tmp_path: Path) -> None:
     s, archive = store(tmp_path)
     for i in range(50):
-        s.archive_message(TOPIC, f"id-{i}", {"k": "v"}, b"b%d" % i, i % 10, 1000 + i)
+        s.archive_message(TOPIC, StoredMessage(f"id-{i}", "/topic/" + TOPIC, {"k": "v"}, b"b%d" % i, i % 10, 0, 1000 + i, 0))
     s.flush()
     _abandon(s)  # a crash: no checkpoint, the archive segments never synced
     for path in (tmp_path / "archive" / TOPIC).iterdir():
@@ -191,11 +192,11 @@ def test_a_checkpoint_syncs_the_archive_first_and_later_records_replay_from_the_
     real_write = checkpoints.write
     monkeypatch.setattr(checkpoints, "write", lambda *a: (order.append("checkpoint written"), real_write(*a))[1])
     for i in range(10):
-        s.archive_message(TOPIC, f"id-{i}", None, b"x", i, 1000 + i)
+        s.archive_message(TOPIC, StoredMessage(f"id-{i}", "/topic/" + TOPIC, None, b"x", i, 0, 1000 + i, 0))
     s.checkpoint()
     s.flush()
     assert order == ["archive synced", "checkpoint written"]
-    s.archive_message(TOPIC, "id-10", None, b"y", 0, 1010)
+    s.archive_message(TOPIC, StoredMessage("id-10", "/topic/" + TOPIC, None, b"y", 0, 0, 1010, 0))
     s.flush()
     _abandon(s)
     s, archive = store(tmp_path)
@@ -206,8 +207,9 @@ def test_a_checkpoint_syncs_the_archive_first_and_later_records_replay_from_the_
 
 def test_a_transaction_keeps_its_archive_records_and_key_all_or_nothing(tmp_path: Path) -> None:
     s, archive = store(tmp_path)
-    s.transaction([], [], archived=[(TOPIC, "t-1", None, b"one", 4, 5), (TOPIC, "t-2", {"a": "b"}, b"two", 4, 6)],
-                  puts=[("commit-keys", "batch-1", b"1")])
+    s.transaction([], [], archived=[(TOPIC, StoredMessage("t-1", "/topic/" + TOPIC, None, b"one", 4, 0, 5, 0)),
+                                    (TOPIC, StoredMessage("t-2", "/topic/" + TOPIC, {"a": "b"}, b"two", 4, 0, 6, 0))],
+                  commit_key="batch-1")
     s.flush()
     _abandon(s)
     for path in (tmp_path / "archive" / TOPIC).iterdir():
@@ -301,7 +303,7 @@ def test_a_failed_batch_is_written_again_with_its_archive_records(tmp_path: Path
 
     def publish(first: int, last: int) -> None:
         for i in range(first, last):
-            s.archive_message(TOPIC, f"id-{i}", {"i": str(i)}, b"b%d" % i, i % 10, 1000 + i)
+            s.archive_message(TOPIC, StoredMessage(f"id-{i}", "/topic/" + TOPIC, {"i": str(i)}, b"b%d" % i, i % 10, 0, 1000 + i, 0))
 
     publish(0, 5)
     s.flush()

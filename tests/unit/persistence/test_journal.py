@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from core.storage import StoredMessage
 from persistence import records
 from persistence.journal import Journal, list_segments, make_location, neutralize, segment_name, split_location
 from persistence.records import HEADER_BYTES, CorruptRecord, RecordType
@@ -43,9 +44,9 @@ def scanned(directory: Path, **kwargs) -> tuple[Journal, list[tuple[int, int, by
     ],
 )
 def test_a_message_payload_round_trips(headers, body, keys) -> None:
-    payload = records.encode_message("id-1é", "/topic/t.ü", headers, body, 9, 2**40, 1_700_000_000_000, 3, keys)
-    assert records.decode_message(payload) == ("id-1é", "/topic/t.ü", headers or {}, body or b"", 9, 2**40, 1_700_000_000_000, 3, keys)
-    assert records.decode_message_meta(memoryview(payload)) == ("id-1é", "/topic/t.ü", 9, 2**40, 1_700_000_000_000, 3, keys)
+    payload = records.encode_message(StoredMessage("id-1é", "/topic/t.ü", headers, body, 9, 2**40, 1_700_000_000_000, 3), keys)
+    assert records.decode_message(payload) == ("id-1é", "/topic/t.ü", headers or {}, body or b"", 9, 2**40, 1_700_000_000_000, 3, -1)
+    assert records.decode_message_meta(memoryview(payload)) == (("id-1é", "/topic/t.ü", None, None, 9, 2**40, 1_700_000_000_000, 3, -1), keys)
     assert records.decode_message_id(payload) == "id-1é"
 
 
@@ -56,7 +57,7 @@ def test_small_payloads_round_trip() -> None:
 
 
 def test_a_transaction_nests_frames_with_their_own_magic() -> None:
-    add = records.encode_message("m", "/queue/a", {}, b"b", 4, 0, 0, 0, ["/queue/a"])
+    add = records.encode_message(StoredMessage("m", "/queue/a", {}, b"b", 4, 0, 0, 0), ["/queue/a"])
     ack = records.encode_two("/queue/a", "old")
     payload, starts = records.encode_tx([(RecordType.MESSAGE_ADD, add), (RecordType.ACK, ack)])
     ops = records.decode_tx(payload)
@@ -200,7 +201,7 @@ def test_damage_at_the_end_of_an_older_segment_is_reported_not_cut(tmp_path: Pat
 
 def test_a_failed_batch_is_neutralized_in_place(tmp_path: Path) -> None:
     journal = Journal(tmp_path, 2**20)
-    add = records.encode_message("m1", "/queue/a", {}, b"body", 4, 0, 0, 0, ["/queue/a"])
+    add = records.encode_message(StoredMessage("m1", "/queue/a", {}, b"body", 4, 0, 0, 0), ["/queue/a"])
     journal.append(RecordType.MESSAGE_ADD, add)
     journal.append(RecordType.ACK, records.encode_two("/queue/a", "m0"))
     tx, _ = records.encode_tx([(RecordType.MESSAGE_ADD, add.replace(b"m1", b"m2")), (RecordType.ACK, records.encode_two("q", "x"))])

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from persistence import store as store_module
+from core.storage import Recovered, StoredMessage
+from persistence import settings
 from persistence.journal import list_segments, segment_name, split_location
-from persistence.store import Recovered, Store, StoredMessage, _abandon, check, compact
+from persistence.offline import check, compact
+from persistence.store import Store, _abandon
 
 SEGMENT = 4096
 
@@ -34,9 +36,13 @@ def crash(s: Store) -> None:
     _abandon(s)
 
 
+def subscriptions(r: Recovered) -> dict[str, str]:
+    return {s.key: s.pattern for s in r.subscriptions}
+
+
 def state(r: Recovered) -> tuple:
     return (
-        r.subscriptions,
+        subscriptions(r),
         {k: [(m.id, m.destination, m.priority, m.timestamp) for m in q] for k, q in sorted(r.queues.items())},
         r.kv,
     )
@@ -120,7 +126,7 @@ def test_removing_a_subscription_frees_its_messages(tmp_path: Path) -> None:
     s.remove_subscription("d1")
     assert s.stats()["live_messages"] == 2
     s, r = reopen(tmp_path, s)
-    assert r.subscriptions == {} and {k: [m.id for m in q] for k, q in r.queues.items()} == {"d2": ["m1", "m3"]}
+    assert subscriptions(r) == {} and {k: [m.id for m in q] for k, q in r.queues.items()} == {"d2": ["m1", "m3"]}
     s.close()
 
 
@@ -142,12 +148,12 @@ def test_a_torn_tail_at_every_byte_of_the_last_record_loses_only_that_record(tmp
     s.add_message(message("a"), ["/queue/a"])
     before = s.appended_lsn
     last = message("b", body=b"b" * 30)
-    s.add_message(last, ["/queue/a", "d"])
+    _, last_location = s.add_message(last, ["/queue/a", "d"])
     crash(s)
     s, expected = opened(orig, segment_bytes=2**20)
     _abandon(s)
     data = (orig / segment_name(1)).read_bytes()
-    start = split_location(last.location)[1]
+    start = split_location(last_location)[1]
     assert before == 2
     for cut in range(start, len(data)):
         folder = tmp_path / f"cut{cut}"
@@ -192,8 +198,7 @@ def test_a_flipped_bit_in_a_middle_record_is_reported_and_the_rest_recovered(tmp
     locations = []
     for i in range(3):
         m = message(f"m{i}")
-        s.add_message(m, ["/queue/a"])
-        locations.append(m.location)
+        locations.append(s.add_message(m, ["/queue/a"])[1])
     crash(s)
     path = tmp_path / segment_name(1)
     data = bytearray(path.read_bytes())
@@ -278,8 +283,7 @@ def test_compaction_keeps_exactly_the_live_messages_and_shrinks_the_disk(tmp_pat
     held = {}
     for i in range(120):
         m = message(f"m{i}", body=bytes([i]) * 30)
-        s.add_message(m, ["/queue/a"])
-        held[m.id] = m.location
+        held[m.id] = s.add_message(m, ["/queue/a"])[1]
     for i in range(120):
         if i % 5:
             s.ack("/queue/a", f"m{i}")
@@ -310,17 +314,17 @@ def test_compaction_keeps_exactly_the_live_messages_and_shrinks_the_disk(tmp_pat
 def test_read_message_finds_a_record_still_pending_or_being_written(tmp_path: Path) -> None:
     s, _ = opened(tmp_path)
     m = message("pending", body=b"p")
-    s.add_message(m, ["/queue/a"])
-    assert s.read_message(m.location).body == b"p"
+    _, m_location = s.add_message(m, ["/queue/a"])
+    assert s.read_message(m_location).body == b"p"
     batch = s.take_batch()
     tx = message("in-tx", body=b"t")
-    s.transaction([(tx, ["/queue/a"])], [])
-    assert s.read_message(m.location).body == b"p"  # in the batch being written
-    assert s.read_message(tx.location).body == b"t"  # pending, inside a TX
+    _, [tx_location] = s.transaction([(tx, ["/queue/a"])], [])
+    assert s.read_message(m_location).body == b"p"  # in the batch being written
+    assert s.read_message(tx_location).body == b"t"  # pending, inside a TX
     s.write_batch(batch)
     s.batch_written(batch)
     s.flush()
-    assert s.read_message(tx.location).headers == {"h": "in-tx"}
+    assert s.read_message(tx_location).headers == {"h": "in-tx"}
     s.close()
 
 
@@ -336,7 +340,7 @@ def test_a_failed_write_is_never_durable_and_later_writes_are(tmp_path: Path, mo
     s.flush()
     durable = s.durable_lsn
     lost = message("lost", body=b"L" * 20)
-    s.add_message(lost, ["/queue/a"])
+    _, lost_location = s.add_message(lost, ["/queue/a"])
     s.ack("/queue/a", "acked-later")
     s.transaction([(message("lost-tx"), ["/queue/b"])], [("/queue/a", "before")])
     s.add_subscription("d", "/topic/t")
@@ -349,7 +353,7 @@ def test_a_failed_write_is_never_durable_and_later_writes_are(tmp_path: Path, mo
     first, last = s.batch_failed(batch, exc.value)
     assert (first, last) == (durable + 1, s.appended_lsn)
     assert s.durable_lsn == durable
-    assert s.read_message(lost.location).body == b"L" * 20  # still readable while live
+    assert s.read_message(lost_location).body == b"L" * 20  # still readable while live
     s.checkpoint()  # must leave out what never reached disk
     # A second failure reports only what is new.
     s.add_message(message("also-lost"), ["/queue/a"])
@@ -368,7 +372,7 @@ def test_a_failed_write_is_never_durable_and_later_writes_are(tmp_path: Path, mo
     got = {k: [m.id for m in q] for k, q in r.queues.items()}
     # The adds of the failed batches are gone; its acks and subscription were retried.
     assert got == {"/queue/a": ["after"]}
-    assert r.subscriptions == {"d": "/topic/t"} and r.corrupt_records == 0
+    assert subscriptions(r) == {"d": "/topic/t"} and r.corrupt_records == 0
     s.close()
     report = check(tmp_path)
     assert report["corrupt_records"] == 0 and report["messages"] == 1
@@ -506,4 +510,4 @@ def test_copies_of_a_folder_recover_identically(tmp_path: Path) -> None:
     assert state(r1) == state(r2)
     s1.close()
     s2.close()
-    assert store_module.SYNC_POLICIES == ("always", "interval", "never")
+    assert settings.SYNC_POLICIES == ("always", "interval", "never")
