@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from gateway.mqtt import codec
 from gateway.mqtt import packets as p
+from gateway.mqtt.wire import remaining_length
 from gateway.mqtt.codec import (
     LocalProtocolError,
     MqttConnection,
@@ -285,7 +286,7 @@ def test_bytearray_and_memoryview_input_are_accepted() -> None:
      (2097151, b"\xff\xff\x7f"), (2097152, b"\x80\x80\x80\x01"), (268435455, b"\xff\xff\xff\x7f")],
 )
 def test_remaining_length_edges(length: int, encoded: bytes) -> None:
-    assert codec._remaining_length(length) == encoded
+    assert remaining_length(length) == encoded
     if 3 <= length <= 2097152:  # through a real PUBLISH: topic "t" takes 3 bytes
         wire = MqttConnection(Role.CLIENT).send(p.Publish("t", b"x" * (length - 3)))
         assert wire[1 : 1 + len(encoded)] == encoded and len(wire) == 1 + len(encoded) + length
@@ -302,7 +303,7 @@ def test_remaining_length_edges(length: int, encoded: bytes) -> None:
 
 def test_the_largest_length_is_the_last_that_encodes() -> None:
     with pytest.raises(LocalProtocolError):
-        codec._remaining_length(codec.MAX_REMAINING_LENGTH + 1)
+        remaining_length(codec.MAX_REMAINING_LENGTH + 1)
 
 
 @pytest.mark.parametrize("wire", [b"\x30\xff\xff\xff\xff\x01", b"\x30\x80\x80\x80\x80", b"\xc0\x80\x80\x80\x80\x00"])
