@@ -19,6 +19,7 @@ from core import names
 from core.authorization import Authorizer, parse_entries
 from core import recovery
 from core.broker import Broker
+from core.storage import Recovered
 from gateway import auth
 from gateway.auth import Gatekeeper, Transport
 from gateway.admin import metrics
@@ -50,6 +51,9 @@ ADMIN_THREADS = 4
 # File descriptors beyond the connections: the store's segments, the
 # listeners, the archive's open files, logs.
 FILE_HEADROOM = 256
+# A password check waiting for a worker thread: passcode, stored hash, and
+# what to call with the answer.
+_Check = tuple[str, str, Callable[[bool], None]]
 
 
 def _report(log: Any, event: str, **fields: Any) -> None:
@@ -112,20 +116,43 @@ class Running:
 
 
 async def serve(
-    config: Config,
-    log: Any,
-    *,
-    handle_signals: bool = True,
-    task_status: Any = trio.TASK_STATUS_IGNORED,
+    config: Config, log: Any, *, handle_signals: bool = True, task_status: Any = trio.TASK_STATUS_IGNORED
 ) -> None:
     """Recover the store, run the broker until SIGINT/SIGTERM (or
-    :meth:`Running.stop`), then drain, close the store and return."""
+    :meth:`Running.stop`), then drain, close the store and return.  Startup
+    is the steps below in this order; shutdown runs it the other way round."""
+    wiring = await _open_and_recover(config, log)  # the core as the store left it, before anyone can reach it
+    wiring.build_server()  # the listeners' server, waking the committer and the redelivery timer
+    wiring.build_gatekeeper()  # logins, their password checks in worker threads
+    wiring.build_listeners()  # the sessions and the ports; a TLS certificate that does not load stops here
+    wiring.watch_disk()  # the disk alarm, looked at before anyone connects
+    wiring.build_admin_api()  # locked (403) without admin users
+    try:
+        async with trio.open_nursery() as nursery:
+            wiring.start_tasks(nursery, handle_signals=handle_signals)  # the committer, before any client writes
+            ports = await nursery.start(wiring.run_listeners)  # bound, and serving until stopped
+            await wiring.start_admin(nursery, ports)  # after the ports it reports on
+            wiring.listening = True  # ready, last
+            log.info("broker_started", ports=ports, data_dir=config.data_dir)
+            task_status.started(Running(ports, wiring.server, wiring.broker, wiring.store))
+            await wiring.finished.wait()
+            wiring.listening = False
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await wiring.close_store()  # after every task and connection has stopped
+    log.info("broker_stopped")
+
+
+async def _open_and_recover(config: Config, log: Any) -> _Wiring:
+    """Open the store, replay it (in a worker thread: recovery reads every
+    segment) and restore the core from it, before any listener exists, so
+    no client ever sees a half-restored broker."""
     Path(config.data_dir).mkdir(parents=True, exist_ok=True)
     _raise_file_limit(config, log)
     store = Store.in_data_dir(config.data_dir, config.store, partial(_report, log))
     started = time.monotonic()
     store_threads = trio.CapacityLimiter(STORE_THREADS)
-    password_threads = trio.CapacityLimiter(PASSWORD_THREADS)
     recovered = await trio.to_thread.run_sync(store.open, limiter=store_threads)
     if config.store.sync == "never":
         log.warning("store_sync_never", detail="persistent messages are NOT safe from a crash; for tests only")
@@ -148,138 +175,163 @@ async def serve(
         skipped=skipped,
         seconds=round(time.monotonic() - started, 3),
     )
-    server = Server(
-        log,
-        durable_lsn=lambda: store.durable_lsn,
-        grace_s=config.shutdown_grace_s,
-        limits=Limits(config.max_connections, config.max_connections_per_address, config.tls.handshake_timeout_s),
-        certificate_user=CertificateUsers(config.tls).user,
-    )
-    commit_lot = trio.lowlevel.ParkingLot()
+    return _Wiring(config, log, store, store_threads, recovered, clock, broker)
 
-    redelivery = _RedeliveryTimer(broker)
 
-    def after_input() -> None:
-        if store.appended_lsn > store.durable_lsn:
-            commit_lot.unpark_all()
-        redelivery.reschedule()
+class _Wiring:
+    """One broker's parts around its recovered core, built and started by
+    :func:`serve` a step at a time in the order it lists them; each step
+    sets the attributes later ones use."""
 
-    server.after_input = after_input
+    def __init__(
+        self, config: Config, log: Any, store: Store, store_threads: trio.CapacityLimiter, recovered: Recovered,
+        clock: TrioClock, broker: Broker,
+    ) -> None:
+        self.config, self.log, self.clock, self.broker = config, log, clock, broker
+        self.store, self.store_threads, self.recovered = store, store_threads, recovered
+        self.finished = trio.Event()  # set when the listeners have stopped
+        self.listening = False  # readiness: true from broker_started until shutdown
 
-    gatekeeper = Gatekeeper(config.auth)
-    # With users, durable state is owned: anonymous clients hold none.
-    broker.secured = bool(gatekeeper.users)
-    # Password hashes (PBKDF2, slow on purpose) are computed in worker threads,
-    # so a burst of logins cannot stall every other client; hashlib releases
-    # the GIL while it works.  The backlog is bounded: past it, "busy".
-    checks_send, checks_receive = trio.open_memory_channel[tuple[str, str, Callable[[bool], None]]](VERIFY_BACKLOG)
+    def build_server(self) -> None:
+        """The listeners' server.  After each client's input it wakes the
+        committer (if that input wrote anything) and the redelivery timer (if
+        it held a message back), so neither polls."""
+        config, store = self.config, self.store
+        limits = Limits(config.max_connections, config.max_connections_per_address, config.tls.handshake_timeout_s)
+        self.server = server = Server(
+            self.log, durable_lsn=lambda: store.durable_lsn, grace_s=config.shutdown_grace_s, limits=limits,
+            certificate_user=CertificateUsers(config.tls).user,
+        )
+        self.commit_lot = commit_lot = trio.lowlevel.ParkingLot()
+        self.redelivery = redelivery = _RedeliveryTimer(self.broker)
 
-    def verifier(passcode: str, stored: str, done: Callable[[bool], None]) -> bool:
-        try:
-            checks_send.send_nowait((passcode, stored, done))
-        except trio.WouldBlock:
-            return False
-        return True
+        def after_input() -> None:
+            if store.appended_lsn > store.durable_lsn:
+                commit_lot.unpark_all()
+            redelivery.reschedule()
 
-    gatekeeper.verifier = verifier
-    if gatekeeper.users and gatekeeper.anonymous:
-        log.warning("anonymous_access_enabled", users=len(gatekeeper.users))
+        server.after_input = after_input
 
-    def stomp_session(conn_id: str, conn_log: Any, transport: Transport) -> StompSession:
+    def build_gatekeeper(self) -> None:
+        """Logins.  Password hashes (PBKDF2, slow on purpose) are computed in worker
+        threads, so a burst of logins cannot stall every other client; hashlib
+        releases the GIL while it works.  The backlog is bounded: past it, "busy"."""
+        self.gatekeeper = gatekeeper = Gatekeeper(self.config.auth)
+        # With users, durable state is owned: anonymous clients hold none.
+        self.broker.secured = bool(gatekeeper.users)
+        self.password_threads = trio.CapacityLimiter(PASSWORD_THREADS)
+        checks_send, self.checks_receive = trio.open_memory_channel[_Check](VERIFY_BACKLOG)
+
+        def verifier(passcode: str, stored: str, done: Callable[[bool], None]) -> bool:
+            try:
+                checks_send.send_nowait((passcode, stored, done))
+            except trio.WouldBlock:
+                return False
+            return True
+
+        gatekeeper.verifier = verifier
+        if gatekeeper.users and gatekeeper.anonymous:
+            self.log.warning("anonymous_access_enabled", users=len(gatekeeper.users))
+
+    def stomp_session(self, conn_id: str, conn_log: Any, transport: Transport) -> StompSession:
         return StompSession(
-            broker, clock, config.stomp, conn_id=conn_id, log=conn_log,
-            admit=partial(gatekeeper.admit, transport=transport),
+            self.broker, self.clock, self.config.stomp, conn_id=conn_id, log=conn_log,
+            admit=partial(self.gatekeeper.admit, transport=transport),
         )
 
-    registry = mqtt_session.Registry()
-    registry.restore(
-        recovered.kv.get(mqtt_session.QOS2_NOTES, {}), [(d.client_id, d.owner) for d in broker.durables.values()]
-    )
-
-    def mqtt_connection(conn_id: str, conn_log: Any, transport: Transport) -> mqtt_session.MqttSession:
+    def mqtt_session(self, conn_id: str, conn_log: Any, transport: Transport) -> mqtt_session.MqttSession:
         return mqtt_session.MqttSession(
-            broker, clock, config.mqtt, registry, conn_id=conn_id, log=conn_log,
-            admit=partial(gatekeeper.admit, transport=transport),
+            self.broker, self.clock, self.config.mqtt, self.registry, conn_id=conn_id, log=conn_log,
+            admit=partial(self.gatekeeper.admit, transport=transport),
         )
 
-    tls = server_context(config.tls) if config.tls.enabled else None
-    specs = []
-    if config.tls.plain:
-        specs += [
-            ListenerSpec("stomp", config.bind, config.stomp_port, stomp_session),
-            ListenerSpec("mqtt", config.bind, config.mqtt_port, mqtt_connection),
-        ]
-    if tls is not None:
-        specs += [
-            ListenerSpec("stomp-tls", config.bind, config.stomp_tls_port, stomp_session, tls),
-            ListenerSpec("mqtt-tls", config.bind, config.mqtt_tls_port, mqtt_connection, tls),
-        ]
-    finished = trio.Event()
-    disk = DiskWatch(config.data_dir, config.store.min_free_bytes, broker, log)
-    disk.check()  # before anyone connects
-    writes = metrics.Histogram()
-    listening = False
-    users = load_users(config.admin)
-    if not users:
-        log.warning("admin_api_locked", detail="no [admin] users configured: the admin API answers 403")
-    api = AdminApi(
-        broker,
-        server,
-        users=users,
-        ready=lambda: listening and not server.stopping,
-        metrics=lambda: metrics.render(broker, server, store, writes, gatekeeper, disk),
-        archive=store.archive,
-        origins=config.admin.allowed_origins + config.admin.websocket_origins,
-        gate=gatekeeper,
-    )
+    def build_listeners(self) -> None:
+        """The MQTT sessions' registry as the store left it (who owns durable
+        state, QoS 2 ids awaiting PUBREL), and which ports to bind: plain, TLS
+        or both, the TLS context loaded here so a bad certificate stops startup."""
+        config = self.config
+        self.registry = mqtt_session.Registry()
+        self.registry.restore(
+            self.recovered.kv.get(mqtt_session.QOS2_NOTES, {}), [(d.client_id, d.owner) for d in self.broker.durables.values()]
+        )
+        self.tls = tls = server_context(config.tls) if config.tls.enabled else None
+        self.specs = []
+        if config.tls.plain:
+            self.specs += [
+                ListenerSpec("stomp", config.bind, config.stomp_port, self.stomp_session),
+                ListenerSpec("mqtt", config.bind, config.mqtt_port, self.mqtt_session),
+            ]
+        if tls is not None:
+            self.specs += [
+                ListenerSpec("stomp-tls", config.bind, config.stomp_tls_port, self.stomp_session, tls),
+                ListenerSpec("mqtt-tls", config.bind, config.mqtt_tls_port, self.mqtt_session, tls),
+            ]
 
-    async def run_server(*, task_status: Any) -> None:
+    def watch_disk(self) -> None:
+        """The disk alarm, looked at once before anyone connects."""
+        self.disk = DiskWatch(self.config.data_dir, self.config.store.min_free_bytes, self.broker, self.log)
+        self.disk.check()
+
+    def build_admin_api(self) -> None:
+        """The admin API; without admin users it is locked (403), said once."""
+        config, server = self.config, self.server
+        self.writes = metrics.Histogram()
+        users = load_users(config.admin)
+        if not users:
+            self.log.warning("admin_api_locked", detail="no [admin] users configured: the admin API answers 403")
+        self.api = AdminApi(
+            self.broker, server, users=users, ready=lambda: self.listening and not server.stopping,
+            metrics=lambda: metrics.render(self.broker, server, self.store, self.writes, self.gatekeeper, self.disk),
+            archive=self.store.archive, origins=config.admin.allowed_origins + config.admin.websocket_origins,
+            gate=self.gatekeeper,
+        )
+
+    def start_tasks(self, nursery: trio.Nursery, *, handle_signals: bool) -> None:
+        """The store's group commit, the timers and the password workers,
+        before any listener, so the first client's writes have a committer."""
+        config, log = self.config, self.log
+        nursery.start_soon(_commit, self.store, self.server, self.commit_lot, log, self.writes, self.store_threads, self.disk)
+        nursery.start_soon(self.redelivery.run)
+        if self.tls is not None and config.tls.reload_interval_s > 0:
+            nursery.start_soon(_reload_tls, self.tls, config.tls, log)
+        for _ in range(VERIFY_WORKERS):
+            nursery.start_soon(_verify_passwords, self.checks_receive, self.password_threads)
+        nursery.start_soon(_maintain, self.store, self.broker, config.store.maintenance_interval_s, self.commit_lot, log)
+        nursery.start_soon(_watch_disk, self.disk, config.store.maintenance_interval_s)
+        if handle_signals:
+            nursery.start_soon(_stop_on_signal, self.server, log)
+
+    async def run_listeners(self, *, task_status: Any) -> None:
+        """Bind every listener, report the ports, serve until stopped and drained."""
         try:
-            await server.run(specs, task_status=task_status)
+            await self.server.run(self.specs, task_status=task_status)
         finally:
-            finished.set()
+            self.finished.set()
 
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_commit, store, server, commit_lot, log, writes, store_threads, disk)
-            nursery.start_soon(redelivery.run)
-            if tls is not None and config.tls.reload_interval_s > 0:
-                nursery.start_soon(_reload_tls, tls, config.tls, log)
-            for _ in range(VERIFY_WORKERS):
-                nursery.start_soon(_verify_passwords, checks_receive, password_threads)
-            nursery.start_soon(_maintain, store, broker, config.store.maintenance_interval_s, commit_lot, log)
-            nursery.start_soon(_watch_disk, disk, config.store.maintenance_interval_s)
-            if handle_signals:
-                nursery.start_soon(_stop_on_signal, server, log)
-            ports = await nursery.start(run_server)
-            admin_threads = trio.CapacityLimiter(ADMIN_THREADS)
-            admin_slots = AdminSlots(server, config.admin.max_connections)
-            upgrades = Upgrades.for_broker(server, config, stomp_session, mqtt_connection)  # /stomp, /mqtt
-            if config.tls.plain:
-                ports["admin"] = await nursery.start(
-                    partial(serve_admin, upgrades=upgrades, threads=admin_threads, slots=admin_slots), api, config.admin, config.bind, config.admin_port, log
-                )
-            if tls is not None:
-                ports["admin-tls"] = await nursery.start(
-                    partial(serve_admin, ssl_context=tls, upgrades=upgrades, threads=admin_threads, slots=admin_slots), api, config.admin, config.bind,
-                    config.admin_tls_port, log,
-                )
-            listening = True
-            log.info("broker_started", ports=ports, data_dir=config.data_dir)
-            task_status.started(Running(ports, server, broker, store))
-            await finished.wait()
-            listening = False
-            nursery.cancel_scope.cancel()
-    finally:
-        with trio.CancelScope(shield=True):
-            store.remember_redeliveries(recovery.delivered(broker.all_queues()))
-            await trio.to_thread.run_sync(store.close, limiter=store_threads)
-    log.info("broker_stopped")
+    async def start_admin(self, nursery: trio.Nursery, ports: dict[str, int]) -> None:
+        """The admin port (plain and/or TLS) with its own threads and slots and
+        the WebSocket doors to the sessions (/stomp, /mqtt), added to ``ports``."""
+        config, log = self.config, self.log
+        admin_threads = trio.CapacityLimiter(ADMIN_THREADS)
+        admin_slots = AdminSlots(self.server, config.admin.max_connections)
+        upgrades = Upgrades.for_broker(self.server, config, self.stomp_session, self.mqtt_session)  # /stomp, /mqtt
+        admin = partial(serve_admin, upgrades=upgrades, threads=admin_threads, slots=admin_slots)
+        if config.tls.plain:
+            ports["admin"] = await nursery.start(admin, self.api, config.admin, config.bind, config.admin_port, log)
+        if self.tls is not None:
+            ports["admin-tls"] = await nursery.start(
+                partial(admin, ssl_context=self.tls), self.api, config.admin, config.bind, config.admin_tls_port, log
+            )
+
+    async def close_store(self) -> None:
+        """Last, after every task has stopped: note which stored messages went
+        out (so they come back marked redelivered), then close the store."""
+        broker = self.broker
+        self.store.remember_redeliveries(recovery.delivered(broker.all_queues()))
+        await trio.to_thread.run_sync(self.store.close, limiter=self.store_threads)
 
 
-async def _verify_passwords(
-    checks: trio.MemoryReceiveChannel[tuple[str, str, Callable[[bool], None]]], threads: trio.CapacityLimiter
-) -> None:
+async def _verify_passwords(checks: trio.MemoryReceiveChannel[_Check], threads: trio.CapacityLimiter) -> None:
     async for passcode, stored, done in checks:
         done(await trio.to_thread.run_sync(auth.verify_password, passcode, stored, limiter=threads))
 

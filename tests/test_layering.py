@@ -41,7 +41,8 @@ def offending(path: Path, forbidden: tuple[str, ...]) -> list[str]:
     )
 
 
-CODECS = files("gateway/stomp/codec.py", "gateway/stomp/frames.py", "gateway/mqtt/codec.py", "gateway/mqtt/packets.py")
+CODECS = files("gateway/stomp/codec.py", "gateway/stomp/frames.py", "gateway/mqtt/codec.py",
+               "gateway/mqtt/wire.py", "gateway/mqtt/decoders.py", "gateway/mqtt/encoders.py", "gateway/mqtt/packets.py")
 CORE = files("core/**/*.py")
 PERSISTENCE = files("persistence/**/*.py")
 SESSIONS = files("gateway/stomp/session.py", "gateway/mqtt/session.py", "gateway/outbox.py")
