@@ -43,7 +43,7 @@ def offending(path: Path, forbidden: tuple[str, ...]) -> list[str]:
 CODECS = files("gateway/stomp/codec.py", "gateway/stomp/frames.py", "gateway/mqtt/codec.py", "gateway/mqtt/packets.py")
 CORE = files("core/**/*.py")
 PERSISTENCE = files("persistence/**/*.py")
-SESSIONS = files("gateway/stomp/session.py", "gateway/mqtt/session.py", "gateway/outbox.py")
+SESSIONS = files("gateway/stomp/session.py", "gateway/mqtt/session.py", "gateway/session/*.py")
 IO_MODULES = {"server.py", "admin.py", "app.py"}
 # Trio stream adapters: they read and write a stream they are given (so they
 # import trio) but open no socket and start no task or thread.
