@@ -95,10 +95,11 @@ class SessionState:
             entry.stage = stage
         return entry, acked
 
-    def suspend(self) -> None:
-        """The connection ended; the session is kept.  The core puts unacked
-        messages back and they come again with DUP and the same packet id;
-        PUBRELs awaiting PUBCOMP stay, to be resent as they are."""
+    def suspend(self, owner: str) -> None:
+        """The connection ended; the session is kept, as ``owner``'s.  The
+        core puts unacked messages back and they come again with DUP and the
+        same packet id; PUBRELs awaiting PUBCOMP stay, to be resent as they are."""
+        self.owner = owner
         for packet_id, entry in list(self.outbound.items()):
             if entry.stage is not Stage.AWAITING_PUBCOMP:
                 self.ids_by_message[entry.message_id] = packet_id

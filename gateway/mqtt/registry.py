@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
+from core.authorization import Principal
 from core.clients import Client
-from core.durables import ANONYMOUS_OWNER, MQTT_PREFIX
+from core.durables import ANONYMOUS_OWNER, MQTT_PREFIX, claim_refusal, owner_of
 from gateway.mqtt.inflight import SessionState
 
 # Durable subscriptions of MQTT sessions live beside STOMP's, under this owner
@@ -78,6 +79,30 @@ class Registry:
                 self._by_owner[owner] = left
             else:
                 del self._by_owner[owner]
+
+    def claim_refusal(
+        self, client_id: str, principal: Principal, clean_session: bool, durable_owners: list[str | None], secured: bool
+    ) -> str | None:
+        """Why ``principal`` may not connect as ``client_id``: a session in
+        use or kept (its durables, whose ``durable_owners`` the caller
+        gives, its packet ids) belongs to the user that made it; taking it
+        over, resuming it or cleaning it away is theirs alone.  A persistent
+        session is durable state (core.durables.claim_refusal)."""
+        previous = self.active.get(client_id)
+        if previous is not None and previous.client is not None:
+            if owner_of(previous.client.principal) != owner_of(principal):
+                return "it is in use by another user"
+        owners = list(durable_owners)
+        saved = self.states.get(client_id)
+        if saved is not None and saved.owner is not None:
+            owners.append(saved.owner)
+        if not clean_session:
+            owners.append(owner_of(principal))  # anonymous may not keep one on a secured broker
+        for owner in owners:
+            reason = claim_refusal(owner, principal, secured)
+            if reason is not None:
+                return reason
+        return None
 
     def quota_refusal(self, client_id: str, owner: str, limit: int, total: int) -> str | None:
         """Why one more persistent session, ``client_id`` of ``owner``, may

@@ -25,7 +25,7 @@ from typing import Any
 from core.authorization import ANONYMOUS_PRINCIPAL, Principal
 from core.broker import Broker
 from core.clients import Client
-from core.durables import claim_refusal, owner_of
+from core.durables import owner_of
 from core.errors import CoreError, LimitExceeded, NotAuthorized, UnknownMessage, UnknownSubscription
 from core.messages import Message
 from core.names import Address
@@ -169,10 +169,8 @@ class MqttSession:
         if self.clean_session:
             self.registry.states.pop(self.client_id, None)
             return
-        state = self.session
-        state.suspend()
-        state.owner = owner_of(self.client.principal)
-        self.registry.states[self.client_id] = state
+        self.session.suspend(owner_of(self.client.principal))
+        self.registry.states[self.client_id] = self.session
 
     # -- Sink --------------------------------------------------------------
 
@@ -238,7 +236,8 @@ class MqttSession:
                 self._refuse(packets.IDENTIFIER_REJECTED, "an empty client id needs clean session")  # [MQTT-3.1.3-8]
                 return
             client_id = f"gw-{os.urandom(6).hex()}"  # [MQTT-3.1.3-6]
-        refusal = self._claim_refusal(client_id, principal, packet.clean_session)
+        owners = [d.owner for d in self.broker.durables.of_client(OWNER_PREFIX + client_id)]
+        refusal = self.registry.claim_refusal(client_id, principal, packet.clean_session, owners, self.broker.secured)
         if refusal is None and not packet.clean_session:
             refusal = self.registry.quota_refusal(client_id, owner_of(principal), self.settings.max_persistent_sessions_per_user,
                                                   self.settings.max_persistent_sessions)
@@ -291,27 +290,6 @@ class MqttSession:
         if dropped:
             self.log.warning("mqtt_session_overflow", client_id=client_id, dropped=dropped,
                              limit=self.settings.max_queued_messages)
-
-    def _claim_refusal(self, client_id: str, principal: Principal, clean_session: bool) -> str | None:
-        """Why ``principal`` may not connect as ``client_id``: a session in
-        use or kept (its durables, its packet ids) belongs to the user that
-        made it; taking it over, resuming it or cleaning it away is theirs
-        alone.  A persistent session is durable state (claim_refusal)."""
-        previous = self.registry.active.get(client_id)
-        if previous is not None and previous.client is not None:
-            if owner_of(previous.client.principal) != owner_of(principal):
-                return "it is in use by another user"
-        owners = [d.owner for d in self.broker.durables.of_client(OWNER_PREFIX + client_id)]
-        saved = self.registry.states.get(client_id)
-        if saved is not None and saved.owner is not None:
-            owners.append(saved.owner)
-        if not clean_session:
-            owners.append(owner_of(principal))  # anonymous may not keep one on a secured broker
-        for owner in owners:
-            reason = claim_refusal(owner, principal, self.broker.secured)
-            if reason is not None:
-                return reason
-        return None
 
     def _on_publish(self, packet: packets.Publish) -> None:
         address = topics.to_address(packet.topic)
