@@ -33,9 +33,9 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
+# Read once per frame in the input loop: one global lookup, not two.
 _CLOSED = State.CLOSED
 _AWAITING_CONNECT = State.AWAITING_CONNECT
-_NOTHING: Mapping[type, Callable[[Any], None]] = {}
 
 
 class Codec(Protocol):
@@ -53,8 +53,8 @@ class Codec(Protocol):
 class Dialect:
     """What a protocol hands its skeleton."""
 
-    # The transition table: per state, the events it accepts and their
-    # handlers.  Anything else goes to ``reject``.
+    # The transition table: per state (all three), the events it accepts and
+    # their handlers.  Anything else goes to ``reject``.
     handlers: Mapping[State, Mapping[type, Callable[[Any], None]]]
     reject: Callable[[Any], None]
     # What a handler or the codec raises about the peer, and the one place
@@ -236,7 +236,7 @@ class Skeleton:
             return False
         self.close_reason = reason
         self.state = _CLOSED
-        self.handlers = _NOTHING
+        self.handlers = self.dialect.handlers[_CLOSED]
         if self.outbox.wakeup is not None:
             self.outbox.wakeup()  # let the writer see we are closed
         return True
