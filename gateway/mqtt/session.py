@@ -123,7 +123,7 @@ class MqttSession:
             reject=self._unexpected,
             errors=(codec.ProtocolError, CoreError),
             on_error=self._on_error,
-            fail=self._expired,
+            fail=lambda reason: self._fail(reason, None),
             on_eof=self._peer_closed,
             silence="keep-alive",
             room=self._inflight_room,
@@ -479,9 +479,6 @@ class MqttSession:
 
     def _unexpected(self, packet: Any) -> None:
         self._fail(f"unexpected {type(packet).__name__} packet", packet)
-
-    def _expired(self, reason: str) -> None:
-        self._fail(reason, None)
 
     def _peer_closed(self) -> None:
         self.skeleton.process()  # what arrived complete before the EOF still counts

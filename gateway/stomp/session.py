@@ -115,7 +115,7 @@ class StompSession:
             reject=self._reject_out_of_state,
             errors=(codec.RemoteProtocolError, FrameRejected, CoreError),
             on_error=self._on_error,
-            fail=self._expired,
+            fail=lambda reason: self._fail(reason, None),
             on_eof=self._peer_closed,
             silence="heart-beat",
         )
@@ -466,9 +466,6 @@ class StompSession:
         else:
             assert isinstance(exc, CoreError)
             self._fail(exc.reason, frame, None, frame.receipt if frame is not None else None)
-
-    def _expired(self, reason: str) -> None:
-        self._fail(reason, None)
 
     def _reject_out_of_state(self, frame: frames.Frame) -> None:
         if self.skeleton.state is State.AWAITING_CONNECT:
