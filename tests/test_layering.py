@@ -45,7 +45,7 @@ CODECS = files("gateway/stomp/codec.py", "gateway/stomp/frames.py", "gateway/mqt
                "gateway/mqtt/wire.py", "gateway/mqtt/decoders.py", "gateway/mqtt/encoders.py", "gateway/mqtt/packets.py")
 CORE = files("core/**/*.py")
 PERSISTENCE = files("persistence/**/*.py")
-SESSIONS = files("gateway/stomp/session.py", "gateway/mqtt/session.py", "gateway/outbox.py")
+SESSIONS = files("gateway/stomp/session.py", "gateway/mqtt/session.py", "gateway/session/*.py")
 # Sockets, tasks and threads: the listeners, the admin port's server and the wiring.
 IO_MODULES = files("gateway/transports/server.py", "gateway/admin/server.py", "gateway/app.py")
 # Trio stream adapters: they read and write a stream they are given (so they

@@ -8,44 +8,37 @@ published while the client is away waits in a durable subscription's queue,
 on disk for QoS >= 1, exactly as for a STOMP durable subscriber.  PUBACK and
 PUBREC wait in the outbox for the store's LSN, like a STOMP RECEIPT.
 
-Synchronous and socket-free, with the server-facing shape of
-:class:`gateway.transports.server.Session`.
+Synchronous and socket-free.  The session's :class:`Skeleton` takes the
+server's bytes and deadlines and hands each packet to this session's handler
+table; what remains here is what MQTT says: the handlers, the will, clean and
+persistent sessions, and how a PUBLISH is delivered (its in-flight record and
+transitions: :mod:`gateway.mqtt.inflight`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
-import itertools
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from core.authorization import ANONYMOUS_PRINCIPAL, Principal
 from core.broker import Broker
 from core.clients import Client
-from core.durables import ANONYMOUS_OWNER, MQTT_PREFIX, claim_refusal, owner_of
+from core.durables import owner_of
 from core.errors import CoreError, NotAuthorized, UnknownMessage, UnknownSubscription
 from core.messages import Message
 from core.names import Address
 from core.ports import Clock
 from core.subscriptions import AckMode, Subscription
-from gateway.mqtt import codec, packets, topics
 from gateway.auth import AccessDenied, VerificationPending
-from gateway.liveness import Liveness
-from gateway.outbox import Outbox
+from gateway.mqtt import codec, packets, topics
+from gateway.mqtt.inflight import FIRST_STAGE, InFlight, SessionState
+from gateway.mqtt.registry import OWNER_MARK, OWNER_PREFIX, QOS2_NOTES, Registry, qos2_note
+from gateway.session.skeleton import Dialect, Skeleton, State
 
-# Durable subscriptions of MQTT sessions live beside STOMP's, under this owner
-# prefix (reserved: no STOMP client-id may start with it), named
-# "<granted qos>:<filter>".
-OWNER_PREFIX = MQTT_PREFIX
-MAX_PACKET_ID = 65535
-# The store's namespace for a persistent session's inbound QoS 2 packet ids
-# between PUBREC and PUBREL: kept on disk, so a PUBLISH resent after a broker
-# restart is still recognised and not routed twice [MQTT-4.3.3-2].  The note's
-# value names the session's owner after this mark (empty in older folders).
-QOS2_NOTES = "mqtt-qos2"
-OWNER_MARK = b"owner:"
+__all__ = ["OWNER_PREFIX", "QOS2_NOTES", "MqttSession", "MqttSettings", "Registry"]  # what app.py wires
+
 # Denied publishes are logged once per topic, for at most this many topics.
 DENIED_LOGGED = 64
 
@@ -70,108 +63,6 @@ class MqttSettings:
     max_persistent_sessions_per_user: int = 1000
     max_persistent_sessions: int = 100_000
     outbox_high_water_bytes: int = 1024 * 1024
-
-
-class State(enum.Enum):
-    AWAITING_CONNECT = "awaiting-connect"
-    CONNECTED = "connected"
-    CLOSED = "closed"
-
-
-class _Stage(enum.Enum):
-    PUBLISHED = "published"  # QoS 1 or 2 sent; awaiting PUBACK / PUBREC
-    RELEASED = "released"  # QoS 2: PUBREL sent; awaiting PUBCOMP
-
-
-class SessionState:
-    """What outlives one connection of a persistent session: packet ids in
-    flight, so a resend keeps its id [MQTT-4.4.0-1] (in memory), and inbound
-    QoS 2 ids not yet released, so a resent PUBLISH is not routed twice (also
-    noted in the store, so across a restart too)."""
-
-    __slots__ = ("outbound", "ids_by_message", "inbound_qos2", "_ids", "owner")
-
-    def __init__(self) -> None:
-        # Who may resume it (core.durables.owner_of).  None: restored from an
-        # older folder; it holds only packet ids, so its durables decide.
-        self.owner: str | None = None
-        self.outbound: dict[int, list[Any]] = {}  # packet id -> [token, message id, qos, stage]
-        self.ids_by_message: dict[str, int] = {}
-        self.inbound_qos2: set[int] = set()
-        self._ids = itertools.cycle(range(1, MAX_PACKET_ID + 1))
-
-    def next_packet_id(self) -> int:
-        for _ in range(MAX_PACKET_ID):
-            packet_id = next(self._ids)
-            if packet_id not in self.outbound:
-                return packet_id
-        raise RuntimeError("no free packet identifier")  # bounded by max_inflight long before
-
-
-class Registry:
-    """Connected MQTT sessions by client id (for take-over) and the state of
-    persistent sessions between connections.  One per broker."""
-
-    def __init__(self) -> None:
-        self.active: dict[str, MqttSession] = {}
-        self.states: dict[str, SessionState] = {}
-        # Every persistent session the broker keeps, connected or away: client
-        # id -> owner (None: stored before owners were), counted by owner.
-        self.persistent: dict[str, str | None] = {}
-        self._by_owner: dict[str | None, int] = {}
-
-    def restore(self, notes: dict[str, bytes], durables: Iterable[tuple[str, str | None]] = ()) -> None:
-        """Inbound QoS 2 ids the store kept (``QOS2_NOTES``) from before a
-        restart, and the sessions the core's durables (client id with the
-        ``OWNER_PREFIX``, owner) show: both are persistent sessions kept."""
-        for key, value in notes.items():
-            client_id, _, packet_id = key.rpartition("\x00")
-            if client_id and packet_id.isdigit():
-                state = self.states.setdefault(client_id, SessionState())
-                state.inbound_qos2.add(int(packet_id))
-                if value.startswith(OWNER_MARK):
-                    state.owner = value[len(OWNER_MARK) :].decode("utf-8", "replace")
-        for client_id, state in self.states.items():
-            self.hold(client_id, state.owner)
-        for client_id, owner in durables:
-            if client_id.startswith(OWNER_PREFIX):
-                self.hold(client_id[len(OWNER_PREFIX) :], owner)
-
-    def hold(self, client_id: str, owner: str | None) -> None:
-        """``client_id``'s session is kept, as ``owner``'s."""
-        if client_id in self.persistent:
-            if self.persistent[client_id] == owner:
-                return
-            self.release(client_id)
-        self.persistent[client_id] = owner
-        self._by_owner[owner] = self._by_owner.get(owner, 0) + 1
-
-    def release(self, client_id: str) -> None:
-        """``client_id``'s session is gone (a clean session replaced it)."""
-        if client_id in self.persistent:
-            owner = self.persistent.pop(client_id)
-            left = self._by_owner[owner] - 1
-            if left:
-                self._by_owner[owner] = left
-            else:
-                del self._by_owner[owner]
-
-    def quota_refusal(self, client_id: str, owner: str, settings: MqttSettings) -> str | None:
-        """Why one more persistent session, ``client_id`` of ``owner``, may
-        not be kept; None if it may (resuming one kept already always may)."""
-        if client_id in self.persistent:
-            return None
-        limit = settings.max_persistent_sessions_per_user
-        if limit and owner != ANONYMOUS_OWNER and self._by_owner.get(owner, 0) >= limit:
-            return f"too many persistent sessions for user {owner!r} (limit {limit})"
-        total = settings.max_persistent_sessions
-        if total and len(self.persistent) >= total:
-            return f"too many persistent sessions on the broker (limit {total})"
-        return None
-
-
-def _qos2_note(client_id: str, packet_id: int) -> str:
-    return f"{client_id}\x00{packet_id}"
 
 
 class _Sub:
@@ -208,97 +99,50 @@ class MqttSession:
         self._denied_logged: set[str] = set()
         self._retain_refused_logged = False
         self.codec = codec.MqttConnection(codec.Role.SERVER, max_packet_bytes=settings.preconnect_max_packet_bytes)
-        self.outbox = Outbox(settings.outbox_high_water_bytes)
-        self.state = State.AWAITING_CONNECT
-        self.client: Client | None = None
+        self.client: Client | None = None  # set once, at CONNECT
         self.client_id = ""
         self.clean_session = True
         self.session = SessionState()
         self.will: packets.Will | None = None
         self._subs: dict[str, _Sub] = {}  # by topic filter; the core's tokens
-        self.close_reason: str | None = None
-        self.live = Liveness(clock, settings.connect_timeout_s)
-        self._paused = False
-        self._handlers: dict[type, Callable[[Any], None]] = {
-            packets.Connect: self._on_connect,
+        # The transition table: CONNECT first and only once [MQTT-3.1.0-1, -2].
+        connected = {
             packets.Publish: self._on_publish,
             packets.PubAck: self._on_puback,
             packets.PubRec: self._on_pubrec,
             packets.PubRel: self._on_pubrel,
-            packets.PubComp: self._on_pubcomp,
+            packets.PubComp: self._on_puback,
             packets.Subscribe: self._on_subscribe,
             packets.Unsubscribe: self._on_unsubscribe,
             packets.PingReq: self._on_pingreq,
             packets.Disconnect: self._on_disconnect,
         }
+        dialect = Dialect(
+            handlers={State.AWAITING_CONNECT: {packets.Connect: self._on_connect}, State.CONNECTED: connected,
+                      State.CLOSED: {}},
+            reject=self._unexpected,
+            errors=(codec.ProtocolError, CoreError),
+            on_error=self._on_error,
+            fail=lambda reason: self._fail(reason, None),
+            on_eof=self._peer_closed,
+            silence="keep-alive",
+            room=self._inflight_room,
+        )
+        self.skeleton = Skeleton(
+            self.codec, clock, log, dialect, outbox_high_water_bytes=settings.outbox_high_water_bytes,
+            connect_timeout_s=settings.connect_timeout_s,
+        )
+        self.outbox = self.skeleton.outbox  # the same object, read on every delivery
 
-    # -- the server's side -------------------------------------------------
+    # -- what the server asks of the protocol -------------------------------
 
     @property
     def closed(self) -> bool:
-        return self.state is State.CLOSED
+        return self.skeleton.state is State.CLOSED
 
     @property
-    def wants_input(self) -> bool:
-        return not self.live.blocked and not self.outbox.full
-
-    def receive_data(self, data: bytes) -> None:
-        if self.state is State.CLOSED:
-            return
-        self.live.heard()
-        self.codec.receive_data(data)
-        if not data:
-            self._process()
-            if self.state is not State.CLOSED:
-                self.close("peer closed the connection" + (" mid-packet" if self.codec.mid_packet else ""))
-            return
-        self._process()
-
-    def resume_input(self) -> None:
-        if self.state is not State.CLOSED and not self.live.blocked:
-            if self.live.deferred is not None:  # a CONNECT checked, or a PUBLISH past the disk alarm
-                self._process(self.live.take_deferred())
-            elif self.codec.buffered_bytes:
-                self._process()
-
-    def _process(self, replay: packets.Connect | packets.Publish | None = None) -> None:
-        packet: Any = None
-        events = self.codec.events() if replay is None else itertools.chain((replay,), self.codec.events())
-        try:
-            for packet in events:
-                handler = self._handlers.get(type(packet))
-                if handler is None or (self.state is State.AWAITING_CONNECT) != (type(packet) is packets.Connect):
-                    self._fail(f"unexpected {type(packet).__name__} packet", packet)
-                    return
-                handler(packet)
-                if self.state is State.CLOSED:
-                    return
-                if self.live.hold_if_blocked(self.client):
-                    return  # producer flow control, as for STOMP
-        except codec.ProtocolError as exc:
-            if exc.return_code is not None and self.state is State.AWAITING_CONNECT:
-                self.outbox.append(self.codec.send(packets.ConnAck(False, exc.return_code)))
-            self._fail(exc.message, None)
-        except CoreError as exc:
-            self._fail(exc.reason, packet)
-
-    def next_deadline(self) -> float | None:
-        if self.state is State.CLOSED:
-            return None
-        deadlines = self.live.deadlines(self.state is State.CONNECTED, self.client)
-        return min(deadlines) if deadlines else None
-
-    def on_deadline(self, now: float) -> None:
-        if self.state is State.CLOSED:
-            return
-        connected = self.state is State.CONNECTED
-        reason = self.live.expired(now, connected, self.client, self.wants_input, self.log)
-        if reason is not None:
-            self._fail(("keep-alive " if connected else "") + reason, None)
-
-    def on_drained(self) -> None:
-        if self._paused and self.outbox.nbytes < self.settings.outbox_high_water_bytes // 2:
-            self._resume()
+    def close_reason(self) -> str | None:
+        return self.skeleton.close_reason
 
     def shutdown(self, reason: str) -> None:
         """The broker is stopping: no will (the client did nothing wrong)."""
@@ -308,21 +152,14 @@ class MqttSession:
     def storage_failed(self, first_lsn: int, last_lsn: int, reason: str) -> None:
         # An ack that cannot be made durable must not be sent: close instead,
         # so the client resends (MQTT has no error packet).
-        if self.outbox.drop_gated(first_lsn, last_lsn) and self.state is not State.CLOSED:
+        if self.outbox.drop_gated(first_lsn, last_lsn) and not self.closed:
             self._fail(f"the store could not write this client's messages: {reason}", None)
 
     def close(self, reason: str) -> None:
         """The connection is gone (or going): publish the will if it ended
         without DISCONNECT, release what it held, keep a persistent session."""
-        if self.state is State.CLOSED:
-            return
-        self.close_reason = reason
-        was_connected = self.state is State.CONNECTED
-        self.state = State.CLOSED
-        if self.outbox.wakeup is not None:
-            self.outbox.wakeup()  # let the writer see we are closed
-        if not was_connected or self.client is None:
-            return
+        if not self.skeleton.close(reason) or self.client is None:
+            return  # closed already, or never connected
         if self.registry.active.get(self.client_id) is self:
             del self.registry.active[self.client_id]
         will, self.will = self.will, None
@@ -332,15 +169,8 @@ class MqttSession:
         if self.clean_session:
             self.registry.states.pop(self.client_id, None)
             return
-        # The core puts unacked messages back; they come again with DUP and
-        # the same packet id.  PUBRELs awaiting PUBCOMP are resent as they are.
-        state = self.session
-        for packet_id, (_, message_id, _, stage) in list(state.outbound.items()):
-            if stage is _Stage.PUBLISHED:
-                state.ids_by_message[message_id] = packet_id
-                del state.outbound[packet_id]
-        state.owner = owner_of(self.client.principal)
-        self.registry.states[self.client_id] = state
+        self.session.suspend(owner_of(self.client.principal))
+        self.registry.states[self.client_id] = self.session
 
     # -- Sink --------------------------------------------------------------
 
@@ -348,7 +178,7 @@ class MqttSession:
     def accepting(self) -> bool:
         if self.outbox.nbytes < self.settings.outbox_high_water_bytes and len(self.session.outbound) < self.settings.max_inflight:
             return True
-        self._paused = True
+        self.skeleton.paused = True
         return False
 
     def deliver(self, subscription: Subscription, message: Message) -> bool | None:
@@ -370,13 +200,13 @@ class MqttSession:
         packet_id = state.ids_by_message.pop(message.id, None) if message.redelivered else None
         if packet_id is None or packet_id in state.outbound:
             packet_id = state.next_packet_id()
-        state.outbound[packet_id] = [sub, message.id, qos, _Stage.PUBLISHED]
+        state.outbound[packet_id] = InFlight(sub, message.id, FIRST_STAGE[qos])  # type: ignore[arg-type]
         dup = message.redelivered  # [MQTT-3.3.1-1]
         self.outbox.append(self.codec.send(packets.Publish(topic, body, qos, message.retain, dup, packet_id)))
         return None
 
     def unblocked(self) -> None:
-        self.live.release()
+        self.skeleton.gate.release()
 
     # -- packets -----------------------------------------------------------
 
@@ -385,8 +215,8 @@ class MqttSession:
         try:
             principal = self.admit(packet.username, password)
         except VerificationPending as pending:
-            if pending.start(self.live.release):
-                self.live.defer(packet)
+            if pending.start(self.skeleton.gate.release):
+                self.skeleton.defer(packet)
             else:
                 self._refuse(packets.SERVER_UNAVAILABLE, "the broker is busy checking logins")
             return
@@ -406,9 +236,11 @@ class MqttSession:
                 self._refuse(packets.IDENTIFIER_REJECTED, "an empty client id needs clean session")  # [MQTT-3.1.3-8]
                 return
             client_id = f"gw-{os.urandom(6).hex()}"  # [MQTT-3.1.3-6]
-        refusal = self._claim_refusal(client_id, principal, packet.clean_session)
+        owners = [d.owner for d in self.broker.durables.of_client(OWNER_PREFIX + client_id)]
+        refusal = self.registry.claim_refusal(client_id, principal, packet.clean_session, owners, self.broker.secured)
         if refusal is None and not packet.clean_session:
-            refusal = self.registry.quota_refusal(client_id, owner_of(principal), self.settings)
+            refusal = self.registry.quota_refusal(client_id, owner_of(principal), self.settings.max_persistent_sessions_per_user,
+                                                  self.settings.max_persistent_sessions)
         if refusal is not None:  # checked before anything is taken over or cleaned
             self._refuse(packets.NOT_AUTHORIZED, f"user {principal.name!r} may not use client id {client_id[:80]!r}: {refusal}")
             return
@@ -422,11 +254,11 @@ class MqttSession:
         self.client_id = client_id
         self.clean_session = packet.clean_session
         self.will = packet.will
-        self.live.silence_s = packet.keep_alive * self.settings.keepalive_grace  # [MQTT-3.1.2-24]
+        self.skeleton.silence.limit_s = packet.keep_alive * self.settings.keepalive_grace  # [MQTT-3.1.2-24]
         self.codec.max_packet_bytes = self.settings.max_packet_bytes
         self.client = self.broker.open_client(self, client_id=client_id, principal=principal)
         self.registry.active[client_id] = self
-        self.state = State.CONNECTED
+        self.skeleton.connected(self.client)
         owner = OWNER_PREFIX + client_id
         durables = [d for d in self.broker.durables.of_client(owner) if d.active is None]
         saved = self.registry.states.pop(client_id, None)
@@ -435,7 +267,7 @@ class MqttSession:
             for durable in durables:  # [MQTT-3.1.2-6]: a clean session starts from nothing
                 lsn = self.client.remove_durable(owner, durable.name)
             for packet_id in saved.inbound_qos2 if saved is not None else ():
-                lsn = max(lsn, self.broker.store.note(QOS2_NOTES, _qos2_note(client_id, packet_id), None))
+                lsn = max(lsn, self.broker.store.note(QOS2_NOTES, qos2_note(client_id, packet_id), None))
             durables = []
             present = False
         else:
@@ -445,9 +277,8 @@ class MqttSession:
         self.outbox.append(self.codec.send(packets.ConnAck(present, packets.ACCEPTED)), lsn)
         self.log.info("mqtt_connected", client_id=client_id, clean_session=packet.clean_session,
                       keep_alive=packet.keep_alive, session_present=present)
-        for packet_id, entry in self.session.outbound.items():
-            if entry[3] is _Stage.RELEASED:
-                self.outbox.append(self.codec.send(packets.PubRel(packet_id)))
+        for packet_id in self.session.released():
+            self.outbox.append(self.codec.send(packets.PubRel(packet_id)))
         dropped = 0
         for durable in durables:
             qos_text, _, topic_filter = durable.name.partition(":")
@@ -459,27 +290,6 @@ class MqttSession:
         if dropped:
             self.log.warning("mqtt_session_overflow", client_id=client_id, dropped=dropped,
                              limit=self.settings.max_queued_messages)
-
-    def _claim_refusal(self, client_id: str, principal: Principal, clean_session: bool) -> str | None:
-        """Why ``principal`` may not connect as ``client_id``: a session in
-        use or kept (its durables, its packet ids) belongs to the user that
-        made it; taking it over, resuming it or cleaning it away is theirs
-        alone.  A persistent session is durable state (claim_refusal)."""
-        previous = self.registry.active.get(client_id)
-        if previous is not None and previous.client is not None:
-            if owner_of(previous.client.principal) != owner_of(principal):
-                return "it is in use by another user"
-        owners = [d.owner for d in self.broker.durables.of_client(OWNER_PREFIX + client_id)]
-        saved = self.registry.states.get(client_id)
-        if saved is not None and saved.owner is not None:
-            owners.append(saved.owner)
-        if not clean_session:
-            owners.append(owner_of(principal))  # anonymous may not keep one on a secured broker
-        for owner in owners:
-            reason = claim_refusal(owner, principal, self.broker.secured)
-            if reason is not None:
-                return reason
-        return None
 
     def _on_publish(self, packet: packets.Publish) -> None:
         address = topics.to_address(packet.topic)
@@ -496,7 +306,7 @@ class MqttSession:
         if packet.qos and client.held_for_disk(address):
             # The disk alarm: no ack, reading stops, and this PUBLISH is
             # handled again once free space is back.
-            self.live.defer(packet)
+            self.skeleton.defer(packet)
             return
         message = self.broker.message(address, {}, packet.payload, persistent=packet.qos > 0)
         message.qos = packet.qos
@@ -519,34 +329,29 @@ class MqttSession:
             state.inbound_qos2.add(packet.packet_id)
             if not self.clean_session:  # the PUBREC promises it across a restart too
                 owner = OWNER_MARK + owner_of(client.principal).encode()
-                lsn = max(lsn, self.broker.store.note(QOS2_NOTES, _qos2_note(self.client_id, packet.packet_id), owner))
+                lsn = max(lsn, self.broker.store.note(QOS2_NOTES, qos2_note(self.client_id, packet.packet_id), owner))
             self.outbox.append(self.codec.send(packets.PubRec(packet.packet_id)), lsn)
 
-    def _on_puback(self, packet: packets.PubAck) -> None:
-        entry = self.session.outbound.get(packet.packet_id)
-        if entry is not None and entry[2] == 1:
-            del self.session.outbound[packet.packet_id]
-            self._ack(entry)
+    def _on_puback(self, packet: packets.PubAck | packets.PubComp) -> None:
+        """PUBACK or PUBCOMP: along the in-flight table; a duplicate, one out
+        of order or one for an id not in flight changes nothing."""
+        step = self.session.advance(packet.packet_id, type(packet))
+        if step is not None:
+            self._advanced(*step)
 
     def _on_pubrec(self, packet: packets.PubRec) -> None:
-        entry = self.session.outbound.get(packet.packet_id)
-        if entry is not None and entry[2] == 2 and entry[3] is _Stage.PUBLISHED:
-            entry[3] = _Stage.RELEASED  # from here the message is the client's
-            self._ack(entry)
+        step = self.session.advance(packet.packet_id, packets.PubRec)
+        if step is not None:
+            self._advanced(*step)  # from here the message is the client's
+        # Answered whatever its stage: a PUBREL lost on the way is asked for again.
         self.outbox.append(self.codec.send(packets.PubRel(packet.packet_id)))
-
-    def _on_pubcomp(self, packet: packets.PubComp) -> None:
-        entry = self.session.outbound.get(packet.packet_id)
-        if entry is not None and entry[3] is _Stage.RELEASED:
-            del self.session.outbound[packet.packet_id]
-            self._resume()
 
     def _on_pubrel(self, packet: packets.PubRel) -> None:
         lsn = 0
         if packet.packet_id in self.session.inbound_qos2:
             self.session.inbound_qos2.discard(packet.packet_id)
             if not self.clean_session:
-                lsn = self.broker.store.note(QOS2_NOTES, _qos2_note(self.client_id, packet.packet_id), None)
+                lsn = self.broker.store.note(QOS2_NOTES, qos2_note(self.client_id, packet.packet_id), None)
         self.outbox.append(self.codec.send(packets.PubComp(packet.packet_id)), lsn)
 
     def _on_subscribe(self, packet: packets.Subscribe) -> None:
@@ -619,19 +424,18 @@ class MqttSession:
 
     # -- helpers -----------------------------------------------------------
 
-    def _ack(self, entry: list[Any]) -> None:
-        sub, message_id = entry[0], entry[1]
-        try:
-            self.client.ack(sub, message_id)  # type: ignore[union-attr]
-        except (UnknownMessage, UnknownSubscription):
-            pass  # unsubscribed meanwhile: the core already put it back
-        self._resume()
+    def _advanced(self, entry: InFlight, acked: bool) -> None:
+        """An in-flight record moved on: ack the core's message if this step
+        settles it; either way the window has room again."""
+        if acked:
+            try:
+                self.client.ack(entry.token, entry.message_id)  # type: ignore[union-attr]
+            except (UnknownMessage, UnknownSubscription):
+                pass  # unsubscribed meanwhile: the core already put it back
+        self.skeleton.resume_deliveries()
 
-    def _resume(self) -> None:
-        if self._paused and self.accepting:
-            self._paused = False
-            if self.client is not None:
-                self.client.resume()
+    def _inflight_room(self) -> bool:
+        return len(self.session.outbound) < self.settings.max_inflight
 
     def _publish_will(self, will: packets.Will) -> None:
         address = topics.to_address(will.topic)
@@ -657,6 +461,25 @@ class MqttSession:
             self._retain_refused_logged = True
             self.log.warning("retained_refused", client_id=self.client_id, topic=topics.from_address(message.address)[:200],
                              reason=reason)
+
+    def _on_error(self, exc: Exception, packet: Any) -> None:
+        """The one mapping of what a packet (or the codec) raised onto the
+        wire: a CONNACK code if the codec names one before CONNECT, then close."""
+        if isinstance(exc, codec.ProtocolError):
+            if exc.return_code is not None and self.skeleton.state is State.AWAITING_CONNECT:
+                self.outbox.append(self.codec.send(packets.ConnAck(False, exc.return_code)))
+            self._fail(exc.message, None)
+        else:
+            assert isinstance(exc, CoreError)
+            self._fail(exc.reason, packet)
+
+    def _unexpected(self, packet: Any) -> None:
+        self._fail(f"unexpected {type(packet).__name__} packet", packet)
+
+    def _peer_closed(self) -> None:
+        self.skeleton.process()  # what arrived complete before the EOF still counts
+        if not self.closed:
+            self.close("peer closed the connection" + (" mid-packet" if self.codec.mid_packet else ""))
 
     def _refuse(self, code: int, reason: str) -> None:
         self.outbox.append(self.codec.send(packets.ConnAck(False, code)))

@@ -1,16 +1,16 @@
 """STOMP semantics: frames in, core calls out; core deliveries in, frames out.
 
-Synchronous and socket-free.  The server feeds bytes to :meth:`receive_data`,
-drains :attr:`outbox`, and drives timers through :meth:`next_deadline` and
-:meth:`on_deadline`.  Every error a client causes goes through :meth:`_fail`,
-the one place that puts an ERROR frame on the wire and logs it.
+Synchronous and socket-free.  The session's :class:`Skeleton` takes the
+server's bytes and deadlines and hands each frame to this session's handler
+table; what remains here is what STOMP says: the handlers, the heart-beat
+negotiation and how a MESSAGE is encoded.  Every error a client causes goes
+through :meth:`StompSession._fail`, the one place that puts an ERROR frame on
+the wire and logs it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
-import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -18,29 +18,19 @@ from core import names
 from core.authorization import ANONYMOUS_PRINCIPAL, Principal
 from core.broker import Broker
 from core.clients import Client
-from core.durables import RESERVED_PREFIXES, USER_PREFIX
+from core.durables import RESERVED_PREFIXES
 from core.errors import CoreError, InvalidDestination, UnknownMessage, UnknownSubscription
 from core.messages import DEFAULT_PRIORITY, MAX_PRIORITY, Message
 from core.ports import Clock
-from core.selectors import Selector, SelectorError, compile_selector
 from core.subscriptions import AckMode, Subscription
 from gateway.auth import AccessDenied, VerificationPending
-from gateway.liveness import Liveness
-from gateway.outbox import Outbox
+from gateway.session.skeleton import Dialect, Skeleton, State
 from gateway.stomp import codec, frames
+from gateway.stomp.headers import (
+    ACK_MODES, SEND_OWN_HEADERS, FrameRejected, durable_owner, int_header, int_value, require, selector,
+)
 
 SERVER_NAME = "gateway/0.1.0"
-ACK_MODES = {mode.value: mode for mode in AckMode}
-# Headers a SEND carries that are not the application's: the transport's own,
-# the ones mapped onto message fields, and the ones the broker sets on MESSAGE
-# (a producer's values for those are dropped).
-_SEND_OWN_HEADERS = frozenset(
-    {
-        "destination", "receipt", "transaction", "content-length",
-        "persistent", "priority", "expires", "expiration",
-        "message-id", "subscription", "ack", "redelivered", "timestamp", "x-delivery-count",
-    }
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,41 +52,6 @@ class StompSettings:
     outbox_high_water_bytes: int = 1024 * 1024
 
 
-class State(enum.Enum):
-    AWAITING_CONNECT = "awaiting-connect"
-    CONNECTED = "connected"
-    CLOSED = "closed"
-
-
-# Frames accepted in each state: anything else is a protocol error.
-_ALLOWED: dict[State, frozenset[type[frames.Frame]]] = {
-    State.AWAITING_CONNECT: frozenset({frames.Connect, frames.Stomp}),
-    State.CONNECTED: frozenset(
-        {
-            frames.Send,
-            frames.Subscribe,
-            frames.Unsubscribe,
-            frames.Ack,
-            frames.Nack,
-            frames.Begin,
-            frames.Commit,
-            frames.Abort,
-            frames.Disconnect,
-        }
-    ),
-    State.CLOSED: frozenset(),
-}
-
-
-class FrameRejected(Exception):
-    """A well-formed frame the session refuses; ``reason`` goes in the ERROR."""
-
-    def __init__(self, reason: str, **headers: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.headers = headers
-
-
 class _SubscriptionState:
     """What the session keeps per STOMP subscription: the id and the
     pre-encoded start of each MESSAGE frame for it."""
@@ -109,38 +64,6 @@ class _SubscriptionState:
         self.prefix = prefix
         self.ack_prefix = ack_prefix
         self.core: Subscription | None = None
-
-
-def _selector(frame: frames.Frame) -> Selector | None:
-    """The SUBSCRIBE's JMS selector, compiled once; an invalid one is refused
-    with where it failed."""
-    text = frame.headers.get("selector")
-    if text is None or not text.strip():
-        return None
-    try:
-        return compile_selector(text)
-    except SelectorError as exc:
-        raise FrameRejected(f"invalid selector at character {exc.position}: {exc.reason}") from None
-
-
-def _require(frame: frames.Frame, name: str) -> str:
-    value = frame.headers.get(name)
-    if value is None:
-        raise FrameRejected(f"{frame.command} frame requires a '{name}' header")
-    return value
-
-
-def _int_header(frame: frames.Frame, name: str, default: int) -> int:
-    return _int_value(name, frame.headers.get(name), default)
-
-
-def _int_value(name: str, value: str | None, default: int) -> int:
-    if value is None or value == "":
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise FrameRejected(f"header '{name}' must be an integer, not {value[:40]!r}") from None
 
 
 class StompSession:
@@ -168,21 +91,15 @@ class StompSession:
             max_headers=settings.preconnect_max_headers,
             max_header_bytes=settings.preconnect_max_header_bytes,
         )
-        self.outbox = Outbox(settings.outbox_high_water_bytes)
-        self.state = State.AWAITING_CONNECT
-        self.client: Client | None = None
+        self.client: Client | None = None  # set once, at CONNECT
         self.version = "1.0"
-        self.close_reason: str | None = None
         self._subs: dict[str, _SubscriptionState] = {}
         self._subs_by_number: dict[str, _SubscriptionState] = {}
         self._sub_numbers = 0
-        self.live = Liveness(clock, settings.connect_timeout_s)
-        self._last_write = self.live.opened_at
-        self._send_interval_s = 0.0
-        self._paused = False
-        self._handlers: dict[type[frames.Frame], Callable[[frames.Frame], None]] = {
-            frames.Connect: self._on_connect,
-            frames.Stomp: self._on_connect,
+        # The transition table: the frames each state accepts (STOMP 1.2
+        # §Connecting: CONNECT or STOMP first, and only once).
+        connect = {frames.Connect: self._on_connect, frames.Stomp: self._on_connect}
+        connected = {
             frames.Send: self._on_send,
             frames.Subscribe: self._on_subscribe,
             frames.Unsubscribe: self._on_unsubscribe,
@@ -193,103 +110,34 @@ class StompSession:
             frames.Abort: self._on_abort,
             frames.Disconnect: self._on_disconnect,
         }
+        dialect = Dialect(
+            handlers={State.AWAITING_CONNECT: connect, State.CONNECTED: connected, State.CLOSED: {}},
+            reject=self._reject_out_of_state,
+            errors=(codec.RemoteProtocolError, FrameRejected, CoreError),
+            on_error=self._on_error,
+            fail=lambda reason: self._fail(reason, None),
+            on_eof=self._peer_closed,
+            silence="heart-beat",
+        )
+        self.skeleton = Skeleton(
+            self.codec, clock, log, dialect, outbox_high_water_bytes=settings.outbox_high_water_bytes,
+            connect_timeout_s=settings.connect_timeout_s, heartbeat=codec.StompConnection.heartbeat(),
+        )
+        self.outbox = self.skeleton.outbox  # the same object, read on every delivery
 
-    # -- the server's side -------------------------------------------------
+    # -- what the server asks of the protocol -------------------------------
 
     @property
     def closed(self) -> bool:
-        """No more input will be processed; flush the outbox and close."""
-        return self.state is State.CLOSED
-
-    def receive_data(self, data: bytes) -> None:
-        if self.state is State.CLOSED:
-            return
-        self.live.heard()
-        if not data:
-            self.codec.receive_data(b"")
-            self.close("peer closed the connection" + (" mid-frame" if self.codec.mid_frame else ""))
-            return
-        self.codec.receive_data(data)
-        self._process()
+        return self.skeleton.state is State.CLOSED
 
     @property
-    def wants_input(self) -> bool:
-        """False while reading more would only buffer: the outbox is not being
-        read, or the core is holding this producer back."""
-        return not self.live.blocked and not self.outbox.full
-
-    def resume_input(self) -> None:
-        """Handle the frames that arrived before producing was held back (or
-        while a CONNECT's password was being checked, or a SEND waited out the
-        disk alarm: that frame first)."""
-        if self.state is not State.CLOSED and not self.live.blocked:
-            if self.live.deferred is not None:
-                self._process(self.live.take_deferred())
-            elif self.codec.buffered_bytes:
-                self._process()
-
-    def _process(self, replay: frames.Frame | None = None) -> None:
-        handlers = self._handlers
-        frame: frames.Frame | None = None
-        receipt: str | None = None
-        events = self.codec.events() if replay is None else itertools.chain((replay,), self.codec.events())
-        try:
-            for frame in events:
-                # Captured first: a handler may pop it, and an ERROR must still echo it.
-                receipt = frame.headers.get("receipt")
-                frame.receipt = receipt
-                kind = type(frame)
-                if kind not in _ALLOWED[self.state]:
-                    self._reject_out_of_state(frame)
-                    return
-                handlers[kind](frame)
-                if self.state is State.CLOSED:
-                    return
-                if self.live.hold_if_blocked(self.client):
-                    return
-        except codec.RemoteProtocolError as exc:
-            self._fail(exc.message, None, exc.headers)
-        except FrameRejected as exc:
-            self._fail(exc.reason, frame, exc.headers, receipt)
-        except CoreError as exc:
-            self._fail(exc.reason, frame, None, receipt)
-
-    def next_deadline(self) -> float | None:
-        if self.state is State.CLOSED:
-            return None
-        connected = self.state is State.CONNECTED
-        deadlines = self.live.deadlines(connected, self.client)
-        if connected and self._send_interval_s:
-            deadlines.append(self._last_write + self._send_interval_s)
-        return min(deadlines) if deadlines else None
-
-    def on_deadline(self, now: float) -> None:
-        if self.state is State.CLOSED:
-            return
-        connected = self.state is State.CONNECTED
-        reason = self.live.expired(now, connected, self.client, self.wants_input, self.log)
-        if reason is not None:
-            self._fail(("heart-beat " if connected else "") + reason, None)
-            return
-        if not connected:
-            return
-        if self._send_interval_s and now >= self._last_write + self._send_interval_s:
-            # Output already waiting will do as a heart-beat once written.
-            if not self.outbox:
-                self.outbox.append(codec.StompConnection.heartbeat())
-            self._last_write = now
-
-    def on_drained(self) -> None:
-        """The writer put outbox bytes on the wire."""
-        self._last_write = self.clock.monotonic()
-        if self._paused and self.outbox.nbytes < self.settings.outbox_high_water_bytes // 2:
-            self._paused = False
-            if self.client is not None:
-                self.client.resume()
+    def close_reason(self) -> str | None:
+        return self.skeleton.close_reason
 
     def shutdown(self, reason: str) -> None:
         """The broker is stopping: tell the client, then close."""
-        if self.state is not State.CLOSED:
+        if not self.closed:
             self._fail(reason, None)
 
     def storage_failed(self, first_lsn: int, last_lsn: int, reason: str) -> None:
@@ -298,7 +146,7 @@ class StompSession:
         them: the first as its receipt-id (STOMP allows one), all in the body,
         so a producer with many SENDs in flight knows which failed."""
         withdrawn = self.outbox.drop_gated(first_lsn, last_lsn)
-        if withdrawn and self.state is not State.CLOSED:
+        if withdrawn and not self.closed:
             receipts = [r for r in withdrawn if r is not None]
             body = "".join(f"receipt {r} withdrawn: not stored\n" for r in receipts).encode()
             more = f" (receipts {', '.join(receipts[:5])}{', ...' if len(receipts) > 5 else ''})" if len(receipts) > 1 else ""
@@ -307,11 +155,11 @@ class StompSession:
 
     def close(self, reason: str) -> None:
         """The connection is gone (or going): release everything it held."""
-        if self.close_reason is None:
-            self.close_reason = reason
-        self.state = State.CLOSED
-        if self.client is not None:
+        if self.skeleton.close(reason) and self.client is not None:
             self.client.close()
+
+    def _peer_closed(self) -> None:
+        self.close("peer closed the connection" + (" mid-frame" if self.codec.mid_frame else ""))
 
     # -- Sink --------------------------------------------------------------
 
@@ -319,11 +167,11 @@ class StompSession:
     def accepting(self) -> bool:
         if self.outbox.nbytes < self.settings.outbox_high_water_bytes:
             return True
-        self._paused = True
+        self.skeleton.paused = True
         return False
 
     def unblocked(self) -> None:
-        self.live.release()
+        self.skeleton.gate.release()
 
     def deliver(self, subscription: Subscription, message: Message) -> None:
         state: _SubscriptionState = subscription.token
@@ -379,9 +227,9 @@ class StompSession:
         try:
             principal = self.admit(headers.get("login"), headers.get("passcode"))
         except VerificationPending as pending:
-            if not pending.start(self.live.release):
+            if not pending.start(self.skeleton.gate.release):
                 raise FrameRejected("the broker is busy checking logins; try again") from None
-            self.live.defer(frame)
+            self.skeleton.defer(frame)
             return
         except AccessDenied as exc:
             self.log.warning("login_refused", login=(headers.get("login") or "")[:80], kind=exc.kind, reason=exc.reason)
@@ -402,8 +250,8 @@ class StompSession:
         # one side can do and the other wants, or not at all if either says 0.
         send_ms = max(sx, cy) if sx and cy else 0
         receive_ms = max(cx, sy) if cx and sy else 0
-        self._send_interval_s = send_ms / 1000
-        self.live.silence_s = receive_ms * self.settings.heartbeat_grace / 1000
+        self.skeleton.beat.interval_s = send_ms / 1000
+        self.skeleton.silence.limit_s = receive_ms * self.settings.heartbeat_grace / 1000
 
         self.version = version
         self.codec.set_version(version)
@@ -411,7 +259,7 @@ class StompSession:
         self.codec.max_headers = self.settings.max_headers
         self.codec.max_header_bytes = self.settings.max_header_bytes
         self.client = self.broker.open_client(self, client_id=headers.get("client-id"), principal=principal)
-        self.state = State.CONNECTED
+        self.skeleton.connected(self.client)
         reply = {"version": version, "session": self.conn_id, "server": SERVER_NAME, "heart-beat": f"{sx},{sy}"}
         self.outbox.append(self.codec.send(frames.Connected(reply)))
         self.log.info(
@@ -424,6 +272,8 @@ class StompSession:
 
     def _on_send(self, frame: frames.Frame) -> None:
         headers = frame.headers
+        # Kept before the headers are popped below, so an ERROR still echoes it.
+        receipt = frame.receipt = headers.get("receipt")
         destination = headers.get("destination")
         if destination is None:
             raise FrameRejected("SEND frame requires a 'destination' header")
@@ -433,7 +283,7 @@ class StompSession:
         if headers.get("persistent") == "true" and self.client.held_for_disk(address):  # type: ignore[union-attr]
             # The disk alarm: not stored, not receipted; reading stops, and
             # this frame is handled again once free space is back.
-            self.live.defer(frame)
+            self.skeleton.defer(frame)
             return
         persistent = False
         priority = DEFAULT_PRIORITY
@@ -441,18 +291,18 @@ class StompSession:
         transaction = None
         # Take out what the transport and the broker own; what remains is the
         # application's headers.  One set intersection finds them (hot path).
-        for name in headers.keys() & _SEND_OWN_HEADERS:
+        for name in headers.keys() & SEND_OWN_HEADERS:
             value = headers.pop(name)
             if name == "persistent":
                 persistent = value == "true"
             elif name == "priority":
-                priority = _int_value(name, value, DEFAULT_PRIORITY)
+                priority = int_value(name, value, DEFAULT_PRIORITY)
                 if not 0 <= priority <= MAX_PRIORITY:
                     raise FrameRejected(f"priority must be 0 to {MAX_PRIORITY}")
             elif name == "expires":
-                expires = _int_value(name, value, 0)
+                expires = int_value(name, value, 0)
             elif name == "expiration":  # RabbitMQ: milliseconds to live
-                ttl = _int_value(name, value, 0)
+                ttl = int_value(name, value, 0)
                 if ttl < 0:
                     raise FrameRejected("expiration must not be negative")
                 expires = self.clock.wall_ms() + ttl
@@ -469,17 +319,16 @@ class StompSession:
             address, headers, frame.body, persistent=persistent, priority=priority, expires=expires
         )
         lsn = self.client.send(message, transaction)  # type: ignore[union-attr]
-        receipt = frame.receipt
         if receipt is not None:
             self._receipt(receipt, lsn)
 
     def _on_subscribe(self, frame: frames.Frame) -> None:
-        destination = _require(frame, "destination")
+        destination = require(frame, "destination")
         address = names.parse(destination)
         if isinstance(address, str):
             raise InvalidDestination(f"invalid destination {destination[:80]!r}: {address}")
         # STOMP 1.0 made the id optional; the destination then names the subscription.
-        sub_id = frame.headers.get("id") or (destination if self.version == "1.0" else _require(frame, "id"))
+        sub_id = frame.headers.get("id") or (destination if self.version == "1.0" else require(frame, "id"))
         if sub_id in self._subs:
             raise FrameRejected(f"subscription id {sub_id!r} is already in use on this connection")
         mode_name = frame.headers.get("ack", "auto")
@@ -487,8 +336,8 @@ class StompSession:
         if mode is None:
             raise FrameRejected(f"unknown ack mode {mode_name[:40]!r}; use auto, client or client-individual")
         # ActiveMQ's names, and RabbitMQ's beside them.
-        prefetch = _int_header(frame, "activemq.prefetchSize", _int_header(frame, "prefetch-count", 0))
-        priority = _int_header(frame, "activemq.priority", _int_header(frame, "x-priority", 0))
+        prefetch = int_header(frame, "activemq.prefetchSize", int_header(frame, "prefetch-count", 0))
+        priority = int_header(frame, "activemq.priority", int_header(frame, "x-priority", 0))
         exclusive = frame.headers.get("activemq.exclusive") == "true"
         if prefetch < 0:
             raise FrameRejected("activemq.prefetchSize must not be negative")
@@ -501,8 +350,8 @@ class StompSession:
         self._subs_by_number[number] = state
         try:
             state.core = self.client.subscribe(  # type: ignore[union-attr]
-                state, address, mode, prefetch, durable=self._durable_owner(frame, sub_id),
-                selector=_selector(frame), priority=priority, exclusive=exclusive, start=False,
+                state, address, mode, prefetch, durable=durable_owner(frame, sub_id, self.client),  # type: ignore[arg-type]
+                selector=selector(frame), priority=priority, exclusive=exclusive, start=False,
             )
         except CoreError:
             del self._subs[sub_id]
@@ -513,27 +362,6 @@ class StompSession:
         # subscription is on disk, holding those messages behind it.
         self._receipt_if_asked(frame, self.client.last_lsn)  # type: ignore[union-attr]
         self.client.start(state.core)  # type: ignore[union-attr]
-
-    def _durable_owner(self, frame: frames.Frame, sub_id: str) -> tuple[str, str] | None:
-        """(client id, name) if the SUBSCRIBE asks for a durable subscription,
-        in any of the three dialects users migrate from."""
-        headers = frame.headers
-        name = headers.get("activemq.subscriptionName") or headers.get("durable-subscription-name")
-        if name is not None:  # ActiveMQ, Artemis: named within the connection's client-id
-            client_id = self.client.client_id if self.client is not None else None
-            if not client_id:
-                raise FrameRejected("a durable subscription needs a client-id header on CONNECT")
-            return client_id, name
-        if "true" in (headers.get("durable"), headers.get("persistent")) and headers.get("auto-delete") != "true":
-            # RabbitMQ: the subscription id names it, within the client-id if
-            # there is one, else within the user's own scope, so one user's
-            # id:sub-0 is not another's.  (Anonymous: the old broker-wide
-            # scope, for an open broker; a secured one refuses it.)
-            assert self.client is not None
-            principal = self.client.principal
-            scope = "" if principal is ANONYMOUS_PRINCIPAL else USER_PREFIX + principal.name
-            return self.client.client_id or scope, sub_id
-        return None
 
     def _on_unsubscribe(self, frame: frames.Frame) -> None:
         sub_id = frame.headers.get("id")
@@ -570,13 +398,13 @@ class StompSession:
         """Which subscription and message an ACK or NACK names, in any version's form."""
         headers = frame.headers
         if self.version == "1.2":
-            ack_id = _require(frame, "id")
+            ack_id = require(frame, "id")
             number, _, message_id = ack_id.partition("/")
             state = self._subs_by_number.get(number)
             if state is None or not message_id:
                 raise UnknownMessage(f"no message awaiting acknowledgement with ack id {ack_id[:80]!r}")
             return state, message_id
-        message_id = _require(frame, "message-id")
+        message_id = require(frame, "message-id")
         sub_id = headers.get("subscription")
         if sub_id is None:
             if self.version != "1.0":
@@ -592,16 +420,16 @@ class StompSession:
         return found, message_id
 
     def _on_begin(self, frame: frames.Frame) -> None:
-        self.client.begin(_require(frame, "transaction"))  # type: ignore[union-attr]
+        self.client.begin(require(frame, "transaction"))  # type: ignore[union-attr]
         self._receipt_if_asked(frame)
 
     def _on_commit(self, frame: frames.Frame) -> None:
-        transaction = _require(frame, "transaction")
+        transaction = require(frame, "transaction")
         stored = self.client.stored_send(transaction)  # type: ignore[union-attr]
         if stored is not None and self.client.held_for_disk(stored):  # type: ignore[union-attr]
             # Sends taken before the disk alarm, committed during it: held
             # like a persistent SEND, and committed once space is back.
-            self.live.defer(frame)
+            self.skeleton.defer(frame)
             return
         key = frame.headers.get("idempotency-key")
         if key is None:
@@ -611,7 +439,7 @@ class StompSession:
         self._receipt_if_asked(frame, lsn, {"duplicate": "true"} if duplicate else None)
 
     def _on_abort(self, frame: frames.Frame) -> None:
-        self.client.abort(_require(frame, "transaction"))  # type: ignore[union-attr]
+        self.client.abort(require(frame, "transaction"))  # type: ignore[union-attr]
         self._receipt_if_asked(frame)
 
     def _on_disconnect(self, frame: frames.Frame) -> None:
@@ -629,8 +457,18 @@ class StompSession:
         headers = {"receipt-id": receipt_id} if extra is None else {"receipt-id": receipt_id, **extra}
         self.outbox.append(self.codec.send(frames.Receipt(headers)), lsn, receipt_id)
 
+    def _on_error(self, exc: Exception, frame: frames.Frame | None) -> None:
+        """The one mapping of what a frame (or the codec) raised onto an ERROR."""
+        if isinstance(exc, codec.RemoteProtocolError):
+            self._fail(exc.message, None, exc.headers)
+        elif isinstance(exc, FrameRejected):
+            self._fail(exc.reason, frame, exc.headers, frame.receipt if frame is not None else None)
+        else:
+            assert isinstance(exc, CoreError)
+            self._fail(exc.reason, frame, None, frame.receipt if frame is not None else None)
+
     def _reject_out_of_state(self, frame: frames.Frame) -> None:
-        if self.state is State.AWAITING_CONNECT:
+        if self.skeleton.state is State.AWAITING_CONNECT:
             self._fail(f"expected CONNECT or STOMP, not {frame.command}", frame)
         else:
             self._fail(f"unexpected {frame.command} frame: the connection is already established", frame)

@@ -21,8 +21,7 @@ from typing import Any, Protocol
 import trio
 
 from gateway.auth import Transport
-from gateway.liveness import Liveness
-from gateway.outbox import Outbox
+from gateway.session.skeleton import Skeleton
 
 # One receive_some may return this much: enough to parse hundreds of small
 # frames per wake-up, so per-message cost is not dominated by task switches.
@@ -40,29 +39,13 @@ CLOSE_NOTIFY_S = 1.0
 
 
 class Session(Protocol):
-    """What the server needs from a protocol session (STOMP, MQTT)."""
+    """What the server needs from a protocol session (STOMP, MQTT): its
+    skeleton, which takes the bytes read, holds the outbox to write and names
+    the next deadline, and the protocol's own word when the broker stops, the
+    store fails or the connection is lost."""
 
-    outbox: Outbox
-    close_reason: str | None
-    # Its time and input state; the server sets ``live.wake_reader``, to be
-    # called when ``wants_input`` may have become true.
-    live: Liveness
-
-    @property
-    def wants_input(self) -> bool: ...
-
-    def resume_input(self) -> None: ...
-
-    @property
-    def closed(self) -> bool: ...
-
-    def receive_data(self, data: bytes) -> None: ...
-
-    def next_deadline(self) -> float | None: ...
-
-    def on_deadline(self, now: float) -> None: ...
-
-    def on_drained(self) -> None: ...
+    # The server sets ``skeleton.outbox.wakeup`` and ``skeleton.gate.wake_reader``.
+    skeleton: Skeleton
 
     def shutdown(self, reason: str) -> None: ...
 
@@ -120,6 +103,7 @@ class Connection:
     ) -> None:
         self.stream = stream
         self.session = session
+        self.io = session.skeleton
         self.log = log
         self.protocol = ""
         self.peer = ""
@@ -135,8 +119,8 @@ class Connection:
         self._reader_done = trio.Event()
         self._timer_scope: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
-        session.outbox.wakeup = self._writer_lot.unpark_all
-        session.live.wake_reader = self._reader_lot.unpark_all
+        self.io.outbox.wakeup = self._writer_lot.unpark_all
+        self.io.gate.wake_reader = self._reader_lot.unpark_all
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -157,9 +141,9 @@ class Connection:
         if self._after_input is not None:
             self._after_input()
         if self._timer_scope is not None:
-            deadline = self.session.next_deadline()
+            deadline = self.io.next_deadline()
             self._timer_scope.deadline = math.inf if deadline is None else deadline
-        if self.session.closed:
+        if self.io.closed:
             self._writer_lot.unpark_all()
             self._reader_lot.unpark_all()
             if self._nursery is not None:
@@ -168,14 +152,15 @@ class Connection:
 
     async def _reader(self) -> None:
         session = self.session
+        io = self.io
         stream = self.stream
         try:
             while True:
                 # Back-pressure: while our own replies are not being read, or
                 # the core holds this producer back, stop reading.
-                while not session.wants_input and not session.closed:
+                while not io.wants_input and not io.closed:
                     await self._reader_lot.park()
-                    session.resume_input()
+                    io.resume_input()
                     self._after_session_call()
                 try:
                     data = await stream.receive_some(RECEIVE_BYTES)
@@ -184,11 +169,11 @@ class Connection:
                     self._after_session_call()
                     return
                 self.bytes_in += len(data)
-                if session.closed:
+                if io.closed:
                     if not data:
                         return
                     continue  # lingering: discard input after we closed
-                session.receive_data(data)
+                io.receive_data(data)
                 self._after_session_call()
                 if not data:
                     return
@@ -197,12 +182,13 @@ class Connection:
 
     async def _writer(self) -> None:
         session = self.session
-        outbox = session.outbox
+        io = self.io
+        outbox = io.outbox
         stream = self.stream
         while True:
             data = outbox.drain(self._durable_lsn())
             if not data:
-                if session.closed and not outbox:
+                if io.closed and not outbox:
                     break
                 if outbox:
                     self._gated.add(self)  # held for the store: wake me when it writes
@@ -214,7 +200,7 @@ class Connection:
                 session.close(f"connection lost: {exc.__cause__ or exc}")
                 self._after_session_call()
                 break
-            session.on_drained()
+            io.on_drained()
             if self._after_input is not None:
                 self._after_input()  # deliveries it resumed may have acked stored messages
             if not outbox.full:
@@ -233,14 +219,14 @@ class Connection:
         self._nursery.cancel_scope.cancel()
 
     async def _timer(self) -> None:
-        session = self.session
-        while not session.closed:
-            deadline = session.next_deadline()
+        io = self.io
+        while not io.closed:
+            deadline = io.next_deadline()
             with trio.CancelScope(deadline=math.inf if deadline is None else deadline) as scope:
                 self._timer_scope = scope
                 await trio.sleep_forever()
             self._timer_scope = None
-            session.on_deadline(trio.current_time())
+            io.on_deadline(trio.current_time())
             self._after_session_call()
 
 
@@ -288,7 +274,7 @@ class Server:
         live = list(self.connections.values())
         return (
             self.closed_bytes_in + sum(c.bytes_in for c in live),
-            self.closed_bytes_out + sum(c.session.outbox.sent_bytes for c in live),
+            self.closed_bytes_out + sum(c.io.outbox.sent_bytes for c in live),
         )
 
     def durable_advanced(self) -> None:
@@ -415,10 +401,10 @@ class Server:
                 self.refusing -= 1
             self._gated.discard(connection)
             self.closed_bytes_in += connection.bytes_in
-            self.closed_bytes_out += session.outbox.sent_bytes
+            self.closed_bytes_out += connection.io.outbox.sent_bytes
             if not self.connections:
                 self._idle.set()
-            log.info("connection_closed", reason=session.close_reason)
+            log.info("connection_closed", reason=connection.io.close_reason)
             await close_stream(stream)
 
     def _certificate_user(self, tls: trio.SSLStream | None, log: Any) -> str | None:

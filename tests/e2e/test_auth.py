@@ -77,7 +77,7 @@ def test_a_password_check_does_not_stall_other_clients(broker_factory, raw_clien
         + encode_frame("SEND", {"destination": "/queue/after-login"}, b"pipelined")
     )
     connections = broker.running.server.connections
-    wait_for(lambda: broker.call(lambda: any(c.session.live.deferred for c in connections.values())),
+    wait_for(lambda: broker.call(lambda: any(c.session.skeleton.deferred for c in connections.values())),
              what="the CONNECT waiting for its password check")
     other.send("/queue/meanwhile", b"x")  # a round trip while the hash is computed ...
     assert waiting.quiet_for(0.01) == []  # ... finished before the login was answered

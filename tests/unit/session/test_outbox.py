@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.outbox import DRAIN_BYTES, Outbox
+from gateway.session.outbox import DRAIN_BYTES, Outbox
 
 
 class Wakeups:

@@ -1,0 +1,135 @@
+"""The skeleton on its own, with a toy protocol: words separated by ';' are
+its events, and its dialect records what the skeleton asks of it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from core.broker import Broker
+from gateway.session.skeleton import Dialect, Skeleton, State
+from tests.core_fakes import FakeClock, RecordingSink
+
+
+class Words:
+    """A codec: ``hello;world;`` -> "hello", "world"; digits are an int (an
+    event no state handles); "boom" is a protocol error."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self.buffer)
+
+    def receive_data(self, data: bytes) -> None:
+        self.buffer += data
+
+    def events(self) -> Iterator[str | int]:
+        while b";" in self.buffer:
+            word, _, self.buffer = self.buffer.partition(b";")
+            if word == b"boom":
+                raise ValueError("boom")
+            yield int(word) if word.isdigit() else word.decode()
+
+
+class Toy:
+    def __init__(self, clock: FakeClock, broker: Broker) -> None:
+        self.seen: list[str] = []
+        self.said: list[str] = []
+        self.room = True
+        self.broker = broker
+        self.skeleton = Skeleton(Words(), clock, None, Dialect(
+            handlers={
+                State.AWAITING_CONNECT: {str: self.login},
+                State.CONNECTED: {str: self.word},
+                State.CLOSED: {},
+            },
+            reject=lambda event: self.said.append(f"reject {event}"),
+            errors=(ValueError,),
+            on_error=lambda exc, event: self.said.append(f"error {exc} after {event}"),
+            fail=lambda reason: self.said.append(f"fail {reason}"),
+            on_eof=lambda: self.said.append("eof"),
+            silence="idle",
+            room=lambda: self.room,
+        ), outbox_high_water_bytes=100, connect_timeout_s=5.0, heartbeat=b".")
+
+    def login(self, word: str) -> None:
+        self.seen.append(f"login {word}")
+        self.skeleton.connected(self.broker.open_client(RecordingSink()))
+
+    def word(self, word: str) -> None:
+        self.seen.append(word)
+        if word == "wait":
+            self.skeleton.defer("waited")
+        elif word == "bye":
+            self.skeleton.close("bye")
+
+
+def toy() -> tuple[FakeClock, Toy]:
+    clock = FakeClock()
+    return clock, Toy(clock, Broker(clock))
+
+
+def test_events_go_to_the_current_states_handler() -> None:
+    _, t = toy()
+    t.skeleton.receive_data(b"me;a;b;")
+    assert t.seen == ["login me", "a", "b"] and t.skeleton.state is State.CONNECTED
+
+
+def test_the_loop_stops_at_close_and_later_input_is_ignored() -> None:
+    _, t = toy()
+    t.skeleton.receive_data(b"me;bye;after;")
+    t.skeleton.receive_data(b"more;")
+    assert t.seen == ["login me", "bye"] and t.skeleton.closed and t.skeleton.close_reason == "bye"
+    assert t.skeleton.close("again") is False and t.skeleton.close_reason == "bye"
+
+
+def test_a_deferred_event_stops_reading_and_goes_first_on_release() -> None:
+    _, t = toy()
+    t.skeleton.receive_data(b"me;wait;x;")
+    assert t.seen == ["login me", "wait"] and not t.skeleton.wants_input
+    t.skeleton.resume_input()  # still held: nothing happens
+    assert t.seen == ["login me", "wait"]
+    t.skeleton.gate.release()
+    t.skeleton.resume_input()
+    assert t.seen == ["login me", "wait", "waited", "x"]
+
+
+def test_errors_and_eof_go_to_the_dialect() -> None:
+    _, t = toy()
+    t.skeleton.receive_data(b"me;boom;")
+    t.skeleton.receive_data(b"")
+    assert t.said == ["error boom after me", "eof"]
+
+
+def test_an_event_the_state_has_no_handler_for_is_rejected() -> None:
+    _, t = toy()
+    t.skeleton.receive_data(b"me;7;x;")
+    assert t.said == ["reject 7"] and t.seen == ["login me"]
+
+
+def test_deadlines_login_then_silence_and_beat() -> None:
+    clock, t = toy()
+    assert t.skeleton.next_deadline() == clock.now + 5.0
+    t.skeleton.receive_data(b"me;")
+    assert t.skeleton.next_deadline() is None
+    t.skeleton.silence.limit_s, t.skeleton.beat.interval_s = 3.0, 1.0
+    assert t.skeleton.next_deadline() == clock.now + 1.0
+    clock.advance(1.0)
+    t.skeleton.on_deadline(clock.now)
+    assert t.skeleton.outbox.drain(0) == b"."
+    clock.advance(2.0)
+    t.skeleton.on_deadline(clock.now)
+    assert t.said == ["fail idle timeout: nothing received from the client in time"]
+
+
+def test_deliveries_resume_only_with_room_in_the_outbox_and_the_protocols_window() -> None:
+    _, t = toy()
+    t.skeleton.receive_data(b"me;")
+    t.skeleton.paused = True
+    t.room = False
+    t.skeleton.on_drained()
+    assert t.skeleton.paused
+    t.room = True
+    t.skeleton.on_drained()
+    assert not t.skeleton.paused
