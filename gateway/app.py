@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
-import ssl
 import time
 from functools import partial
 from pathlib import Path
@@ -15,12 +13,11 @@ from typing import Any
 
 import trio
 
-from core import names
 from core.authorization import Authorizer, parse_entries
 from core import recovery
 from core.broker import Broker
 from core.storage import Recovered
-from gateway import auth
+from gateway import tasks
 from gateway.auth import Gatekeeper, Transport
 from gateway.admin import metrics
 from gateway.admin.server import AdminSlots, serve_admin
@@ -30,15 +27,9 @@ from gateway.mqtt import session as mqtt_session
 from gateway.transports.server import REFUSAL_SLOTS, Limits, ListenerSpec, Server, TrioClock
 from gateway.stomp.session import StompSession
 from gateway.transports.websocket import Upgrades
-from gateway.transports.tls import CertificateUsers, TlsSettings, files_version, load_files, server_context
+from gateway.transports.tls import CertificateUsers, server_context
 from persistence.store import Store
 
-# After a failed write (disk full, I/O error) wait this long before the next
-# attempt, so a full disk is not hammered in a tight loop.
-STORE_RETRY_S = 0.5
-# How often a store_stats line is logged at INFO.
-STATS_INTERVAL_S = 10.0
-# Password checks running at once (threads) and waiting to run.
 VERIFY_WORKERS = 2
 VERIFY_BACKLOG = 256
 # Worker threads by purpose, each with its own bound, so no one of them can
@@ -51,9 +42,6 @@ ADMIN_THREADS = 4
 # File descriptors beyond the connections: the store's segments, the
 # listeners, the archive's open files, logs.
 FILE_HEADROOM = 256
-# A password check waiting for a worker thread: passcode, stored hash, and
-# what to call with the answer.
-_Check = tuple[str, str, Callable[[bool], None]]
 
 
 def _report(log: Any, event: str, **fields: Any) -> None:
@@ -203,7 +191,7 @@ class _Wiring:
             certificate_user=CertificateUsers(config.tls).user,
         )
         self.commit_lot = commit_lot = trio.lowlevel.ParkingLot()
-        self.redelivery = redelivery = _RedeliveryTimer(self.broker)
+        self.redelivery = redelivery = tasks.RedeliveryTimer(self.broker)
 
         def after_input() -> None:
             if store.appended_lsn > store.durable_lsn:
@@ -220,7 +208,7 @@ class _Wiring:
         # With users, durable state is owned: anonymous clients hold none.
         self.broker.secured = bool(gatekeeper.users)
         self.password_threads = trio.CapacityLimiter(PASSWORD_THREADS)
-        checks_send, self.checks_receive = trio.open_memory_channel[_Check](VERIFY_BACKLOG)
+        checks_send, self.checks_receive = trio.open_memory_channel[tasks.Check](VERIFY_BACKLOG)
 
         def verifier(passcode: str, stored: str, done: Callable[[bool], None]) -> bool:
             try:
@@ -290,16 +278,16 @@ class _Wiring:
         """The store's group commit, the timers and the password workers,
         before any listener, so the first client's writes have a committer."""
         config, log = self.config, self.log
-        nursery.start_soon(_commit, self.store, self.server, self.commit_lot, log, self.writes, self.store_threads, self.disk)
+        nursery.start_soon(tasks.commit, self.store, self.server, self.commit_lot, log, self.writes, self.store_threads, self.disk)
         nursery.start_soon(self.redelivery.run)
         if self.tls is not None and config.tls.reload_interval_s > 0:
-            nursery.start_soon(_reload_tls, self.tls, config.tls, log)
+            nursery.start_soon(tasks.reload_tls, self.tls, config.tls, log)
         for _ in range(VERIFY_WORKERS):
-            nursery.start_soon(_verify_passwords, self.checks_receive, self.password_threads)
-        nursery.start_soon(_maintain, self.store, self.broker, config.store.maintenance_interval_s, self.commit_lot, log)
-        nursery.start_soon(_watch_disk, self.disk, config.store.maintenance_interval_s)
+            nursery.start_soon(tasks.verify_passwords, self.checks_receive, self.password_threads)
+        nursery.start_soon(tasks.maintain, self.store, self.broker, config.store.maintenance_interval_s, self.commit_lot, log)
+        nursery.start_soon(tasks.watch_disk, self.disk, config.store.maintenance_interval_s)
         if handle_signals:
-            nursery.start_soon(_stop_on_signal, self.server, log)
+            nursery.start_soon(tasks.stop_on_signal, self.server, log)
 
     async def run_listeners(self, *, task_status: Any) -> None:
         """Bind every listener, report the ports, serve until stopped and drained."""
@@ -331,121 +319,6 @@ class _Wiring:
         await trio.to_thread.run_sync(self.store.close, limiter=self.store_threads)
 
 
-async def _verify_passwords(checks: trio.MemoryReceiveChannel[_Check], threads: trio.CapacityLimiter) -> None:
-    async for passcode, stored, done in checks:
-        done(await trio.to_thread.run_sync(auth.verify_password, passcode, stored, limiter=threads))
-
-
-async def _commit(
-    store: Store, server: Server, lot: trio.lowlevel.ParkingLot, log: Any, writes: metrics.Histogram,
-    threads: trio.CapacityLimiter, disk: DiskWatch | None = None,
-) -> None:
-    """Group commit: write (and fsync) whatever accumulated while the last
-    write ran, in a worker thread, then release the receipts it covers.
-    After each write the free space is looked at too: a fast producer fills
-    more than ``min_free_bytes`` between two maintenance ticks (seen filling
-    a 20 MB tmpfs), and one statvfs per batch is nothing beside its fsync."""
-    while True:
-        batch = store.take_batch()
-        if batch is None:
-            await lot.park()
-            continue
-        # Shielded: a batch taken is always finished (written or failed)
-        # before shutdown closes the store behind it.
-        with trio.CancelScope(shield=True):
-            started = time.monotonic()
-            try:
-                await trio.to_thread.run_sync(store.write_batch, batch, limiter=threads)
-                writes.observe(time.monotonic() - started)
-            except OSError as exc:
-                failed: OSError | None = exc
-            else:
-                failed = None
-                store.batch_written(batch)
-                server.durable_advanced()
-        if disk is not None and batch.runs:
-            disk.check()
-        if failed is not None:
-            first, last = store.batch_failed(batch, failed)
-            reason = failed.strerror or str(failed)
-            log.error("store_write_failed", reason=reason, first_lsn=first, last_lsn=last)
-            server.durable_failed(first, last, reason)
-            await trio.sleep(STORE_RETRY_S)
-
-
-async def _maintain(
-    store: Store, broker: Broker, interval_s: float, commit_lot: trio.lowlevel.ParkingLot, log: Any
-) -> None:
-    """Sweep expired messages; checkpoint, delete dead segments and compact,
-    a bounded step at a time."""
-    next_stats = trio.current_time() + STATS_INTERVAL_S
-    while True:
-        await trio.sleep(interval_s)
-        expired = broker.sweep_expired()
-        if expired:
-            log.info("messages_expired", count=expired)
-        commit_lot.unpark_all()  # acks made outside any client call get written too
-        if store.checkpoint_due():
-            store.checkpoint()  # prepared here; the next batch writes it
-            commit_lot.unpark_all()
-        deleted = store.collect_garbage()
-        if deleted:
-            log.info("store_segments_deleted", segments=deleted)
-        _archive_retention(store, broker, log)
-        while store.compact_step():
-            await trio.sleep(0)  # let clients in between steps
-        if trio.current_time() >= next_stats:
-            next_stats = trio.current_time() + STATS_INTERVAL_S
-            log.info("store_stats", **store.stats())
-
-
-async def _watch_disk(disk: DiskWatch, interval_s: float) -> None:
-    # Its own task: statvfs is cheap, and a long compaction must not delay
-    # the alarm.
-    while True:
-        await trio.sleep(interval_s)
-        disk.check()
-
-
-def _archive_retention(store: Store, broker: Broker, log: Any) -> None:
-    """Drop whole archive segments beyond each topic's retention policy."""
-    archive = store.archive
-    if archive is None:
-        return
-    for topic in list(archive.topics):
-        address = names.parse("/topic/" + topic)
-        if isinstance(address, str):
-            continue
-        policy = broker.policies.for_address(address)
-        dropped = archive.apply_retention(topic, policy.archive_retention_s, policy.archive_retention_bytes)
-        if dropped:
-            log.info("archive_retention_dropped", topic=topic, offsets=dropped, earliest=archive.topics[topic].bases[0])
-
-
-class _RedeliveryTimer:
-    """Sleeps until the core's earliest held redelivery is due, then releases
-    what is due; woken early when a session's call made an earlier one."""
-
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self._scope: trio.CancelScope | None = None
-        self._scheduled: int | None = None
-
-    def reschedule(self) -> None:
-        due = self.broker.next_redelivery_ms()
-        if due is not None and (self._scheduled is None or due < self._scheduled) and self._scope is not None:
-            self._scope.cancel()
-
-    async def run(self) -> None:
-        while True:
-            due = self._scheduled = self.broker.next_redelivery_ms()
-            with trio.CancelScope() as self._scope:
-                if due is None:
-                    await trio.sleep_forever()
-                await trio.sleep(max(0.0, (due - self.broker.clock.wall_ms()) / 1000))
-            self.broker.release_redeliveries(self.broker.clock.wall_ms())
-
-
 def _raise_file_limit(config: Config, log: Any) -> None:
     """Every connection is a file descriptor: take the soft limit up to the
     hard one (a default 1024 would refuse connections long before
@@ -474,27 +347,3 @@ def run(config: Config, log: Any) -> None:
     trio.run(serve, config, log)
 
 
-async def _reload_tls(context: ssl.SSLContext, settings: TlsSettings, log: Any) -> None:
-    """Load a rotated certificate (and key and CA) for new handshakes once its
-    files change; a set that does not load (a half-written pair, say) is
-    logged and tried again, and the running one stays."""
-    version = files_version(settings)
-    while True:
-        await trio.sleep(settings.reload_interval_s)
-        current = files_version(settings)
-        if current == version:
-            continue
-        try:
-            load_files(context, settings)
-        except ValueError as exc:
-            log.warning("tls_reload_failed", reason=str(exc), detail="the previous certificate stays in use")
-            continue
-        version = current
-        log.info("tls_reloaded", cert=settings.cert)
-
-
-async def _stop_on_signal(server: Server, log: Any) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            log.info("shutdown_requested", signal=signal.Signals(signum).name)
-            server.stop()

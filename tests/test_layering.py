@@ -46,8 +46,8 @@ CODECS = files("gateway/stomp/codec.py", "gateway/stomp/frames.py", "gateway/mqt
 CORE = files("core/**/*.py")
 PERSISTENCE = files("persistence/**/*.py")
 SESSIONS = files("gateway/stomp/session.py", "gateway/mqtt/session.py", "gateway/session/*.py")
-# Sockets, tasks and threads: the listeners, the admin port's server and the wiring.
-IO_MODULES = files("gateway/transports/server.py", "gateway/admin/server.py", "gateway/app.py")
+# Sockets, tasks and threads: the listeners, the admin port's server, the wiring and its tasks.
+IO_MODULES = files("gateway/transports/server.py", "gateway/admin/server.py", "gateway/app.py", "gateway/tasks.py")
 # Trio stream adapters: they read and write a stream they are given (so they
 # import trio) but open no socket and start no task or thread.
 ADAPTERS = files("gateway/transports/websocket.py")
@@ -120,3 +120,150 @@ def test_the_contract_catches_a_violation(tmp_path: Path) -> None:
     bad = tmp_path / "codec.py"
     bad.write_text("import trio\nfrom core.broker import Broker\n")
     assert offending(bad, ("trio", "core")) == ["core.broker", "core.broker.Broker", "trio"]
+
+
+# -- no cycles, no borrowed private names ---------------------------------------
+#
+# Every import counts, wherever it sits: at the top, inside a function, or
+# under TYPE_CHECKING.  A cycle hidden in a function is still a cycle: the two
+# modules cannot be understood, tested or replaced one without the other.
+
+OURS = ("gateway", "core", "persistence")
+
+
+def module_of(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_of(p): p for p in files(*(f"{package}/**/*.py" for package in OURS))}
+TREES = {name: ast.parse(path.read_text(), filename=str(path)) for name, path in MODULES.items()}
+
+
+def edges(name: str, tree: ast.AST, modules: dict[str, Path]) -> set[str]:
+    """The modules of ours that ``name`` imports (a package's ``__init__``
+    only when it is what is named)."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                target = alias.name
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target:
+                    out.add(target)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                package = name.split(".") if modules[name].name == "__init__.py" else name.split(".")[:-1]
+                package = package[: len(package) - node.level + 1]
+                base = ".".join([*package, *([node.module] if node.module else [])])
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                if full in modules:
+                    out.add(full)
+                elif base in modules:
+                    out.add(base)
+    out.discard(name)
+    return out
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles() -> None:
+    graph = {name: edges(name, tree, MODULES) for name, tree in TREES.items()}
+    assert cycles(graph) == []
+
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_owners(trees: dict[str, ast.AST]) -> dict[str, set[str]]:
+    """Each private name of ours -> the modules that define it (a def, a
+    class, an assignment, a slot)."""
+    owners: dict[str, set[str]] = {}
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names = [node.name]
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names = [node.attr]
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names = [node.id]
+            elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets):
+                names = [e.value for e in getattr(node.value, "elts", []) if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+            for found in names:
+                if private(found):
+                    owners.setdefault(found, set()).add(module)
+    return owners
+
+
+def borrowed_privates(trees: dict[str, ast.AST]) -> list[str]:
+    """Uses of a private name that the using module does not define itself:
+    ``from m import _x``, or ``thing._x`` on anything but ``self``/``cls``
+    where ``_x`` is only defined in other modules of ours."""
+    owners = private_owners(trees)
+    found = []
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                found += [f"{module}:{node.lineno} from {node.module} import {a.name}" for a in node.names if private(a.name)]
+            elif isinstance(node, ast.Attribute) and private(node.attr):
+                value = node.value
+                if isinstance(value, ast.Name) and value.id in ("self", "cls"):
+                    continue
+                if node.attr in owners and module not in owners[node.attr]:
+                    found.append(f"{module}:{node.lineno} {ast.unparse(value)}.{node.attr}"
+                                 f" (private to {', '.join(sorted(owners[node.attr]))})")
+    return sorted(found)
+
+
+def test_no_module_uses_another_modules_private_names() -> None:
+    assert borrowed_privates(TREES) == []
+
+
+def test_the_cycle_and_privacy_checks_catch_a_violation() -> None:
+    a = ast.parse("from pkg import b\ndef f(x):\n    return x._secret\n")
+    b = ast.parse("def g():\n    from pkg.a import f\n\nclass B:\n    def __init__(self):\n        self._secret = 1\n")
+    fake = {"pkg.a": Path("a.py"), "pkg.b": Path("b.py"), "pkg": Path("__init__.py")}
+    graph = {"pkg.a": edges("pkg.a", a, fake), "pkg.b": edges("pkg.b", b, fake)}
+    assert cycles(graph) == [["pkg.a", "pkg.b"]]
+    assert borrowed_privates({"pkg.a": a, "pkg.b": b}) == ["pkg.a:3 x._secret (private to pkg.b)"]
+
+
+@pytest.mark.parametrize("path", list(MODULES.values()), ids=lambda p: str(p.relative_to(ROOT)))
+def test_modules_stay_under_500_lines(path: Path) -> None:
+    # STYLE.md: a module that grows past this owns more than one thing.
+    assert len(path.read_text().splitlines()) <= 500

@@ -10,6 +10,7 @@ from typing import Protocol
 from core.authorization import Principal
 from core.clients import Client
 from core.durables import ANONYMOUS_OWNER, MQTT_PREFIX, claim_refusal, owner_of
+from core.tally import Tally
 from gateway.mqtt.inflight import SessionState
 
 # Durable subscriptions of MQTT sessions live beside STOMP's, under this owner
@@ -42,7 +43,7 @@ class Registry:
         # Every persistent session the broker keeps, connected or away: client
         # id -> owner (None: stored before owners were), counted by owner.
         self.persistent: dict[str, str | None] = {}
-        self._by_owner: dict[str | None, int] = {}
+        self.by_owner: Tally[str | None] = Tally()  # the same count the core keeps of durables
 
     def restore(self, notes: dict[str, bytes], durables: Iterable[tuple[str, str | None]] = ()) -> None:
         """Inbound QoS 2 ids the store kept (``QOS2_NOTES``) from before a
@@ -68,17 +69,12 @@ class Registry:
                 return
             self.release(client_id)
         self.persistent[client_id] = owner
-        self._by_owner[owner] = self._by_owner.get(owner, 0) + 1
+        self.by_owner.add(owner)
 
     def release(self, client_id: str) -> None:
         """``client_id``'s session is gone (a clean session replaced it)."""
         if client_id in self.persistent:
-            owner = self.persistent.pop(client_id)
-            left = self._by_owner[owner] - 1
-            if left:
-                self._by_owner[owner] = left
-            else:
-                del self._by_owner[owner]
+            self.by_owner.remove(self.persistent.pop(client_id))
 
     def claim_refusal(
         self, client_id: str, principal: Principal, clean_session: bool, durable_owners: list[str | None], secured: bool
@@ -110,7 +106,7 @@ class Registry:
         it may (resuming one kept already always may)."""
         if client_id in self.persistent:
             return None
-        if limit and owner != ANONYMOUS_OWNER and self._by_owner.get(owner, 0) >= limit:
+        if limit and owner != ANONYMOUS_OWNER and self.by_owner[owner] >= limit:
             return f"too many persistent sessions for user {owner!r} (limit {limit})"
         if total and len(self.persistent) >= total:
             return f"too many persistent sessions on the broker (limit {total})"
