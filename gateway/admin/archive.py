@@ -9,7 +9,7 @@ and ranges of their messages as an Arrow IPC stream.
 Topics are core names without ``/topic/`` (MQTT ``plant/1/temp`` is
 ``plant.1.temp``), URL-encoded in the path.  The stream is produced a batch
 at a time by :class:`ArrowStream`, whose blocking :meth:`ArrowStream.next_chunk`
-admin.py runs in a worker thread: the range is never held in memory.
+admin/server.py runs in a worker thread: the range is never held in memory.
 pyarrow is imported only when a range is actually read.
 """
 

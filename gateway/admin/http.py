@@ -35,7 +35,7 @@ class Response:
     content_type: str = "application/json"
     headers: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     # A body too big to hold: an object whose blocking next_chunk() returns
-    # the next piece (None at the end) and close(); admin.py sends it chunked.
+    # the next piece (None at the end) and close(); admin/server.py sends it chunked.
     stream: Any = None
 
 
