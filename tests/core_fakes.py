@@ -1,4 +1,5 @@
-"""Test doubles for the core's ports: a Sink that records, a Clock that is told the time."""
+"""Test doubles for the core's ports: a Sink that records, a Clock that is told the time,
+a Store that records; and World, a broker with a producer client for the core's unit tests."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from core import names
+from core.broker import Broker, BrokerSettings, Client
 from core.messages import Message
 from core.names import Address
 from core.storage import StoredMessage
-from core.subscriptions import Subscription
+from core.subscriptions import AckMode, Subscription
 
 
 class RecordingSink:
@@ -135,3 +137,46 @@ class RecordingStore:
 
     def kinds(self) -> list[str]:
         return [call[0] for call in self.calls]
+
+
+Q = address("/queue/q")
+AUTO, CLIENT, INDIVIDUAL = AckMode.AUTO, AckMode.CLIENT, AckMode.CLIENT_INDIVIDUAL
+
+
+class World:
+    """A broker with a producer client, and helpers to open consumers."""
+
+    def __init__(self, **settings: Any) -> None:
+        self.clock = FakeClock()
+        self.broker = Broker(self.clock, BrokerSettings(**settings), node="test")
+        self.producer_sink = RecordingSink()
+        self.producer = self.broker.open_client(self.producer_sink)
+
+    def consumer(
+        self,
+        token: Any = "s",
+        where: Address = Q,
+        mode: AckMode = AUTO,
+        prefetch: int | None = None,
+        *,
+        accepting: bool = True,
+    ) -> tuple[Client, RecordingSink]:
+        sink = RecordingSink(accepting=accepting)
+        client = self.broker.open_client(sink)
+        client.subscribe(token, where, mode, prefetch)
+        return client, sink
+
+    def send(
+        self,
+        body: bytes | str,
+        where: Address = Q,
+        *,
+        priority: int = 4,
+        transaction: str | None = None,
+        client: Client | None = None,
+    ) -> Message:
+        if isinstance(body, str):
+            body = body.encode()
+        message = self.broker.message(where, {"k": "v"}, body, priority=priority)
+        (client or self.producer).send(message, transaction)
+        return message

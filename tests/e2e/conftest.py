@@ -3,14 +3,37 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.deploy_helpers import render_kubectl, render_python
+from tests.durability_helpers import Peer
+from tests.processes import BrokerProcess
 
 
 @pytest.fixture(scope="module")
 def rendered() -> list[dict[str, Any]]:
     """deploy/ rendered, as the test_deploy_* files check it (kubectl's renderer where there is one)."""
     return render_kubectl() if shutil.which("kubectl") else render_python()
+
+
+@pytest.fixture
+def broker_process(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
+    """``broker_process(*extra_args)``: a BrokerProcess on this test's folder,
+    killed in teardown, with every durability Peer closed."""
+    made: list[BrokerProcess] = []
+
+    def make(*extra: str) -> BrokerProcess:
+        process = BrokerProcess(tmp_path, *extra)
+        made.append(process)
+        return process
+
+    yield make
+    for process in made:
+        process.kill()
+    for peer in Peer.made:  # also those of a failed test (threads end at EOF)
+        peer.raw.close()
+    Peer.made.clear()

@@ -20,8 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.auth import hash_password
 from persistence.settings import StoreSettings
 from tests.helpers import unique, wait_for
-from tests.processes import accepting
-from tests.e2e.test_durability import BrokerProcess, free_port
+from tests.processes import BrokerProcess, accepting, free_port
 
 READER = ("viewer", "look")
 USERS = [{"name": READER[0], "password_hash": hash_password(READER[1], iterations=1000), "role": "read"}]

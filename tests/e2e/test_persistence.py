@@ -1,7 +1,7 @@
 """Persistent messages, durable subscriptions and transactions across a
 restart of the broker on the same data folder, through stomp.py.
 
-(Crashes with SIGKILL are in test_09_durability.py; here the broker stops
+(Crashes with SIGKILL are in test_durability_*.py; here the broker stops
 cleanly, and the proof is what a client gets afterwards.)"""
 
 from __future__ import annotations

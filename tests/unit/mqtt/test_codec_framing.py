@@ -18,7 +18,7 @@ from gateway.mqtt import packets as p
 from gateway.mqtt.codec import LocalProtocolError, MqttConnection, RemoteProtocolError, Role, State
 from gateway.mqtt.wire import remaining_length
 from tests.helpers import splits
-from tests.unit.mqtt.codec_cases import (
+from tests.mqtt_codec_helpers import (
     CONNACKS,
     CONNECT_WIRE,
     CONNECTS,

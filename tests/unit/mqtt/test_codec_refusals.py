@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gateway.mqtt import packets as p
 from gateway.mqtt.codec import LocalProtocolError, MqttConnection, RemoteProtocolError, Role, State
-from tests.unit.mqtt.codec_cases import (
+from tests.mqtt_codec_helpers import (
     CONNACK_WIRE,
     OTHER,
     SENDS,

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from gateway.stomp import codec, frames
 from gateway.stomp.codec import LocalProtocolError, RemoteProtocolError, Role, State, StompConnection
 from tests.helpers import splits
-from tests.unit.stomp.codec_cases import VERSIONS, connection, decode
+from tests.stomp_codec_helpers import VERSIONS, connection, decode
 
 
 # -- errors ------------------------------------------------------------------

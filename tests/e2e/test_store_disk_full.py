@@ -1,78 +1,18 @@
-"""What an operator sees when the disk misbehaves: a flipped bit in the
-journal, a full disk, and the offline `gateway store check|compact` tools."""
+"""What an operator sees when the disk fills up: SENDs that cannot be stored
+fail with their receipts named, and the disk alarm (free space below
+store.min_free_bytes) holds persistent producers until space is back."""
 
 from __future__ import annotations
 
-import base64
 import errno
-import http.client
-import json
 import os
-import signal
 import subprocess
 import time
 
 import pytest
 
-from gateway.auth import hash_password
 from tests.helpers import RawClient, encode_frame, unique, wait_for
-from tests.processes import GATEWAY, free_port
-
-PERSISTENT = {"persistent": "true"}
-
-
-def fill(port: int, queue: str, count: int) -> None:
-    client = RawClient(("127.0.0.1", port))
-    try:
-        client.connect(heart_beat="0,0")
-        for i in range(count):
-            client.send_frame("SEND", {"destination": queue, "receipt": f"r{i}", **PERSISTENT}, f"body-{i:04d}".encode() * 8)
-            client.receipt(f"r{i}")
-    finally:
-        client.close()
-
-
-def drain(port: int, queue: str) -> list[bytes]:
-    client = RawClient(("127.0.0.1", port))
-    try:
-        client.connect(heart_beat="0,0")
-        client.send_frame("SUBSCRIBE", {"destination": queue, "id": "1"})
-        bodies = []
-        for frame in client.quiet_for(1.0):
-            assert frame.command == "MESSAGE", frame
-            bodies.append(frame.body)
-        return bodies
-    finally:
-        client.close()
-
-
-def test_a_flipped_bit_mid_journal_is_logged_with_its_position_and_skipped(gateway, tmp_path):
-    port = free_port()
-    data = tmp_path / "d"
-    queue = f"/queue/{unique('bits')}"
-    process = gateway("--stomp-port", str(port), "--data-dir", str(data), "--log-format", "json")
-    process.wait_listening(port)
-    fill(port, queue, 50)
-    process.proc.send_signal(signal.SIGKILL)  # no checkpoint: recovery must read the journal
-    process.wait_exit()
-    segment = sorted((data / "store").glob("*.log"))[0]
-    raw = bytearray(segment.read_bytes())
-    target = raw.find(b"body-0025")  # inside the 26th message's body
-    assert target > 0
-    raw[target] ^= 0x01
-    segment.write_bytes(bytes(raw))
-
-    again = gateway("--stomp-port", str(port), "--data-dir", str(data), "--log-format", "json")
-    again.wait_listening(port)
-    bodies = drain(port, queue)
-    again.signal(signal.SIGTERM)
-    assert again.wait_exit() == 0
-    events = [json.loads(line) for line in again.stderr.splitlines() if line.startswith("{")]
-    corrupt = [e for e in events if e["event"] == "record_corrupt"]
-    assert len(corrupt) == 1 and corrupt[0]["level"] == "warning"
-    assert corrupt[0]["segment"].endswith(segment.name) and 0 < corrupt[0]["offset"] < target
-    expected = [f"body-{i:04d}".encode() * 8 for i in range(50) if i != 25]
-    assert bodies == expected
+from tests.store_fault_helpers import ADMIN, PERSISTENT, metric
 
 
 def test_a_full_disk_fails_the_sends_it_cannot_store_and_the_broker_recovers(broker, monkeypatch):
@@ -131,189 +71,6 @@ def test_a_full_disk_names_every_withdrawn_receipt_of_the_sends_in_flight(broker
     producer.close()
 
 
-def run_tool(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([GATEWAY, "store", *args], capture_output=True, text=True, timeout=60)
-
-
-def test_store_check_and_compact_report_what_the_folder_holds(gateway, tmp_path):
-    port = free_port()
-    data = tmp_path / "d"
-    queue = f"/queue/{unique('tool')}"
-    process = gateway("--stomp-port", str(port), "--data-dir", str(data))
-    process.wait_listening(port)
-    fill(port, queue, 20)
-    running = run_tool("check", str(data))
-    assert running.returncode != 0 and "running broker" in running.stderr  # the broker holds the folder
-    process.signal(signal.SIGTERM)
-    assert process.wait_exit() == 0
-
-    check = run_tool("check", str(data))
-    assert check.returncode == 0, check.stderr
-    assert queue in check.stdout and "20" in check.stdout
-    compact = run_tool("compact", str(data))
-    assert compact.returncode == 0, compact.stderr
-    again = gateway("--stomp-port", str(port), "--data-dir", str(data))
-    again.wait_listening(port)
-    assert len(drain(port, queue)) == 20
-
-
-def test_store_check_on_a_folder_without_a_store_says_so(tmp_path):
-    result = run_tool("check", str(tmp_path))
-    assert result.returncode == 2 and "no store" in result.stderr
-
-
-def test_store_check_reads_the_topic_archives_too(gateway, tmp_path):
-    port = free_port()
-    data = tmp_path / "d"
-    config = tmp_path / "archive.toml"
-    config.write_text('[[broker.policies]]\ndestination = "/topic/plant.>"\narchive = true\n[store]\narchive_segment_bytes = 4096\n')
-    process = gateway("--config", str(config), "--stomp-port", str(port), "--data-dir", str(data))
-    process.wait_listening(port)
-    fill(port, "/topic/plant.7.temp", 100)
-    process.signal(signal.SIGTERM)
-    assert process.wait_exit() == 0
-    check = run_tool("check", str(data))
-    assert check.returncode == 0, check.stderr
-    assert "plant.7.temp:" in check.stdout and "records: 100" in check.stdout and "next_offset: 100" in check.stdout
-    segments = sorted((data / "archive" / "plant.7.temp").glob("*.seg"))
-    assert len(segments) > 2
-    damaged = bytearray(segments[0].read_bytes())
-    damaged[30] ^= 0xFF
-    segments[0].write_bytes(bytes(damaged))
-    check = run_tool("check", str(data))
-    assert check.returncode == 1 and "unreadable" in check.stdout
-
-
-# -- a damaged record found only when its body is read -------------------------
-# A clean start trusts the checkpoint and leaves bodies on disk until dispatch,
-# so a flipped byte shows up then: that one message is lost, nothing else.
-
-DAMAGED = 17
-COUNT = 40
-LAZY = {"resident_messages": 4}  # most of a backlog waits as stubs while running, too
-VIEWER = ("viewer", "look")
-ADMIN = {"users": [{"name": VIEWER[0], "password_hash": hash_password(VIEWER[1], iterations=1000), "role": "read"}]}
-
-
-def start(broker_factory):
-    return broker_factory(broker=LAZY, admin=ADMIN)
-
-
-def body(i: int) -> bytes:
-    return f"m{i:04d}-".encode() * 170  # about 1 KiB, unique per message
-
-
-def flip_body_byte(data_dir, marker: bytes) -> None:
-    """Flip one byte in the middle of the one journal record holding ``marker``."""
-    hits = []
-    for segment in sorted((data_dir / "store").glob("*.log")):
-        raw = bytearray(segment.read_bytes())
-        at = raw.find(marker)
-        if at >= 0:
-            assert raw.find(marker, at + 1) < 0, "the body is in the journal twice"
-            hits.append((segment, raw, at))
-    [(segment, raw, at)] = hits
-    raw[at + len(marker) // 2] ^= 0x01
-    segment.write_bytes(bytes(raw))
-
-
-def corrupt_records_metric(broker) -> float:
-    return metric(broker, "gateway_store_corrupt_records_total")
-
-
-def restart_damaged(broker_factory, broker, data_dir):
-    broker.stop()  # clean: checkpoint written, bodies left to lazy reads
-    flip_body_byte(data_dir, body(DAMAGED))
-    return start(broker_factory)
-
-
-def corrupt_log_lines(capfd) -> list[str]:
-    return [line for line in capfd.readouterr().err.splitlines() if "record_corrupt" in line]
-
-
-@pytest.mark.parametrize("ack", ["auto", "client-individual"])
-def test_a_damaged_record_read_on_dispatch_loses_only_its_message(capfd, broker_factory, stomp_client, tmp_path, ack):
-    broker = start(broker_factory)
-    queue = f"/queue/{unique('corr')}"
-    producer = stomp_client(broker)
-    for i in range(COUNT):
-        producer.send(queue, body(i), **PERSISTENT)  # each with a receipt
-    producer.close()
-    broker = restart_damaged(broker_factory, broker, tmp_path / "data")
-    capfd.readouterr()
-
-    consumer = stomp_client(broker)
-    consumer.subscribe(queue, "s", ack=ack)
-    expected = [body(i) for i in range(COUNT) if i != DAMAGED]
-    consumer.wait_messages(COUNT - 1)
-    consumer.barrier()  # the connection is up and nothing more came
-    assert consumer.bodies == expected
-    assert consumer.rec.errors == []
-    if ack == "client-individual":
-        for message in consumer.messages:
-            consumer.conn.ack(message.headers["ack"])
-        consumer.barrier()
-    assert corrupt_records_metric(broker) == 1
-    [line] = corrupt_log_lines(capfd)
-    assert queue in line and "offset" in line and ".log" in line
-    consumer.close()
-
-    # Forgotten in the store as well: nothing comes back after another restart.
-    broker.stop()
-    broker = start(broker_factory)
-    again = stomp_client(broker)
-    again.subscribe(queue, "s")
-    again.barrier()
-    assert again.bodies == []
-    assert corrupt_records_metric(broker) == 0
-
-
-def test_a_durable_subscriber_gets_all_but_the_damaged_message(capfd, broker_factory, stomp_client, tmp_path):
-    broker = start(broker_factory)
-    topic = f"/topic/{unique('corr')}"
-    durable = {"activemq.subscriptionName": "audit"}
-    subscriber = stomp_client(broker, headers={"client-id": "auditor"})
-    subscriber.subscribe(topic, "d", ack="client-individual", **durable)
-    subscriber.close()
-    producer = stomp_client(broker)
-    for i in range(COUNT):
-        producer.send(topic, body(i), **PERSISTENT)
-    producer.close()
-    broker = restart_damaged(broker_factory, broker, tmp_path / "data")
-    capfd.readouterr()
-
-    back = stomp_client(broker, headers={"client-id": "auditor"})
-    back.subscribe(topic, "d", ack="auto", **durable)
-    back.wait_messages(COUNT - 1)
-    back.barrier()
-    assert back.bodies == [body(i) for i in range(COUNT) if i != DAMAGED]
-    assert corrupt_records_metric(broker) == 1
-    [line] = corrupt_log_lines(capfd)
-    assert topic in line
-
-
-def test_an_mqtt_persistent_session_gets_all_but_the_damaged_message(broker_factory, paho, tmp_path):
-    broker = start(broker_factory)
-    topic = unique("corr")
-    client_id = unique("sensor")
-    device = paho(broker, client_id, clean=False)
-    device.subscribe((f"{topic}/#", 1))
-    device.close()
-    publisher = paho(broker)
-    for i in range(COUNT):
-        publisher.publish(f"{topic}/x", body(i), qos=1)
-    publisher.close()
-    broker = restart_damaged(broker_factory, broker, tmp_path / "data")
-
-    back = paho(broker, client_id, clean=False)
-    assert back.connacks == [(True, 0)]
-    back.wait(COUNT - 1)
-    back.publish(f"{topic}/x", b"after", qos=1)  # the same connection goes on
-    back.wait(COUNT)
-    assert back.payloads == [body(i) for i in range(COUNT) if i != DAMAGED] + [b"after"]
-    assert corrupt_records_metric(broker) == 1
-
-
 # -- the disk alarm: free space below store.min_free_bytes ---------------------
 
 
@@ -332,21 +89,6 @@ def alarm_broker(broker_factory, **broker_settings):
 
     return broker_factory(store=StoreSettings(maintenance_interval_s=0.05, min_free_bytes=50 << 20),
                           broker=broker_settings, admin=ADMIN)
-
-
-def metric(broker, name: str) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    conn = http.client.HTTPConnection("127.0.0.1", broker.admin_port, timeout=5)
-    token = base64.b64encode(f"{VIEWER[0]}:{VIEWER[1]}".encode()).decode()
-    conn.request("GET", "/metrics", headers={"Authorization": f"Basic {token}"})
-    text = conn.getresponse().read().decode()
-    conn.close()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name:
-                return sample.value
-    raise AssertionError(f"no {name} in /metrics")
 
 
 def set_free(broker, disk, free_bytes: int, alarm: bool) -> None:

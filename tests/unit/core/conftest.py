@@ -1,0 +1,12 @@
+"""Fixtures the core's unit tests share across their files."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.core_fakes import World
+
+
+@pytest.fixture
+def world() -> World:
+    return World()
