@@ -13,7 +13,7 @@ import pytest
 from core.storage import StoredMessage
 from persistence import checkpoint as checkpoints
 from persistence.archive import Archive, ArchiveGone, decode_row, directory_name, segment_name
-from persistence.store import Store, _abandon
+from persistence.store import Store
 
 TOPIC = "plant.1.temp"
 
@@ -172,7 +172,7 @@ def test_archive_records_lost_from_their_segment_come_back_from_the_journal(tmp_
     for i in range(50):
         s.archive_message(TOPIC, StoredMessage(f"id-{i}", "/topic/" + TOPIC, {"k": "v"}, b"b%d" % i, i % 10, 0, 1000 + i, 0))
     s.flush()
-    _abandon(s)  # a crash: no checkpoint, the archive segments never synced
+    s.abandon()  # a crash: no checkpoint, the archive segments never synced
     for path in (tmp_path / "archive" / TOPIC).iterdir():
         os.truncate(path, path.stat().st_size // 3)  # what a power cut may leave of unsynced pages
     s, archive = store(tmp_path)
@@ -198,7 +198,7 @@ def test_a_checkpoint_syncs_the_archive_first_and_later_records_replay_from_the_
     assert order == ["archive synced", "checkpoint written"]
     s.archive_message(TOPIC, StoredMessage("id-10", "/topic/" + TOPIC, None, b"y", 0, 0, 1010, 0))
     s.flush()
-    _abandon(s)
+    s.abandon()
     s, archive = store(tmp_path)
     assert archive.info(TOPIC).latest == 11  # type: ignore[union-attr]
     assert [body for _, body, _ in read_all(archive, 0, 20)] == [b"x"] * 10 + [b"y"]
@@ -211,7 +211,7 @@ def test_a_transaction_keeps_its_archive_records_and_key_all_or_nothing(tmp_path
                                     (TOPIC, StoredMessage("t-2", "/topic/" + TOPIC, {"a": "b"}, b"two", 4, 0, 6, 0))],
                   commit_key="batch-1")
     s.flush()
-    _abandon(s)
+    s.abandon()
     for path in (tmp_path / "archive" / TOPIC).iterdir():
         os.truncate(path, 0)
     s, archive = store(tmp_path)
@@ -219,7 +219,7 @@ def test_a_transaction_keeps_its_archive_records_and_key_all_or_nothing(tmp_path
     rows = reader.read(10)
     assert rows.bodies == [b"one", b"two"] and rows.offsets == [0, 1]
     reader.close()
-    _abandon(s)
+    s.abandon()
     again = Store(tmp_path / "store", archive=Archive(tmp_path / "archive"))
     assert again.open().kv["commit-keys"] == {"batch-1": b"1"}
     again.close()
@@ -321,7 +321,7 @@ def test_a_failed_batch_is_written_again_with_its_archive_records(tmp_path: Path
     publish(10, 12)
     s.flush()
     assert [o for o, _, _ in read_all(archive, 0, 100)] == list(range(12))
-    _abandon(s)
+    s.abandon()
     s, archive = store(tmp_path)
     got = read_all(archive, 0, 100)
     assert [o for o, _, _ in got] == list(range(12)) and got[7][1:] == (b"b7", {"i": "7"})

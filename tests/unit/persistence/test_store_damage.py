@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from persistence.journal import segment_name, split_location
-from persistence.store import Store, _abandon
+from persistence.store import Store
 from tests.store_helpers import SEGMENT, crash, message, opened, reopen, state, workload
 
 
@@ -21,7 +21,7 @@ def test_a_torn_tail_at_every_byte_of_the_last_record_loses_only_that_record(tmp
     _, last_location = s.add_message(last, ["/queue/a", "d"])
     crash(s)
     s, expected = opened(orig, segment_bytes=2**20)
-    _abandon(s)
+    s.abandon()
     data = (orig / segment_name(1)).read_bytes()
     start = split_location(last_location)[1]
     assert before == 2
@@ -59,7 +59,7 @@ def test_a_transaction_cut_anywhere_is_wholly_absent(tmp_path: Path) -> None:
             assert got == {"/queue/a": ["n1"], "/queue/b": ["n2"]}
         else:
             assert got == {"/queue/a": ["old"]}, cut
-        _abandon(s)
+        s.abandon()
 
 
 def test_a_flipped_bit_in_a_middle_record_is_reported_and_the_rest_recovered(tmp_path: Path) -> None:
