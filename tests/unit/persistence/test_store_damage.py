@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from persistence import records
 from persistence.journal import segment_name, split_location
 from persistence.store import Store
 from tests.store_helpers import SEGMENT, crash, message, opened, reopen, state, workload
@@ -102,9 +103,12 @@ def test_a_corrupt_checkpoint_falls_back_to_the_journal(tmp_path: Path) -> None:
 
 def test_unknown_record_types_are_skipped_with_a_report(tmp_path: Path) -> None:
     s, _ = opened(tmp_path)
-    s._journal.append(200, b"from the future")
     s.add_message(message("m"), ["/queue/a"])
     crash(s)
+    # Before it, a whole record of a type this version does not know (as a
+    # newer version could write one).
+    path = tmp_path / segment_name(1)
+    path.write_bytes(records.frame(200, b"from the future") + path.read_bytes())
     events = []
     s = Store(tmp_path, segment_bytes=SEGMENT, sync="never", log=lambda e, **f: events.append((e, f)))
     r = s.open()
