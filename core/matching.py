@@ -32,6 +32,22 @@ class SubscriptionTree(Generic[T]):
     def __len__(self) -> int:
         return self._count
 
+    def node_count(self) -> int:
+        """Nodes below the root, what the tree holds in memory: every one
+        leads to a subscriber (removals prune the rest), so it is 0 once all
+        are gone.  A walk of the tree: for tests and statistics, not publishes."""
+        count, stack = 0, list(self._root.children.values())
+        while stack:
+            node = stack.pop()
+            count += 1
+            stack.extend(node.children.values())
+        return count
+
+    @property
+    def cached_names(self) -> int:
+        """Topic names whose match result is cached (at most ``MATCH_CACHE_ENTRIES``)."""
+        return len(self._cache)
+
     def add(self, pattern: tuple[str, ...], subscriber: T) -> None:
         node = self._root
         for segment in pattern:

@@ -36,6 +36,17 @@ class RetainedMessages:
     def __iter__(self) -> Iterator[Message]:
         return iter(list(self._messages.values()))
 
+    def node_count(self) -> int:
+        """Index nodes below the roots: every one leads to a retained message
+        (pops prune the rest), so it is 0 once all are gone.  A walk of the
+        index: for tests and statistics, not publishes."""
+        count, stack = 0, [child for root in self._roots.values() for child in root.children.values()]
+        while stack:
+            node = stack.pop()
+            count += 1
+            stack.extend(node.children.values())
+        return count
+
     def get(self, address: Address) -> Message | None:
         return self._messages.get(address)
 

@@ -16,10 +16,12 @@ the flags below (a flag always wins).  Ports default to ActiveMQ's: STOMP
 """
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gateway", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"gateway {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+def parser() -> argparse.ArgumentParser:
+    """The command line's grammar: public so that what a deployment passes
+    (a container's args) can be checked against it without running it."""
+    top = argparse.ArgumentParser(prog="gateway", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    top.add_argument("--version", action="version", version=f"gateway {__version__}")
+    commands = top.add_subparsers(dest="command", metavar="COMMAND")
     serve = commands.add_parser("serve", help="run the broker", description="Run the broker until SIGINT or SIGTERM.")
     serve.add_argument("--config", metavar="FILE", help="TOML configuration file")
     serve.add_argument("--bind", metavar="ADDRESS", help="address every listener binds (default 127.0.0.1; 0.0.0.0 for all)")
@@ -41,12 +43,12 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("data_dir", metavar="DATA_DIR")
     compact = actions.add_parser("compact", help="rewrite segments so only live records remain")
     compact.add_argument("data_dir", metavar="DATA_DIR")
-    return parser
+    return top
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+    grammar = parser()
+    args = grammar.parse_args(argv)
     if args.command == "passwd":
         return _passwd(args.name, args.role)
     if args.command == "store":
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return storetool.main(args.action, args.data_dir)
     if args.command != "serve":
-        parser.print_help()
+        grammar.print_help()
         return 2
     overrides = {
         "bind": args.bind,

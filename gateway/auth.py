@@ -163,6 +163,12 @@ class Gatekeeper:
         # (door, host) -> (window start, failures)
         self._failures: OrderedDict[tuple[str, str], tuple[float, int]] = OrderedDict()
 
+    @property
+    def failing_addresses(self) -> int:
+        """How many (door, address) pairs have failed logins being counted:
+        never more than ``TRACKED_ADDRESSES``, however many addresses try."""
+        return len(self._failures)
+
     def admit(self, login: str | None, passcode: str | None, transport: Transport) -> Principal:
         try:
             return self._admit(login, passcode, transport)

@@ -143,6 +143,7 @@ class Archive:
         self.segment_bytes = segment_bytes
         self.topics: dict[str, _Topic] = {}
         self.torn_bytes = 0
+        self.scanned_bytes = 0  # read by open's tail scans: what a saved index spares
         self.gaps = 0
         self._log = log
         self._pending: list[tuple[_Topic, int, int, bytearray]] = []
@@ -194,6 +195,7 @@ class Archive:
             f.seek(from_)
             data = f.read()
         n = len(data)
+        self.scanned_bytes += n
         p = 0
         last = None
         while p < n:

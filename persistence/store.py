@@ -190,6 +190,13 @@ class Store(Maintenance):
         fsync_directory(self.directory)
         self._release()
 
+    def abandon(self) -> None:
+        """Drop the store as a crash would: no flush, no checkpoint, the
+        folder not marked clean; only the files and the lock are released, so
+        the next ``open`` recovers.  For crash tests and tools."""
+        with contextlib.suppress(OSError):
+            self._release()
+
     def flush(self) -> Batch | None:
         """Take, write and acknowledge everything pending, blocking: for
         close, tools and tests, never the event loop.  Returns the last batch."""
@@ -477,12 +484,6 @@ class Store(Maintenance):
         last = batch.last_lsn
         self._failed_upto = max(self._failed_upto, last)
         return first, last
-
-
-def _abandon(store: Store) -> None:
-    """Drop a store as a crash would (tests): no flush, no checkpoint."""
-    with contextlib.suppress(OSError):
-        store._release()
 
 
 def _nothing() -> None:

@@ -176,7 +176,7 @@ def effective_config(objects: list[dict[str, Any]], tmp_path: Path) -> tuple[con
     """The config the pod's broker would run with: the ConfigMap's file at the
     --config path plus the flags, through the real CLI parser and loader."""
     ctr = container(objects)
-    args = cli._parser().parse_args(ctr["args"])
+    args = cli.parser().parse_args(ctr["args"])
     cm = the(objects, "ConfigMap")
     path = tmp_path / "gateway.toml"
     path.write_text(cm["data"][Path(args.config).name])

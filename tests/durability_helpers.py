@@ -76,7 +76,7 @@ class Peer:
         raw = self.raw
         if not raw.frames and not raw.eof:
             try:
-                raw._pump(timeout)
+                raw.pump(timeout)
             except OSError:
                 raw.eof = True
         got = list(raw.frames)

@@ -116,7 +116,7 @@ class RawClient:
 
     # receiving
 
-    def _pump(self, timeout: float) -> bool:
+    def pump(self, timeout: float) -> bool:
         """Read once; False if nothing arrived in ``timeout``."""
         if self.eof:
             return False
@@ -150,7 +150,7 @@ class RawClient:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise AssertionError(f"no frame within {timeout} s")
-            self._pump(left)
+            self.pump(left)
         return self.frames.popleft()
 
     def expect(self, command: str, timeout: float = TIMEOUT) -> frames.Frame:
@@ -165,7 +165,7 @@ class RawClient:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise AssertionError(f"server did not close the connection within {timeout} s")
-            self._pump(left)
+            self.pump(left)
         got = list(self.frames)
         self.frames.clear()
         return got
@@ -174,7 +174,7 @@ class RawClient:
         """Everything that arrives in ``seconds`` (used to count heart-beats)."""
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0 and not self.eof:
-            self._pump(left)
+            self.pump(left)
         got = list(self.frames)
         self.frames.clear()
         return got

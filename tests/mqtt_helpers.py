@@ -111,10 +111,11 @@ class RawMqtt:
         while not self.packets:
             if self.eof or time.monotonic() > deadline:
                 raise AssertionError("no packet arrived")
-            self._pump(deadline - time.monotonic())
+            self.pump(deadline - time.monotonic())
         return self.packets.pop(0)
 
-    def _pump(self, timeout: float) -> None:
+    def pump(self, timeout: float) -> None:
+        """Read once (up to ``timeout``) and decode what arrived into ``packets``."""
         self.sock.settimeout(max(timeout, 0.001))
         try:
             data = self.sock.recv(65536)
@@ -134,7 +135,7 @@ class RawMqtt:
         while not self.eof:
             if time.monotonic() - start > timeout:
                 raise AssertionError("the broker did not close the connection")
-            self._pump(0.05)
+            self.pump(0.05)
         return time.monotonic() - start
 
     def close(self) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from core.storage import Recovered, StoredMessage
-from persistence.store import Store, _abandon
+from persistence.store import Store
 
 SEGMENT = 4096
 
@@ -26,7 +26,7 @@ def opened(directory: Path, **kwargs) -> tuple[Store, Recovered]:
 def crash(s: Store) -> None:
     """Write what is pending, then stop as SIGKILL would: no close()."""
     s.flush()
-    _abandon(s)
+    s.abandon()
 
 
 def subscriptions(r: Recovered) -> dict[str, str]:

@@ -270,7 +270,7 @@ def test_half_sent_connect_does_not_extend_the_login_timeout(broker_factory, raw
             raw.send(b"h")
         except OSError:  # closed between two reads
             break
-        raw._pump(0.1)
+        raw.pump(0.1)
     got = raw.wait_closed()
     assert got and got[0].command == "ERROR" and "CONNECT" in got[0].headers["message"], got
 

@@ -26,7 +26,7 @@ def test_container_runs_the_documented_command(rendered: list[dict[str, Any]]) -
     ctr = container(rendered)
     assert ctr["command"] == ["gateway"]
     assert ctr["args"][0] == "serve"
-    args = cli._parser().parse_args(ctr["args"])  # exits (fails) on an unknown flag
+    args = cli.parser().parse_args(ctr["args"])  # exits (fails) on an unknown flag
     assert args.command == "serve"
     assert (args.bind, args.data_dir, args.log_format) == ("0.0.0.0", "/data", "json")
     assert args.config == "/etc/gateway/gateway.toml"

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import http.client
 
+from core.clients import Client
 from gateway.admin.api import AdminApi
-from gateway.stomp.session import StompSession
 from tests.helpers import unique
 
 
 def test_a_crashing_frame_handler_drops_only_its_connection(broker, stomp_client, raw_client, monkeypatch):
-    def broken(self, frame):
+    def broken(self, transaction):
         raise RuntimeError("injected bug")
 
-    monkeypatch.setattr(StompSession, "_on_begin", broken)
+    monkeypatch.setattr(Client, "begin", broken)  # the core's side of a STOMP BEGIN
     survivor = stomp_client(broker)
     queue = f"/queue/{unique()}"
     survivor.subscribe(queue)

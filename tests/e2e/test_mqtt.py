@@ -24,7 +24,7 @@ def quiet(client: RawMqtt, seconds: float = 0.3) -> None:
     """Nothing arrives, and the connection stays open, for ``seconds``."""
     deadline = time.monotonic() + seconds
     while (left := deadline - time.monotonic()) > 0 and not client.eof:
-        client._pump(left)
+        client.pump(left)
     assert client.packets == [], client.packets
     assert not client.eof, "the broker closed the connection"
 

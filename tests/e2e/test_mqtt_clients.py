@@ -44,7 +44,8 @@ def connected(broker, client_id: str) -> bool:
         registry = getattr(connection.session, "registry", None)
         if registry is not None:
             session = registry.active.get(client_id)
-            return session is not None and bool(getattr(session, "_subs", None))
+            client = getattr(session, "client", None)  # the core's view, what the admin API counts
+            return client is not None and bool(client.subscriptions)
     return False
 
 

@@ -113,7 +113,7 @@ def test_the_table_of_failing_addresses_is_bounded(monkeypatch):
     for i in range(200):
         with pytest.raises(AccessDenied):
             keeper.admit(None, None, Transport(host=f"10.0.0.{i}"))
-    assert len(keeper._failures) == 50
+    assert keeper.failing_addresses == 50
 
 
 def test_a_certificate_user_needs_no_password_and_a_refused_transport_is_refused():

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from persistence.offline import check
-from persistence.store import _abandon
 from tests.store_helpers import message, opened, reopen, subscriptions
 
 
@@ -93,7 +92,7 @@ def test_sync_policies_decide_when_fdatasync_runs(tmp_path: Path, monkeypatch) -
             s.flush()
             assert s.durable_lsn == s.appended_lsn
         assert len(calls) == expected, policy
-        _abandon(s)
+        s.abandon()
     calls.clear()
     s, _ = opened(tmp_path / "interval", sync="interval", interval_ms=60_000, segment_bytes=2**20)
     s._last_sync -= 120  # the interval has passed once
