@@ -173,14 +173,17 @@ class SnapshotReceiver:
 
     def __init__(self, directory: Path, archive_directory: Path | None, begin: SnapshotBegin) -> None:
         self.begin = begin
-        self._files: dict[str, tuple[Path, int]] = {}
-        self._received: dict[str, int] = {}
-        for name, size in begin.files:
-            path = self._path(directory, archive_directory, name)
-            self._files[name] = (path, size)
-            self._received[name] = 0
+        self._files = self.places(directory, archive_directory, begin)
+        self._received = dict.fromkeys(self._files, 0)
+        for path, _ in self._files.values():
             path.parent.mkdir(parents=True, exist_ok=True)
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+
+    @classmethod
+    def places(cls, directory: Path, archive_directory: Path | None, begin: SnapshotBegin) -> dict[str, tuple[Path, int]]:
+        """Where each announced file goes, and its size (Refusal for a name
+        that is not a store or archive file: nothing outside them is written)."""
+        return {name: (cls._path(directory, archive_directory, name), size) for name, size in begin.files}
 
     @staticmethod
     def _path(directory: Path, archive_directory: Path | None, name: str) -> Path:

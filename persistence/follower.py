@@ -330,6 +330,8 @@ class Follower(Maintenance):
             raise RuntimeError("begin_snapshot while a batch is being written")
         if frame.epoch < self.epoch:
             raise Refusal(f"stale epoch {frame.epoch}: epoch {self.epoch} is accepted here")
+        archive_dir = self.archive.directory if self.archive is not None else None
+        SnapshotReceiver.places(self.directory, archive_dir, frame)  # refuses bad names before wiping
         marker = self.directory / recovery.INCOMPLETE_NAME
         os.close(os.open(marker, os.O_WRONLY | os.O_CREAT, 0o644))
         fsync_directory(self.directory)
@@ -340,7 +342,6 @@ class Follower(Maintenance):
         wipe(self.directory, self.archive)
         self._reset()
         self.last_lsn = 0
-        archive_dir = self.archive.directory if self.archive is not None else None
         self._receiver = SnapshotReceiver(self.directory, archive_dir, frame)
 
     def file_chunk(self, frame: FileChunk) -> None:

@@ -167,6 +167,7 @@ def test_a_backup_refuses_files_a_snapshot_did_not_announce_or_out_of_order(tmp_
     for name in ("store/../x", "archive/../../x", "elsewhere/x", "store/LOCK", "store/a/b"):
         with pytest.raises(Refusal):
             f.begin_snapshot(r.SnapshotBegin(1, 0, H1, ((name, 1),)))
+        assert not (tmp_path / "f" / "store" / "INCOMPLETE").exists()  # refused before anything is wiped
     f.begin_snapshot(source.begin)
     first, second = list(source.chunks(100))[:2]
     with pytest.raises(Refusal, match="expected 0"):
