@@ -103,6 +103,7 @@ class Journal:
         self._buf: bytearray | None = None
         self._first_pending = 1
         self._inflight: list[tuple[int, int, bytearray]] = []
+        self._inflight_first = 1
         self._rfds: dict[int, int] = {}
         # Worker-only: the segment it writes and its descriptor.
         self._wseg = -1
@@ -232,6 +233,7 @@ class Journal:
             return None
         batch = Batch(self._first_pending, self.lsn, self._runs)
         self._inflight = self._runs
+        self._inflight_first = self._first_pending
         self._runs = []
         self._buf = None
         self._first_pending = self.lsn + 1
@@ -239,6 +241,33 @@ class Journal:
 
     def batch_written(self, batch: Batch) -> None:
         self._inflight = []
+
+    def start_at(self, lsn: int) -> None:
+        """Number on from ``lsn`` (what recovery counted): LSNs outlive a
+        restart, so a primary and its backups name the same record alike."""
+        self.lsn = lsn
+        self._first_pending = lsn + 1
+
+    def pending_start(self) -> tuple[int, int] | None:
+        """``(lsn, location)`` of the first record not yet taken or being
+        written, None when everything appended is written."""
+        runs = self._inflight or self._runs
+        if not runs:
+            return None
+        seg, offset, _ = runs[0]
+        first = self._first_pending if runs is self._runs else self._inflight_first
+        return first, make_location(seg, offset)
+
+    def extend(self, runs: list[tuple[int, int, bytes]] | tuple[tuple[int, int, bytes], ...], last_lsn: int) -> None:
+        """Account for records another journal appended (a backup's copy of
+        the primary's): written at their positions, up to ``last_lsn``."""
+        for seg, offset, data in runs:
+            if seg != self._seg:
+                self.sizes[self._seg] = self._end
+                self._seg = seg
+            self._end = offset + len(data)
+            self.appended_bytes += len(data)
+        self.start_at(last_lsn)
 
     def requeue(self, batch: Batch) -> None:
         """Put a batch that was not written back in front of what is pending,
@@ -402,8 +431,13 @@ def neutralize(batch: Batch) -> list[tuple[int, bytes]]:
                         kept.append((op, bytes(payload)))
                 if adds:
                     removed.extend(adds)
-                    replacement = records.frame(RecordType.TX, records.encode_tx(kept)[0]) if kept else b""
-                    replacement += records.pad_frame(total - len(replacement))
+                    # One frame for one record still (recovery counts LSNs by
+                    # frames): a TX of what is kept, padded inside to the old size.
+                    if kept:
+                        body = records.encode_tx(kept)[0]
+                        replacement = records.frame(RecordType.TX, body + bytes(length - len(body)))
+                    else:
+                        replacement = records.pad_frame(total)
                     data[p : p + total] = replacement
             p += total
     return removed

@@ -29,7 +29,9 @@ MESSAGE_ADD / MESSAGE_MOVE payload::
     u32 header count, u32 * 2*count lengths (name, value, ...), then the texts
     body              the rest of the payload
 
-TX payload: u32 op count, then that many nested frames (MESSAGE_ADD or ACK).
+TX payload: u32 op count, then that many nested frames (MESSAGE_ADD, ACK,
+ARCHIVE or KV_PUT); zero bytes after them are padding (a failed batch's TX
+keeps its size when its adds are taken out, see journal.neutralize).
 """
 
 from __future__ import annotations

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from core.storage import Recovered, StoredMessage
 from persistence import checkpoint as checkpoints
 from persistence import records
+from persistence.archive import Archive
 from persistence.index import Index, ref_list
 from persistence.journal import OFFSET_BITS, OFFSET_MASK, Journal, OnCorrupt
 from persistence.records import COMMIT_KEYS, REDELIVERIES, RETAINED, CorruptRecord
@@ -23,6 +25,9 @@ OnUnknown = Callable[[int, int], None]
 CLEAN_NAME = "CLEAN"
 # Held (flock) by whoever has the folder open: one broker, or one tool.
 LOCK_NAME = "LOCK"
+# Present while a backup copies the folder from its primary (a snapshot): the
+# folder is not a store until the copy is complete and this is gone.
+INCOMPLETE_NAME = "INCOMPLETE"
 
 
 def lock_folder(directory: Path, busy: str) -> int:
@@ -74,13 +79,86 @@ def replay(
             scanned(location)
         if location < start:
             continue
-        try:
-            index.replay(location, rtype, payload, on_unknown)
-        except records.DECODE_ERRORS as exc:
-            journal.corrupt_records += 1
-            on_corrupt(str(journal.path(location >> OFFSET_BITS)), location & OFFSET_MASK, f"undecodable payload: {exc}")
+        _apply(journal, index, location, rtype, payload, on_corrupt, on_unknown)
         replayed += 1
     return replayed
+
+
+def replay_runs(journal: Journal, index: Index, runs: Iterable[tuple[int, int, bytes]], on_corrupt: OnCorrupt,
+                on_unknown: OnUnknown) -> int:
+    """:func:`replay` of records already in memory (a backup's copy of the
+    primary's batch, just written at these positions): ``runs`` of ``(segment,
+    offset, frames)``, which the caller has validated."""
+    replayed = 0
+    for seg, offset, data in runs:
+        view = memoryview(data)
+        base = seg << OFFSET_BITS
+        p = 0
+        while p < len(data):
+            rtype, length = records.parse_frame(data, p, len(data))
+            start = p + records.HEADER_BYTES
+            _apply(journal, index, base | (offset + p), rtype, view[start : start + length], on_corrupt, on_unknown)
+            replayed += 1
+            p = start + length
+    return replayed
+
+
+def _apply(journal: Journal, index: Index, location: int, rtype: int, payload: memoryview, on_corrupt: OnCorrupt,
+           on_unknown: OnUnknown) -> None:
+    """One record into the index.  A record that passes its checksum but does
+    not decode is a writer's bug: reported as corrupt and skipped."""
+    try:
+        index.replay(location, rtype, payload, on_unknown)
+    except records.DECODE_ERRORS as exc:
+        journal.corrupt_records += 1
+        on_corrupt(str(journal.path(location >> OFFSET_BITS)), location & OFFSET_MASK, f"undecodable payload: {exc}")
+
+
+@dataclass(slots=True)
+class Loaded:
+    """What :func:`load` found."""
+
+    snapshot: checkpoints.Snapshot | None
+    checkpoint_error: str | None  # why the checkpoint was not used (damaged)
+    replayed: int
+    # Of the last record: the checkpoint's LSN plus one for every record after
+    # it (one LSN per top-level frame; journal.neutralize keeps that true).
+    lsn: int
+
+
+def load(directory: Path, journal: Journal, index: Index, archive: Archive | None, on_corrupt: OnCorrupt,
+         on_unknown: OnUnknown) -> Loaded:
+    """Open a store folder into ``index``: the checkpoint, then the journal
+    after it (cutting a torn tail), archive records after it back into their
+    segments; the journal numbers on from the last LSN.  Shared by the store
+    and a backup's follower, so both recover alike."""
+    start = 0
+    error = None
+    snapshot = None
+    try:
+        snapshot = load_snapshot(directory, index)
+    except CorruptRecord as exc:
+        error = exc.reason
+    if snapshot is not None:
+        start = snapshot.position
+    index.tracking = False
+    if archive is not None:
+        archive.open()
+        index.on_archive = archive.recover
+    replayed = replay(journal, index, start, on_corrupt, on_unknown)
+    index.forward.clear()
+    index.origin.clear()
+    if archive is not None:
+        index.on_archive = None
+        writes = archive.take_writes()  # what recovery put back, before anything new
+        if writes is not None:
+            archive.write(writes)
+            archive.written(writes)
+    index.tracking = True
+    index.track_subscriptions()
+    lsn = (snapshot.lsn if snapshot is not None else 0) + replayed
+    journal.start_at(lsn)
+    return Loaded(snapshot, error, replayed, lsn)
 
 
 def numbered_commit_keys(kv: dict[str, dict[str, bytes]]) -> list[tuple[int, str]]:

@@ -123,37 +123,22 @@ class Store(Maintenance):
         """Load the checkpoint, replay the journal after it, cut a torn tail."""
         started = time.monotonic()
         self.directory.mkdir(parents=True, exist_ok=True)
+        if (self.directory / recovery.INCOMPLETE_NAME).exists():
+            raise OSError(f"store {self.directory} is an incomplete copy (a backup's catch-up was cut short)")
         self._lock_fd = recovery.lock_folder(self.directory, f"store {self.directory} is in use by another process")
         clean = (self.directory / CLEAN_NAME).exists()
-        corrupt = 0
         index = self._index
-        start = 0
-        try:
-            snapshot = recovery.load_snapshot(self.directory, index)
-        except CorruptRecord as exc:
-            corrupt += 1
-            self._emit("checkpoint_corrupt", path=str(self.directory / checkpoints.CHECKPOINT_NAME), reason=exc.reason)
-        else:
-            if snapshot is not None:
-                start = self._ckpt_position = snapshot.position
-                self._ckpt_live = snapshot.seg_live
         journal = self._journal
-        index.tracking = False
-        archive = self.archive
-        if archive is not None:
-            archive.open()
-            index.on_archive = archive.recover
-        replayed = recovery.replay(journal, index, start, self._on_corrupt, self._on_unknown)
-        index.forward.clear()
-        index.origin.clear()
-        if archive is not None:
-            index.on_archive = None
-            writes = archive.take_writes()  # what recovery put back, before anything new
-            if writes is not None:
-                archive.write(writes)
-                archive.written(writes)
-        index.tracking = True
-        index.track_subscriptions()
+        loaded = recovery.load(self.directory, journal, index, self.archive, self._on_corrupt, self._on_unknown)
+        corrupt = 0
+        if loaded.checkpoint_error is not None:
+            corrupt += 1
+            self._emit("checkpoint_corrupt", path=str(self.directory / checkpoints.CHECKPOINT_NAME), reason=loaded.checkpoint_error)
+        elif loaded.snapshot is not None:
+            self._ckpt_position = loaded.snapshot.position
+            self._ckpt_live = loaded.snapshot.seg_live
+        self.appended_lsn = self.durable_lsn = loaded.lsn
+        replayed = loaded.replayed
         if journal.torn_bytes:
             self._emit("torn_tail_cut", bytes=journal.torn_bytes)
         if clean:
@@ -397,6 +382,17 @@ class Store(Maintenance):
         self._journal.corrupt_records += 1
         seg, off = location >> OFFSET_BITS, location & OFFSET_MASK
         self._emit("record_corrupt", segment=str(self._journal.path(seg)), offset=off, reason=reason, **fields)
+
+    def written_end(self) -> tuple[int, int]:
+        """``(lsn, location)`` of the end of what is written (what a copy of
+        the folder may take: persistence/catchup.py).  Only between batches:
+        the worker of one may be renaming a checkpoint that is ahead of it."""
+        if self._inflight is not None:
+            raise RuntimeError("written_end while a batch is being written")
+        pending = self._journal.pending_start()
+        if pending is None:
+            return self._journal.lsn, self._journal.end_location
+        return pending[0] - 1, pending[1]
 
     # -- committer protocol --------------------------------------------------
 

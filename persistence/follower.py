@@ -1,0 +1,375 @@
+"""A backup's store: it keeps a copy of the primary's journal, record for
+record at the same positions, so that its folder is a valid store at every
+moment (a plain :meth:`Store.open` recovers every record it has acked) and
+becomes the new primary's store by a restart's recovery.
+
+A Batch frame goes through three steps, the committer protocol's
+(persistence/store.py), so the blocking part runs in a worker thread while
+the bookkeeping stays on the main thread:
+
+- :meth:`Follower.receive` (main thread) checks it: the epoch (an older one
+  than the highest accepted is refused; a newer one is accepted and saved to
+  the epoch history, fsynced, before anything of it is written or acked), the
+  continuity (``first_lsn`` is our last LSN + 1, else "gap"), the positions
+  (the first record starts where our journal ends, or a new segment starts),
+  and every record's frame and checksum, one LSN per record.  Nothing is
+  written for a refused batch.
+- :meth:`Follower.write` (worker thread) saves a new epoch, copies the bytes
+  to their (segment, offset) positions, fdatasyncs, then writes the archive
+  segments and a prepared checkpoint, as the store's worker does.
+- :meth:`Follower.written` (main thread) replays the records into the index
+  and the topic archive with recovery's own code (recovery.replay_runs) and
+  returns the Ack to send.
+
+It never appends records of its own and never compacts (compaction's copies
+come from the primary as ordinary records); it checkpoints and deletes its own
+dead segments with the store's upkeep (:class:`Maintenance`): a checkpoint
+prepared by :meth:`checkpoint` is written by the next batch's worker step, or
+by :meth:`flush`.
+
+Catch-up by snapshot (persistence/catchup.py): :meth:`begin_snapshot` marks
+the folder incomplete and wipes it, :meth:`file_chunk` writes the primary's
+files, :meth:`end_snapshot` syncs them, opens the copy like a restart and
+clears the mark; Batch frames go on from the snapshot's LSN + 1.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from persistence import checkpoint as checkpoints
+from persistence import epochs, recovery
+from persistence import records
+from persistence.archive import Archive
+from persistence.catchup import Refusal, SnapshotReceiver, wipe
+from persistence.epochs import History
+from persistence.index import Index
+from persistence.journal import Batch, Journal, fsync_directory, make_location
+from persistence.maintenance import Maintenance
+from persistence.replication import Ack, Hello
+from persistence.replication import Batch as BatchFrame
+from persistence.replication import FileChunk, SnapshotBegin, SnapshotEnd
+from persistence.settings import StoreSettings
+from persistence.store import CHECKPOINT_MAX_BYTES
+
+Log = Any
+
+
+@dataclass(slots=True)
+class Step:
+    """One accepted batch on its way to disk (the follower's committer batch)."""
+
+    frame: BatchFrame
+    batch: Batch  # the journal's view: the runs at their positions, a checkpoint to write after
+    history: History | None  # a new epoch's history, saved before the journal write
+    archive: Any  # archive segment writes of records replayed earlier
+
+    @property
+    def checkpoint(self) -> Any:
+        return self.batch.checkpoint
+
+
+class Follower(Maintenance):
+    """The store folder of a backup (``directory``; topic archives in
+    ``archive``, as :meth:`Store.in_data_dir` lays them out)."""
+
+    def __init__(self, directory: str | os.PathLike[str], *, segment_bytes: int = 32 * 2**20,
+                 archive: Archive | None = None, log: Log | None = None) -> None:
+        self.directory = Path(directory)
+        self.archive = archive
+        self.segment_bytes = segment_bytes
+        self.history: History = ()
+        self.last_lsn = 0
+        self.needs_snapshot = False  # diverged from the primary: batches wait for a snapshot
+        self.incomplete_found = False  # open found a cut-short snapshot and wiped it
+        self._log = log
+        self._lock_fd: int | None = None
+        self._receiver: SnapshotReceiver | None = None
+        self._reset()
+
+    @classmethod
+    def in_data_dir(cls, data_dir: str | os.PathLike[str], settings: StoreSettings, log: Log | None = None) -> Follower:
+        return cls(Path(data_dir) / "store", segment_bytes=settings.segment_bytes, log=log,
+                   archive=Archive(Path(data_dir) / "archive", segment_bytes=settings.archive_segment_bytes, log=log))
+
+    def _reset(self) -> None:
+        """Fresh in-memory state (the attributes :class:`Maintenance` works on)."""
+        self._journal = Journal(self.directory, self.segment_bytes)
+        self._index = Index()
+        self._prepared: checkpoints.Snapshot | None = None
+        self._inflight: Step | None = None
+        self._ckpt_position = -1
+        self._ckpt_live: dict[int, int] = {}
+        self._ckpt_bytes_at = 0
+        self._checkpoint_bytes = min(self.segment_bytes, CHECKPOINT_MAX_BYTES)
+        self._want_checkpoint = False
+        self._compacting: list[int] | None = None
+        self._compacted: set[int] = set()
+        self._pending_archive: Any = None
+        self.appended_lsn = self.durable_lsn = 0
+
+    # -- opening and closing ---------------------------------------------------
+
+    def open(self) -> None:
+        """Recover the folder as a store would (empty is fine); a snapshot
+        that was cut short is wiped, leaving an empty store to catch up."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = recovery.lock_folder(self.directory, f"store {self.directory} is in use by another process")
+        self.history = epochs.load(self.directory)
+        if (self.directory / recovery.INCOMPLETE_NAME).exists():
+            self.incomplete_found = True
+            wipe(self.directory, self.archive)
+            os.remove(self.directory / recovery.INCOMPLETE_NAME)
+            fsync_directory(self.directory)
+        self._load()
+
+    def _load(self) -> None:
+        loaded = recovery.load(self.directory, self._journal, self._index, self.archive, self._on_corrupt, self._on_unknown)
+        if loaded.snapshot is not None and loaded.checkpoint_error is None:
+            self._ckpt_position = loaded.snapshot.position
+            self._ckpt_live = loaded.snapshot.seg_live
+        self._ckpt_bytes_at = self._journal.appended_bytes
+        if self.archive is not None:
+            self._index.on_archive = self.archive.recover  # replicated archive records go to their segments
+        self.last_lsn = self.appended_lsn = self.durable_lsn = loaded.lsn
+
+    def close(self) -> None:
+        """Write a prepared checkpoint, release the folder.  Never marks it
+        clean: a promoted backup's clients were the old primary's, and what
+        was on its way to them is unknown here."""
+        if self._lock_fd is None:
+            return
+        self.flush()
+        self._release()
+
+    def promote(self) -> Path:
+        """Close, so the folder can be opened as the new primary's Store;
+        returns the folder."""
+        self.close()
+        return self.directory
+
+    def abandon(self) -> None:
+        """Drop everything as a crash would (tests and tools)."""
+        self._release()
+
+    def flush(self) -> None:
+        """Write what is pending besides batches: a prepared checkpoint and
+        archive writes (blocking)."""
+        if self._inflight is not None:
+            raise RuntimeError("flush while a batch is being written")
+        if self._prepared is None and self._pending_archive is None:
+            return
+        step = Step(BatchFrame(self.epoch, self.last_lsn + 1, self.last_lsn, ()), Batch(self.last_lsn + 1, self.last_lsn, []), None, None)
+        self._take(step)
+        self.write(step)
+        self.written(step)
+
+    def _release(self) -> None:
+        self._journal.close()
+        if self.archive is not None:
+            self.archive.close()
+        if self._receiver is not None:
+            self._receiver = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _on_corrupt(self, path: str, offset: int, reason: str) -> None:
+        if self._log is not None:
+            self._log("record_corrupt", segment=path, offset=offset, reason=reason)
+
+    def _on_unknown(self, location: int, rtype: int) -> None:
+        if self._log is not None:
+            self._log("record_type_unknown", location=location, type=rtype)
+
+    # -- what it holds -----------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The highest epoch accepted (the fencing token)."""
+        return epochs.current(self.history)
+
+    def hello(self, node_id: str) -> Hello:
+        return Hello(node_id, self.epoch, self.last_lsn, self.history)
+
+    def accept_primary(self, hello: Hello) -> bool:
+        """The primary's answer to our Hello.  An older epoch is refused; a
+        primary whose journal ours is a prefix of is followed (its history
+        adopted and saved); otherwise False: we hold records it never had,
+        and batches are refused until its snapshot replaces our folder."""
+        if hello.epoch < self.epoch:
+            raise Refusal(f"stale epoch {hello.epoch}: epoch {self.epoch} is accepted here")
+        if epochs.diverged(hello.history, hello.last_lsn, self.history, self.last_lsn):
+            self.needs_snapshot = True
+            return False
+        if hello.history != self.history:
+            # Blocking fsync on the caller's thread: once per connection.
+            epochs.save(self.directory, hello.history)
+            self.history = hello.history
+        return True
+
+    # -- applying batches --------------------------------------------------------
+
+    def receive(self, frame: BatchFrame) -> Step:
+        """Main thread: check ``frame`` (raises :class:`Refusal`) and detach
+        the step a worker writes."""
+        if self._inflight is not None:
+            raise RuntimeError("receive while a batch is being written")
+        if self._receiver is not None or self.needs_snapshot:
+            raise Refusal("a snapshot is needed before batches")
+        if frame.epoch < self.epoch:
+            raise Refusal(f"stale epoch {frame.epoch}: epoch {self.epoch} is accepted here")
+        if frame.first_lsn != self.last_lsn + 1:
+            raise Refusal(f"gap: expected lsn {self.last_lsn + 1}, got {frame.first_lsn}")
+        if not frame.runs or frame.last_lsn < frame.first_lsn:
+            raise Refusal("bad batch: no records")
+        self._check_runs(frame)
+        history = None
+        if frame.epoch > self.epoch:
+            history = epochs.extended(self.history, frame.epoch, frame.first_lsn)
+        step = Step(frame, Batch(frame.first_lsn, frame.last_lsn, list(frame.runs)), history, None)
+        self._take(step)
+        return step
+
+    def _take(self, step: Step) -> None:
+        step.archive, self._pending_archive = self._pending_archive, None
+        if self._prepared is not None:
+            step.batch.checkpoint, self._prepared = self._prepared, None
+        self._inflight = step
+
+    def _check_runs(self, frame: BatchFrame) -> None:
+        seg, end = self._journal.active_segment, self._journal.end_location
+        count = 0
+        for run_seg, offset, data in frame.runs:
+            at = make_location(run_seg, offset)
+            if at != end and not (offset == 0 and run_seg == seg + 1):
+                raise Refusal(f"gap: a record at segment {run_seg} offset {offset}, our journal ends at {end:#x}")
+            p = 0
+            while p < len(data):
+                try:
+                    _rtype, length = records.parse_frame(data, p, len(data))
+                except records.CorruptRecord as exc:
+                    raise Refusal(f"bad batch: segment {run_seg} offset {offset + p}: {exc.reason}") from None
+                p += records.HEADER_BYTES + length
+                count += 1
+            seg, end = run_seg, make_location(run_seg, offset + len(data))
+        if count != frame.last_lsn - frame.first_lsn + 1:
+            raise Refusal(f"bad batch: {count} records for lsn {frame.first_lsn}..{frame.last_lsn}")
+
+    def write(self, step: Step) -> None:
+        """Worker thread: a new epoch's history, then the journal bytes at
+        their positions and fdatasync, then archive writes and a checkpoint."""
+        if step.history is not None:
+            epochs.save(self.directory, step.history)
+        if step.batch.runs:
+            self._journal.write_batch(step.batch)
+        if step.archive is not None and self.archive is not None:
+            self.archive.write(step.archive)
+        if step.batch.checkpoint is not None:
+            if self.archive is not None:
+                self.archive.sync()
+            checkpoints.write(self.directory, step.batch.checkpoint)
+
+    def written(self, step: Step) -> Ack:
+        """Main thread: the step is on disk; replay it into the index and
+        archive, and the Ack to send."""
+        self._inflight = None
+        if step.archive is not None and self.archive is not None:
+            self.archive.written(step.archive)
+        if step.history is not None:
+            self.history = step.history
+        snapshot = step.batch.checkpoint
+        if snapshot is not None:
+            self._ckpt_position = snapshot.position
+            self._ckpt_live = snapshot.seg_live
+        frame = step.frame
+        if frame.runs:
+            self._journal.extend(frame.runs, frame.last_lsn)
+            recovery.replay_runs(self._journal, self._index, frame.runs, self._on_corrupt, self._on_unknown)
+            self._index.forward.clear()  # nobody here holds a location to forward
+            self._index.origin.clear()
+            if self.archive is not None:
+                self._pending_archive = self.archive.take_writes()
+            self.last_lsn = self.appended_lsn = self.durable_lsn = frame.last_lsn
+        return Ack(self.epoch, self.last_lsn)
+
+    def failed(self, step: Step) -> None:
+        """Main thread: the worker's write raised; nothing of the step is
+        acked, and the primary sends it again (the same bytes to the same
+        places) after a new Hello."""
+        self._inflight = None
+        if step.archive is not None and self.archive is not None:
+            self.archive.requeue(step.archive)
+            self._pending_archive = self.archive.take_writes()
+        if step.batch.checkpoint is not None:
+            self._want_checkpoint = True
+
+    def apply(self, frame: BatchFrame) -> Ack:
+        """receive, write and written in one (blocking: tests and tools)."""
+        step = self.receive(frame)
+        try:
+            self.write(step)
+        except OSError:
+            self.failed(step)
+            raise
+        return self.written(step)
+
+    def compact_step(self, max_records: int = 1000, *, min_dead_ratio: float = 0.0) -> bool:
+        """Never: a backup's journal is the primary's, byte for byte."""
+        return False
+
+    # -- catch-up by snapshot ----------------------------------------------------
+
+    def begin_snapshot(self, frame: SnapshotBegin) -> None:
+        """Mark the folder incomplete, wipe it, get ready for the files."""
+        if self._inflight is not None:
+            raise RuntimeError("begin_snapshot while a batch is being written")
+        if frame.epoch < self.epoch:
+            raise Refusal(f"stale epoch {frame.epoch}: epoch {self.epoch} is accepted here")
+        archive_dir = self.archive.directory if self.archive is not None else None
+        SnapshotReceiver.places(self.directory, archive_dir, frame)  # refuses bad names before wiping
+        marker = self.directory / recovery.INCOMPLETE_NAME
+        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT, 0o644))
+        fsync_directory(self.directory)
+        self._journal.close()
+        if self.archive is not None:
+            self.archive.close()
+            self.archive = Archive(self.archive.directory, segment_bytes=self.archive.segment_bytes, log=self._log)
+        wipe(self.directory, self.archive)
+        self._reset()
+        self.last_lsn = 0
+        self._receiver = SnapshotReceiver(self.directory, archive_dir, frame)
+
+    def file_chunk(self, frame: FileChunk) -> None:
+        """Write one chunk (blocking; any one thread at a time)."""
+        if self._receiver is None:
+            raise Refusal("a file chunk outside a snapshot")
+        self._receiver.write(frame)
+
+    def end_snapshot(self, frame: SnapshotEnd) -> Ack:
+        """Sync the copy, open it like a restart, clear the mark: the Ack of
+        the snapshot's LSN."""
+        receiver = self._receiver
+        if receiver is None:
+            raise Refusal("a snapshot end outside a snapshot")
+        receiver.finish(frame)  # every file whole and synced, or Refusal
+        history = receiver.begin.history
+        if epochs.current(history) < self.epoch:
+            history = epochs.extended(history, self.epoch, receiver.begin.lsn + 1)
+        epochs.save(self.directory, history)
+        self.history = history
+        self._receiver = None
+        started = time.monotonic()
+        self._load()
+        if self.last_lsn != frame.lsn:
+            raise Refusal(f"the snapshot holds lsn {self.last_lsn}, not {frame.lsn}")
+        os.remove(self.directory / recovery.INCOMPLETE_NAME)
+        fsync_directory(self.directory)
+        self.needs_snapshot = False
+        if self._log is not None:
+            self._log("snapshot_installed", lsn=frame.lsn, seconds=round(time.monotonic() - started, 3))
+        return Ack(self.epoch, self.last_lsn)

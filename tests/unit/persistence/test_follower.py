@@ -1,0 +1,216 @@
+"""A backup's store (persistence/follower.py) through its door: batches a
+real primary Store takes as its committer does, carried through the
+replication codec, applied to a Follower in another folder; then the
+follower's folder opened as a plain Store recovers exactly the primary's
+state.  Epochs, gaps, bad batches and a crash mid-apply."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from persistence import epochs
+from persistence import replication as r
+from persistence.catchup import Refusal
+from persistence.journal import list_segments
+from persistence.replication import split_runs
+from persistence.store import Store
+from tests.replication_helpers import commit, everything, folder_state, follower, primary, ship
+from tests.store_helpers import message
+
+
+def test_a_follower_recovers_exactly_what_the_primary_holds(tmp_path: Path) -> None:
+    p = primary(tmp_path / "p")
+    f = follower(tmp_path / "f")
+    assert (f.epoch, f.last_lsn, f.history) == (0, 0, ())
+    acks = []
+    for round_ in range(3):  # several batches, as group commit makes them
+        everything(p, tag=str(round_))
+        acks += ship(commit(p), f)
+    assert acks[-1] == r.Ack(1, p.durable_lsn) and f.last_lsn == p.durable_lsn
+    assert [a.lsn for a in acks] == sorted(a.lsn for a in acks)
+    f.close()
+    p.close()
+    assert folder_state(tmp_path / "f") == folder_state(tmp_path / "p")
+    # The folder is the primary's, byte for byte, in its journal.
+    for seg in list_segments(tmp_path / "p" / "store"):
+        name = f"{seg:08d}.log"
+        assert (tmp_path / "f" / "store" / name).read_bytes() == (tmp_path / "p" / "store" / name).read_bytes()
+
+
+def test_compaction_and_garbage_collection_replicate_as_ordinary_records(tmp_path: Path) -> None:
+    p = primary(tmp_path / "p", segment_bytes=1024)
+    f = follower(tmp_path / "f")
+    for i in range(80):
+        p.add_message(message(f"m{i}", body=b"y" * 30), ["/queue/a"])
+    for i in range(80):
+        if i % 10:
+            p.ack("/queue/a", f"m{i}")
+    ship(commit(p), f)
+    for _ in range(100):
+        if not p.compact_step():
+            break
+        ship(commit(p), f)
+    p.checkpoint()
+    ship(commit(p), f)
+    assert p.collect_garbage()  # the primary deletes segments; the follower's are its own
+    f.checkpoint()
+    f.flush()
+    assert f.collect_garbage()
+    p.add_message(message("late"), ["/queue/a"])
+    ship(commit(p), f)
+    f.close()
+    p.close()
+    assert folder_state(tmp_path / "f") == folder_state(tmp_path / "p")
+
+
+def test_the_folder_is_a_valid_store_after_every_batch(tmp_path: Path) -> None:
+    p = primary(tmp_path / "p")
+    f = follower(tmp_path / "f")
+    for i in range(5):
+        everything(p, n=6, tag=str(i))
+        ship(commit(p), f)
+        lsn = f.last_lsn
+        f.abandon()  # as a crash: nothing flushed, no checkpoint, not clean
+        assert folder_state(tmp_path / "f")[3] == lsn
+        f = follower(tmp_path / "f")
+        assert f.last_lsn == lsn
+    f.close()
+    p.close()
+    assert folder_state(tmp_path / "f") == folder_state(tmp_path / "p")
+
+
+def test_a_follower_checkpoints_and_later_opens_from_its_checkpoint(tmp_path: Path) -> None:
+    p = primary(tmp_path / "p")
+    f = follower(tmp_path / "f")
+    everything(p, tag="a")
+    ship(commit(p), f)
+    f.checkpoint()
+    everything(p, tag="b")
+    ship(commit(p), f)  # the checkpoint goes with this batch's worker step
+    assert (tmp_path / "f" / "store" / "checkpoint").exists()
+    f.close()
+    f = follower(tmp_path / "f")
+    assert f.last_lsn == p.durable_lsn
+    f.close()
+    p.close()
+    assert folder_state(tmp_path / "f") == folder_state(tmp_path / "p")
+
+
+def test_an_older_epoch_is_refused_a_newer_one_saved_before_it_is_acked(tmp_path: Path) -> None:
+    p = primary(tmp_path / "p")
+    f = follower(tmp_path / "f")
+    p.add_message(message("m1"), ["/queue/a"])
+    (first,) = commit(p, epoch=3)
+    step = f.receive(first)
+    f.write(step)
+    assert epochs.load(tmp_path / "f" / "store") == ((3, 1),)  # durable before the ack exists
+    assert f.written(step) == r.Ack(3, 1)
+    p.add_message(message("m2"), ["/queue/a"])
+    (stale,) = commit(p, epoch=2)
+    with pytest.raises(Refusal, match="stale epoch 2"):
+        f.apply(stale)
+    with pytest.raises(Refusal, match="stale epoch 2"):
+        f.accept_primary(r.Hello("old", 2, 2, ((2, 1),)))
+    newer = r.Batch(5, stale.first_lsn, stale.last_lsn, stale.runs)
+    assert f.apply(newer) == r.Ack(5, 2)
+    f.close()
+    f = follower(tmp_path / "f")
+    assert (f.epoch, f.history, f.hello("b")) == (5, ((3, 1), (5, 2)), r.Hello("b", 5, 2, ((3, 1), (5, 2))))
+    f.close()
+    p.close()
+
+
+def test_a_gap_or_an_overlap_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    p = primary(tmp_path / "p")
+    f = follower(tmp_path / "f")
+    p.add_message(message("m1"), ["/queue/a"])
+    (one,) = commit(p)
+    p.add_message(message("m2"), ["/queue/a"])
+    (two,) = commit(p)
+    with pytest.raises(Refusal, match="gap: expected lsn 1, got 2"):
+        f.apply(two)
+    assert list_segments(tmp_path / "f" / "store") == []
+    f.apply(one)
+    with pytest.raises(Refusal, match="gap: expected lsn 2, got 1"):
+        f.apply(one)  # applied twice: refused too
+    moved = r.Batch(1, 2, 2, ((1, two.runs[0][1] + 1, two.runs[0][2]),))
+    with pytest.raises(Refusal, match="gap: a record at segment 1"):
+        f.apply(moved)  # the right LSN at the wrong place
+    assert f.apply(two) == r.Ack(1, 2)
+    f.close()
+    p.close()
+    assert folder_state(tmp_path / "f") == folder_state(tmp_path / "p")
+
+
+def test_a_batch_whose_records_do_not_check_out_is_refused(tmp_path: Path) -> None:
+    p = primary(tmp_path / "p")
+    f = follower(tmp_path / "f")
+    p.add_message(message("m1"), ["/queue/a"])
+    p.ack("/queue/a", "m1")
+    (batch,) = commit(p)
+    seg, offset, data = batch.runs[0]
+    flipped = bytearray(data)
+    flipped[20] ^= 0xFF
+    with pytest.raises(Refusal, match="bad batch: segment 1 offset 0: checksum mismatch"):
+        f.apply(r.Batch(1, 1, 2, ((seg, offset, bytes(flipped)),)))
+    with pytest.raises(Refusal, match="bad batch: 2 records for lsn 1..3"):
+        f.apply(r.Batch(1, 1, 3, batch.runs))
+    with pytest.raises(Refusal, match="no records"):
+        f.apply(r.Batch(1, 1, 0, ()))
+    assert f.apply(batch) == r.Ack(1, 2)
+    f.close()
+    p.close()
+
+
+def test_a_crash_mid_apply_recovers_a_valid_prefix_and_the_rest_follows(tmp_path: Path) -> None:
+    p = primary(tmp_path / "p")
+    f = follower(tmp_path / "f")
+    everything(p, n=5, tag="a")
+    ship(commit(p), f)
+    before = f.last_lsn
+    everything(p, n=10, tag="b")
+    (batch,) = commit(p)
+    step = f.receive(batch)
+    f.write(step)
+    # The crash: the write never reached the disk whole (no sync; cut in the middle of a record).
+    seg, offset, data = batch.runs[-1]
+    path = tmp_path / "f" / "store" / f"{seg:08d}.log"
+    os.truncate(path, offset + len(data) // 2)
+    f.abandon()
+    recovered_lsn = folder_state(tmp_path / "f")[3]  # a plain Store: the torn record cut
+    f = follower(tmp_path / "f")
+    assert before < f.last_lsn < batch.last_lsn  # a prefix of the batch
+    assert f.last_lsn == recovered_lsn
+    # The primary resends from the follower's next LSN (a Hello says where).
+    pieces = [r.Batch(1, first, last, runs) for first, last, runs in split_runs(batch.first_lsn, batch.runs, 1)]
+    ship([x for x in pieces if x.first_lsn > f.last_lsn], f)
+    f.close()
+    p.close()
+    assert folder_state(tmp_path / "f") == folder_state(tmp_path / "p")
+
+
+def test_a_promoted_follower_is_the_new_primary_and_numbers_on(tmp_path: Path) -> None:
+    p = primary(tmp_path / "p")
+    f = follower(tmp_path / "f")
+    everything(p)
+    ship(commit(p), f)
+    last = f.last_lsn
+    directory = f.promote()
+    expected = folder_state(tmp_path / "f")
+    s = Store(directory, sync="never", segment_bytes=4096)
+    recovered = s.open()
+    assert not recovered.clean  # what was on its way to the old primary's consumers is unknown
+    assert s.appended_lsn == last
+    assert s.add_message(message("next"), ["/queue/a"]) and s.appended_lsn == last + 1
+    s.abandon()
+    p.close()
+    assert expected[:3] == folder_state(tmp_path / "p")[:3]
+
+
+def test_a_follower_never_compacts(tmp_path: Path) -> None:
+    f = follower(tmp_path / "f")
+    assert f.compact_step(min_dead_ratio=0.0) is False
+    f.close()
