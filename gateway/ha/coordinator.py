@@ -110,15 +110,15 @@ class Coordinator:
         """Open the session (bounded by the request timeout) and make sure the layout exists."""
         try:
             self.client.start(timeout=self.request_timeout_s)
-        except KazooTimeoutError:
+            self.wait(self.client.ensure_path_async(self.nodes_path), "ensure_path")
+            try:
+                self.wait(self.client.create_async(self.epoch_path, election.format_epoch(0)), "create epoch")
+            except NodeExistsError:
+                pass
+        except (KazooTimeoutError, KazooException, CoordinationError) as exc:
             self.client.stop()
             self.client.close()
-            raise CoordinationError(f"no ZooKeeper session within {self.request_timeout_s} s") from None
-        self.wait(self.client.ensure_path_async(self.nodes_path), "ensure_path")
-        try:
-            self.wait(self.client.create_async(self.epoch_path, election.format_epoch(0)), "create epoch")
-        except NodeExistsError:
-            pass
+            raise CoordinationError(f"cannot coordinate on ZooKeeper: {exc!r}") from exc
         self.log.info("zookeeper_connected", session_timeout_s=self.session_timeout_s, root=self.root)
 
     def close(self) -> None:
@@ -354,10 +354,15 @@ class Coordinator:
         return epoch
 
     def release_late_lock(self, result: Any) -> None:
-        """A transaction answered after try_lead gave up on it: if it took the lock, release it."""
-        if result.successful() and not any(isinstance(r, Exception) for r in result.get()):
-            self.log.warning("late_lock_released")
-            self.client.delete_async(self.primary_path)
+        """A transaction answered after try_lead gave up on it: if it took the lock, release it.
+        (kazoo's callback thread: blocking calls are allowed there, bounded as everywhere.)"""
+        if not result.successful() or any(isinstance(r, Exception) for r in result.get()):
+            return
+        self.log.warning("late_lock_released")
+        try:
+            self.step_down()
+        except CoordinationError as exc:
+            self.log.error("late_lock_release_failed", reason=str(exc))
 
     def holds_lock(self) -> bool:
         """Does this node's live session own /primary?"""

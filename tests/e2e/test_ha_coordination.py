@@ -12,10 +12,13 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import structlog
 from kazoo.client import KazooClient
 
+from gateway.ha.coordinator import CoordinationError, Coordinator, StateCallbacks
 from gateway.ha.election import NodeRecord, PrimaryRecord, Role
 from tests.ha_helpers import ROOT, SESSION_TIMEOUT_S, EventLog, Node, elect, holders, wait_until
+from tests.processes import free_port
 from tests.zookeeper_helpers import ZooKeeperServer
 
 
@@ -199,3 +202,36 @@ def test_watch_reports_every_change_of_the_group_and_the_lock(zookeeper, log, gr
     after(lambda: elect(group, log))  # the lock taken
     after(lambda: b.close())  # the lock and a record gone
     assert a.coordinator.primary() is None
+
+
+def test_a_leader_that_steps_down_releases_the_lock_for_the_next_epoch(zookeeper, log, group, admin) -> None:
+    a, b = started(zookeeper, log, group, {"a": 2, "b": 1})
+    assert elect(group, log) is a
+    assert b.coordinator.step_down() is False  # not b's to give
+    assert a.coordinator.step_down() is True
+    assert holders(group) == [] and a.coordinator.primary() is None
+    assert elect(group, log) is a  # still the candidate: it holds the most
+    assert log.of("lead") == [("a", 1), ("a", 2)] and epoch_in_zookeeper(admin) == 2
+
+
+def test_a_zookeeper_restart_keeps_the_leaders_session_and_lock(zookeeper, log, group, admin) -> None:
+    """ZooKeeper keeps sessions in its data folder: a leader fenced by a
+    restart resumes in the same session, still the primary of the same epoch."""
+    a, b = started(zookeeper, log, group, {"a": 2, "b": 1})
+    assert elect(group, log) is a
+
+    zookeeper.restart()
+    log.wait("a", "reconnect")
+
+    assert log.index("a", "fence") < log.index("a", "reconnect")
+    assert [what for who, what, _ in log.items if who == "a"].count("lost") == 0
+    assert holders(group) == ["a"] and epoch_in_zookeeper(admin) == 1
+
+
+def test_no_zookeeper_is_a_coordination_error_not_a_hang(tmp_path) -> None:
+    """Nothing listens on the port: connect gives up after its request timeout."""
+    callbacks = StateCallbacks(on_fence=lambda: None, on_lost=lambda: None, on_reconnect=lambda: None)
+    coordinator = Coordinator(f"127.0.0.1:{free_port()}/gateway", "a", session_timeout_s=3.0, callbacks=callbacks,
+                              log=structlog.get_logger("test"), request_timeout_s=0.5)
+    with pytest.raises(CoordinationError, match="cannot coordinate"):
+        coordinator.connect()
