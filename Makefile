@@ -24,11 +24,12 @@ js-bundles: $(BIN)/.installed
 	@$(BIN)/python tests/npm_bundles.py >/dev/null || echo "npm bundles could not be fetched: the WebSocket browser tests will be skipped"
 
 # The interop tests drive Debian's mosquitto_pub/mosquitto_sub, the console
-# test Debian's chromium through chromedriver; install them when missing and
-# possible (root or passwordless sudo), else those tests skip and say why.
-SYSTEM_PACKAGES := mosquitto-clients chromium chromium-driver
+# test Debian's chromium through chromedriver, the HA tests a real ZooKeeper
+# (Debian's zookeeper package, on the Java it depends on); install them when
+# missing and possible (root or passwordless sudo), else those tests skip and say why.
+SYSTEM_PACKAGES := mosquitto-clients chromium chromium-driver zookeeper
 system-packages:
-	@{ command -v mosquitto_pub && command -v chromium && command -v chromedriver; } >/dev/null 2>&1 || { \
+	@{ command -v mosquitto_pub && command -v chromium && command -v chromedriver && test -f /usr/share/java/zookeeper.jar; } >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; else exit 0; fi; \
 	  command -v apt-get >/dev/null 2>&1 || exit 0; \
 	  $$SUDO apt-get install -y -q $(SYSTEM_PACKAGES) >/dev/null 2>&1 || \

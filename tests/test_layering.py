@@ -46,8 +46,10 @@ CODECS = files("gateway/stomp/codec.py", "gateway/stomp/frames.py", "gateway/mqt
 CORE = files("core/**/*.py")
 PERSISTENCE = files("persistence/**/*.py")
 SESSIONS = files("gateway/stomp/session.py", "gateway/mqtt/session.py", "gateway/session/*.py")
-# Sockets, tasks and threads: the listeners, the admin port's server, the wiring and its tasks.
-IO_MODULES = files("gateway/transports/server.py", "gateway/admin/server.py", "gateway/app.py", "gateway/tasks.py")
+# Sockets, tasks and threads: the listeners, the admin port's server, the wiring and its tasks,
+# and HA's ZooKeeper coordinator (it owns kazoo's connection and callback threads).
+IO_MODULES = files("gateway/transports/server.py", "gateway/admin/server.py", "gateway/app.py", "gateway/tasks.py",
+                   "gateway/ha/coordinator.py")
 # Trio stream adapters: they read and write a stream they are given (so they
 # import trio) but open no socket and start no task or thread.
 ADAPTERS = files("gateway/transports/websocket.py")
@@ -56,7 +58,7 @@ NON_IO_GATEWAY = [p for p in files("gateway/**/*.py")
 
 
 def test_there_is_something_to_check() -> None:
-    assert CODECS and CORE and SESSIONS
+    assert CODECS and CORE and SESSIONS and HA_PURE and KAZOO_USERS
 
 
 @pytest.mark.parametrize("path", CODECS, ids=lambda p: str(p.relative_to(ROOT)))
@@ -100,6 +102,26 @@ def test_stream_adapters_own_no_sockets_or_threads(path: Path) -> None:
     assert offending(path, ("socket", "threading", "asyncio")) == []
     # ...nor tasks: no nursery of their own.
     assert "open_nursery" not in path.read_text()
+
+
+# HA's decisions are pure: stdlib and HA's own modules only.  kazoo stays in
+# the coordinator, so a broker without [ha] never loads it.
+HA_PURE = files("gateway/ha/election.py")
+
+
+@pytest.mark.parametrize("path", HA_PURE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_ha_decisions_are_pure(path: Path) -> None:
+    assert offending(path, ("trio", "kazoo", "core", "persistence", "socket", "threading", "time", "structlog")) == []
+    assert [n for n in imported_modules(path) if n.startswith("gateway") and not n.startswith("gateway.ha")] == []
+
+
+KAZOO_USERS = files("gateway/ha/coordinator.py")
+
+
+@pytest.mark.parametrize("path", [p for p in files("gateway/**/*.py", "core/**/*.py", "persistence/**/*.py")
+                                  if p not in KAZOO_USERS], ids=lambda p: str(p.relative_to(ROOT)))
+def test_only_the_coordinator_imports_kazoo(path: Path) -> None:
+    assert offending(path, ("kazoo",)) == []
 
 
 SPARK = files("gateway/spark/*.py")

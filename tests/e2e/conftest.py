@@ -12,6 +12,7 @@ import pytest
 from tests.deploy_helpers import render_kubectl, render_python
 from tests.durability_helpers import Peer
 from tests.processes import BrokerProcess
+from tests.zookeeper_helpers import ZooKeeperServer, unavailable_reason
 
 
 @pytest.fixture(scope="module")
@@ -37,3 +38,17 @@ def broker_process(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
     for peer in Peer.made:  # also those of a failed test (threads end at EOF)
         peer.raw.close()
     Peer.made.clear()
+
+
+@pytest.fixture
+def zookeeper(tmp_path: Path) -> Iterator[ZooKeeperServer]:
+    """A real standalone ZooKeeper on 127.0.0.1 (Debian's package), killed in teardown."""
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    server = ZooKeeperServer(tmp_path / "zookeeper")
+    try:
+        server.start()
+        yield server
+    finally:
+        server.kill()

@@ -1,0 +1,209 @@
+"""The pure decisions of HA: node records, who is the candidate, which epochs count.
+
+Stdlib only, no I/O, no clock.  ZooKeeper holds the records as JSON; whatever
+is read back is validated here, and anything malformed is refused with a
+`RecordError` (the coordinator then ignores that record rather than crash,
+since any client of the ensemble can write there).
+
+Election (the rule replicated LevelDB followed): among the live, eligible
+nodes the one holding the most of the journal leads, judged by (epoch, lsn)
+so that a record from a newer primary's history outranks a longer one from
+an older primary's.  Ties go to the lowest node id, so every node computes
+the same candidate from the same records, whatever order it read them in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+MAX_RECORD_BYTES = 1024  # a record is a few short fields; anything longer is not ours
+MAX_ADVERTISE_CHARS = 261  # a 253-character DNS name, ':' and a port
+MAX_COUNTER = 2**63 - 1  # epochs and LSNs fit a signed 64-bit integer, as in the journal
+MAX_EPOCH_DIGITS = 19
+# A znode name (no '/'), and a Kubernetes pod name fits: StatefulSet pods are
+# named <set>-<ordinal>, lower-case, at most 63 characters.
+NODE_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+class RecordError(ValueError):
+    """A record, epoch or field that is not valid; the message says which and why."""
+
+
+class Role(enum.StrEnum):
+    PRIMARY = "primary"
+    BACKUP = "backup"
+    # Still copying a snapshot: its (epoch, lsn) says nothing about what it
+    # holds contiguously yet, so it may not lead.
+    SYNCING = "syncing"
+
+
+def check_node_id(node_id: object) -> str:
+    if not isinstance(node_id, str) or NODE_ID_PATTERN.fullmatch(node_id) is None:
+        raise RecordError(f"node_id must match {NODE_ID_PATTERN.pattern}: {node_id!r:.80}")
+    return node_id
+
+
+def check_advertise(advertise: object) -> str:
+    """``host:port`` (an IPv6 host in brackets), as a backup would dial it."""
+    if not isinstance(advertise, str) or not 3 <= len(advertise) <= MAX_ADVERTISE_CHARS:
+        raise RecordError(f"advertise must be host:port: {advertise!r:.80}")
+    host, sep, port = advertise.rpartition(":")
+    if (not sep or not host or not advertise.isascii() or not host.isprintable() or any(c in host for c in " /")
+            or not port.isdigit() or not 1 <= int(port) <= 65535):
+        raise RecordError(f"advertise must be host:port: {advertise!r:.80}")
+    return advertise
+
+
+def check_counter(name: str, value: object) -> int:
+    # bool is an int to Python, never to us.
+    if type(value) is not int or not 0 <= value <= MAX_COUNTER:
+        raise RecordError(f"{name} must be an integer in [0, 2**63): {value!r:.80}")
+    return value
+
+
+def decode_object(data: bytes, what: str) -> dict[str, Any]:
+    if len(data) > MAX_RECORD_BYTES:
+        raise RecordError(f"{what} is {len(data)} bytes, over {MAX_RECORD_BYTES}")
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise RecordError(f"{what} is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise RecordError(f"{what} is not a JSON object")
+    return value
+
+
+def encode_object(fields: dict[str, Any]) -> bytes:
+    return json.dumps(fields, separators=(",", ":"), sort_keys=True).encode()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """What one live node says about itself in ``/nodes/<node_id>``."""
+
+    node_id: str
+    advertise: str  # host:port of its replication listener
+    epoch: int  # epoch of the last batch it holds
+    lsn: int  # last durable LSN it holds
+    role: Role
+
+    def __post_init__(self) -> None:
+        check_node_id(self.node_id)
+        check_advertise(self.advertise)
+        check_counter("epoch", self.epoch)
+        check_counter("lsn", self.lsn)
+        if not isinstance(self.role, Role):
+            raise RecordError(f"role must be one of {[r.value for r in Role]}: {self.role!r:.80}")
+
+    def to_json(self) -> bytes:
+        return encode_object({"node_id": self.node_id, "advertise": self.advertise, "epoch": self.epoch,
+                              "lsn": self.lsn, "role": self.role.value})
+
+    @classmethod
+    def from_json(cls, data: bytes) -> NodeRecord:
+        """The record in ``data``; unknown keys are ignored (a newer node may say more)."""
+        fields = decode_object(data, "node record")
+        try:
+            role = Role(fields.get("role"))
+        except ValueError:
+            raise RecordError(f"role must be one of {[r.value for r in Role]}: {fields.get('role')!r:.80}") from None
+        return cls(node_id=fields.get("node_id"), advertise=fields.get("advertise"),
+                   epoch=fields.get("epoch"), lsn=fields.get("lsn"), role=role)
+
+    def position(self) -> tuple[int, int]:
+        """How much of the journal it holds, in election order."""
+        return (self.epoch, self.lsn)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PrimaryRecord:
+    """What ``/primary`` (the lock) says: who leads, in which epoch, where to dial it."""
+
+    node_id: str
+    epoch: int
+    advertise: str
+
+    def __post_init__(self) -> None:
+        check_node_id(self.node_id)
+        check_counter("epoch", self.epoch)
+        check_advertise(self.advertise)
+
+    def to_json(self) -> bytes:
+        return encode_object({"node_id": self.node_id, "epoch": self.epoch, "advertise": self.advertise})
+
+    @classmethod
+    def from_json(cls, data: bytes) -> PrimaryRecord:
+        fields = decode_object(data, "primary record")
+        return cls(node_id=fields.get("node_id"), epoch=fields.get("epoch"),
+                   advertise=fields.get("advertise"))
+
+
+def eligible(record: NodeRecord) -> bool:
+    """May this node lead?  Not while it is still copying a snapshot."""
+    return record.role is not Role.SYNCING
+
+
+def candidate(records: Iterable[NodeRecord]) -> str | None:
+    """The node that should lead: highest (epoch, lsn) among the eligible, ties
+    to the lowest node id; None when no node is eligible.
+
+    Deterministic in the set of records, not their order, so every node that
+    read the same /nodes agrees without talking to the others.
+    """
+    best: NodeRecord | None = None
+    for record in records:
+        if not eligible(record):
+            continue
+        if best is None or (-record.epoch, -record.lsn, record.node_id) < (-best.epoch, -best.lsn, best.node_id):
+            best = record
+    return None if best is None else best.node_id
+
+
+# -- epochs ---------------------------------------------------------------------
+#
+# /epoch holds the fencing token as a decimal number.  It only ever grows, by
+# one per takeover, through a compare-and-set on the znode's version; every
+# replicated batch carries the epoch of the primary that wrote it.
+
+
+def parse_epoch(data: bytes) -> int:
+    """The epoch in ``/epoch``'s data: a plain decimal number."""
+    if not data or len(data) > MAX_EPOCH_DIGITS or not data.isdigit():
+        raise RecordError(f"epoch must be a decimal number of at most {MAX_EPOCH_DIGITS} digits: {data[:40]!r}")
+    return check_counter("epoch", int(data))
+
+
+def format_epoch(epoch: int) -> bytes:
+    return str(check_counter("epoch", epoch)).encode()
+
+
+def takeover_epoch(current: int) -> int:
+    """The epoch a new primary takes: one past the current one."""
+    if check_counter("epoch", current) == MAX_COUNTER:
+        raise RecordError("epoch exhausted")
+    return current + 1
+
+
+class Verdict(enum.Enum):
+    ACCEPT = "accept"  # the epoch already accepted: go on
+    ADVANCE = "advance"  # a newer primary: remember (durably) the new epoch first, then go on
+    REFUSE = "refuse"  # an older primary: refuse, it has been superseded
+
+
+def judge_epoch(highest_accepted: int, offered: int) -> Verdict:
+    """What a node does with a batch or hello stamped ``offered`` when the
+    highest epoch it has accepted is ``highest_accepted``.
+
+    A node never goes back: once it has heard from epoch n, nothing from an
+    older epoch is taken, so a superseded primary can get no confirmation.
+    """
+    check_counter("epoch", highest_accepted)
+    check_counter("epoch", offered)
+    if offered < highest_accepted:
+        return Verdict.REFUSE
+    return Verdict.ACCEPT if offered == highest_accepted else Verdict.ADVANCE

@@ -1,0 +1,193 @@
+"""The pure HA decisions: records to and from ZooKeeper's bytes, the candidate, epochs."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.ha import election
+from gateway.ha.election import NodeRecord, PrimaryRecord, RecordError, Role, Verdict
+
+
+def node(node_id: str, epoch: int, lsn: int, role: Role = Role.BACKUP) -> NodeRecord:
+    return NodeRecord(node_id=node_id, advertise=f"{node_id}:7000", epoch=epoch, lsn=lsn, role=role)
+
+
+node_ids = st.from_regex(election.NODE_ID_PATTERN, fullmatch=True)
+counters = st.integers(0, election.MAX_COUNTER)
+records = st.builds(
+    NodeRecord, node_id=node_ids, advertise=st.sampled_from(["10.0.0.1:7000", "[::1]:1", "gw-0.gw.ns.svc:65535"]),
+    epoch=st.integers(0, 5), lsn=st.integers(0, 50), role=st.sampled_from(Role),
+)
+
+
+def unique_by_id(items: list[NodeRecord]) -> list[NodeRecord]:
+    """As ZooKeeper holds them: one record per node id (its znode name)."""
+    return list({r.node_id: r for r in items}.values())
+
+
+# -- records ----------------------------------------------------------------------
+
+
+@given(records)
+def test_a_node_record_round_trips(record: NodeRecord) -> None:
+    assert NodeRecord.from_json(record.to_json()) == record
+
+
+@given(node_ids, counters, st.sampled_from(["h:1", "[fe80::1]:7000"]))
+def test_a_primary_record_round_trips(node_id: str, epoch: int, advertise: str) -> None:
+    record = PrimaryRecord(node_id=node_id, epoch=epoch, advertise=advertise)
+    assert PrimaryRecord.from_json(record.to_json()) == record
+
+
+def test_the_record_is_the_json_the_design_names() -> None:
+    data = json.loads(node("gw-1", 3, 42, Role.SYNCING).to_json())
+    assert data == {"node_id": "gw-1", "advertise": "gw-1:7000", "epoch": 3, "lsn": 42, "role": "syncing"}
+
+
+def test_unknown_keys_are_ignored_so_a_newer_node_may_say_more() -> None:
+    data = b'{"node_id":"a","advertise":"a:1","epoch":1,"lsn":2,"role":"backup","owns":["/queue/x"]}'
+    assert NodeRecord.from_json(data) == NodeRecord("a", "a:1", 1, 2, Role.BACKUP)
+
+
+@pytest.mark.parametrize("data", [
+    b"", b"{not json", b"\xff\xfe", b"[]", b"null", b"{}",
+    b'{"node_id":"a","advertise":"a:1","epoch":1,"lsn":2}',  # no role
+    b'{"node_id":"a","advertise":"a:1","epoch":1,"lsn":2,"role":"king"}',
+    b'{"node_id":"a","advertise":"a:1","epoch":true,"lsn":2,"role":"backup"}',  # a bool is no epoch
+    b'{"node_id":"a","advertise":"a:1","epoch":1.0,"lsn":2,"role":"backup"}',
+    b'{"node_id":"a","advertise":"a:1","epoch":-1,"lsn":2,"role":"backup"}',
+    b'{"node_id":"a","advertise":"a:1","epoch":1,"lsn":9223372036854775808,"role":"backup"}',
+    b'{"node_id":"a","advertise":"a:1","epoch":NaN,"lsn":2,"role":"backup"}',
+    b'{"node_id":"a/b","advertise":"a:1","epoch":1,"lsn":2,"role":"backup"}',  # not a znode name
+    b'{"node_id":"","advertise":"a:1","epoch":1,"lsn":2,"role":"backup"}',
+    b'{"node_id":"a","advertise":"a","epoch":1,"lsn":2,"role":"backup"}',  # no port
+    b'{"node_id":"a","advertise":"a:0","epoch":1,"lsn":2,"role":"backup"}',
+    b'{"node_id":"a","advertise":"a:65536","epoch":1,"lsn":2,"role":"backup"}',
+    b'{"node_id":"a","advertise":"a b:1","epoch":1,"lsn":2,"role":"backup"}',
+    b'{"node_id":"a","advertise":":1","epoch":1,"lsn":2,"role":"backup"}',
+    b'{"node_id":"a","advertise":"a:1","epoch":1,"lsn":2,"role":"backup","pad":"' + b"x" * 1024 + b'"}',
+    b"[" * 100_000,  # deep nesting: refused by size before the parser recurses
+])
+def test_a_bad_node_record_is_refused_with_the_reason(data: bytes) -> None:
+    with pytest.raises(RecordError):
+        NodeRecord.from_json(data)
+
+
+@given(st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
+def test_arbitrary_bytes_raise_only_record_error(data: bytes) -> None:
+    for parse in (NodeRecord.from_json, PrimaryRecord.from_json, election.parse_epoch):
+        try:
+            parse(data)
+        except RecordError:
+            pass
+
+
+@given(st.dictionaries(st.sampled_from(["node_id", "advertise", "epoch", "lsn", "role", "x"]),
+                       st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10)
+                       | st.lists(st.integers(), max_size=2)))
+def test_arbitrary_json_objects_raise_only_record_error(fields: dict[str, object]) -> None:
+    try:
+        NodeRecord.from_json(json.dumps(fields).encode())
+    except RecordError:
+        pass
+
+
+def test_a_record_is_validated_when_constructed() -> None:
+    with pytest.raises(RecordError):
+        NodeRecord("a", "a:1", 1, 2, "backup")  # type: ignore[arg-type]  # a str is not a Role
+    with pytest.raises(RecordError):
+        PrimaryRecord("a", -1, "a:1")
+
+
+# -- the candidate ----------------------------------------------------------------
+
+
+def test_the_node_with_the_highest_epoch_then_lsn_is_the_candidate() -> None:
+    assert election.candidate([node("a", 1, 90), node("b", 2, 10), node("c", 2, 9)]) == "b"
+    assert election.candidate([node("a", 2, 5), node("b", 2, 7), node("c", 1, 99)]) == "b"
+
+
+def test_ties_go_to_the_lowest_node_id() -> None:
+    assert election.candidate([node("gw-2", 1, 5), node("gw-0", 1, 5), node("gw-1", 1, 5)]) == "gw-0"
+
+
+def test_a_syncing_node_is_not_eligible_however_much_it_holds() -> None:
+    records = [node("a", 1, 5), node("b", 9, 999, Role.SYNCING)]
+    assert election.candidate(records) == "a"
+    assert election.candidate([node("b", 9, 999, Role.SYNCING)]) is None
+    assert election.candidate([]) is None
+
+
+def test_a_node_still_saying_primary_is_eligible() -> None:
+    # The old primary stepped down (released /primary) but has not rewritten its record yet.
+    assert election.candidate([node("a", 3, 10, Role.PRIMARY), node("b", 3, 9)]) == "a"
+
+
+@given(st.lists(records, max_size=8).map(unique_by_id))
+def test_the_candidate_holds_no_less_than_any_eligible_node(items: list[NodeRecord]) -> None:
+    chosen = election.candidate(items)
+    eligible = [r for r in items if election.eligible(r)]
+    if not eligible:
+        assert chosen is None
+        return
+    (winner,) = [r for r in items if r.node_id == chosen]
+    assert election.eligible(winner)
+    assert all(winner.position() >= r.position() for r in eligible)
+    # ...and among those that hold as much, it is the lowest id.
+    assert winner.node_id == min(r.node_id for r in eligible if r.position() == winner.position())
+
+
+@given(st.lists(records, max_size=8).map(unique_by_id), st.randoms())
+def test_the_candidate_does_not_depend_on_the_order_records_were_read(items: list[NodeRecord], rnd: random.Random) -> None:
+    shuffled = list(items)
+    rnd.shuffle(shuffled)
+    assert election.candidate(shuffled) == election.candidate(items) == election.candidate(reversed(items))
+
+
+@given(st.lists(records, min_size=1, max_size=8).map(unique_by_id))
+def test_losing_a_node_that_is_not_the_candidate_never_changes_the_candidate(items: list[NodeRecord]) -> None:
+    chosen = election.candidate(items)
+    for r in items:
+        if r.node_id != chosen:
+            assert election.candidate([x for x in items if x is not r]) == chosen
+
+
+# -- epochs -----------------------------------------------------------------------
+
+
+@given(counters)
+def test_an_epoch_round_trips_through_its_znode(epoch: int) -> None:
+    assert election.parse_epoch(election.format_epoch(epoch)) == epoch
+
+
+@pytest.mark.parametrize("data", [b"", b"-1", b"+1", b" 1", b"1 ", b"1.0", b"0x10", b"9223372036854775808", b"1" * 20, "١".encode()])
+def test_a_bad_epoch_is_refused(data: bytes) -> None:
+    with pytest.raises(RecordError):
+        election.parse_epoch(data)
+
+
+def test_a_takeover_takes_the_next_epoch() -> None:
+    assert election.takeover_epoch(0) == 1
+    assert election.takeover_epoch(41) == 42
+    with pytest.raises(RecordError):
+        election.takeover_epoch(election.MAX_COUNTER)
+
+
+@given(counters, counters)
+def test_a_node_never_accepts_an_older_epoch(highest: int, offered: int) -> None:
+    verdict = election.judge_epoch(highest, offered)
+    assert (verdict is Verdict.REFUSE) == (offered < highest)
+    assert (verdict is Verdict.ACCEPT) == (offered == highest)
+    assert (verdict is Verdict.ADVANCE) == (offered > highest)
+
+
+def test_epoch_verdicts_in_a_takeover() -> None:
+    # A backup that followed epoch 4 hears from the new primary (5), then from the old one (4).
+    assert election.judge_epoch(4, 4) is Verdict.ACCEPT
+    assert election.judge_epoch(4, 5) is Verdict.ADVANCE
+    assert election.judge_epoch(5, 4) is Verdict.REFUSE
