@@ -47,10 +47,16 @@ def admin(zookeeper: ZooKeeperServer) -> Iterator[KazooClient]:
     client.close()
 
 
-def started(zookeeper: ZooKeeperServer, log: EventLog, group: list[Node], lsns: dict[str, int]) -> list[Node]:
+def started(
+    zookeeper: ZooKeeperServer, log: EventLog, group: list[Node], lsns: dict[str, int], **node: float
+) -> list[Node]:
     for node_id, lsn in lsns.items():
-        group.append(Node(zookeeper, node_id, log, lsn=lsn).start())
+        group.append(Node(zookeeper, node_id, log, lsn=lsn, **node).start())
     return group
+
+
+# The server's maxSessionTimeout (tests/zookeeper_helpers.py).
+LONG_SESSION_S = 20.0
 
 
 def epoch_in_zookeeper(admin: KazooClient) -> int:
@@ -216,12 +222,14 @@ def test_a_leader_that_steps_down_releases_the_lock_for_the_next_epoch(zookeeper
 
 def test_a_zookeeper_restart_keeps_the_leaders_session_and_lock(zookeeper, log, group, admin) -> None:
     """ZooKeeper keeps sessions in its data folder: a leader fenced by a
-    restart resumes in the same session, still the primary of the same epoch."""
-    a, b = started(zookeeper, log, group, {"a": 2, "b": 1})
+    restart resumes in the same session, still the primary of the same epoch.
+    The session outlives the restart by construction (the longest timeout the
+    server allows), so a JVM slow to start on a busy machine cannot expire it."""
+    a, b = started(zookeeper, log, group, {"a": 2, "b": 1}, session_timeout_s=LONG_SESSION_S)
     assert elect(group, log) is a
 
     zookeeper.restart()
-    log.wait("a", "reconnect")
+    log.wait("a", "reconnect", timeout=LONG_SESSION_S)
 
     assert log.index("a", "fence") < log.index("a", "reconnect")
     assert [what for who, what, _ in log.items if who == "a"].count("lost") == 0
