@@ -26,7 +26,8 @@ js-bundles: $(BIN)/.installed
 # The interop tests drive Debian's mosquitto_pub/mosquitto_sub, the console
 # test Debian's chromium through chromedriver, the HA tests a real ZooKeeper
 # (Debian's zookeeper package, on the Java it depends on); install them when
-# missing and possible (root or passwordless sudo), else those tests skip and say why.
+# missing and possible (root or passwordless sudo), one by one if together they
+# fail, else those tests skip and say why.
 SYSTEM_PACKAGES := mosquitto-clients chromium chromium-driver zookeeper
 system-packages:
 	@{ command -v mosquitto_pub && command -v chromium && command -v chromedriver && test -f /usr/share/java/zookeeper.jar; } >/dev/null 2>&1 || { \
@@ -34,7 +35,10 @@ system-packages:
 	  command -v apt-get >/dev/null 2>&1 || exit 0; \
 	  $$SUDO apt-get install -y -q $(SYSTEM_PACKAGES) >/dev/null 2>&1 || \
 	  { $$SUDO apt-get update -q >/dev/null 2>&1 && $$SUDO apt-get install -y -q $(SYSTEM_PACKAGES) >/dev/null 2>&1; } || \
-	  echo "$(SYSTEM_PACKAGES) could not be installed: the tests that need them will be skipped"; }
+	  for package in $(SYSTEM_PACKAGES); do \
+	    $$SUDO apt-get install -y -q $$package >/dev/null 2>&1 || \
+	    echo "$$package could not be installed: the tests that need it will be skipped"; \
+	  done; }
 
 bench: $(BIN)/.installed  ## throughput and latency benchmarks (prints msgs/s, percentiles, RSS)
 	$(BIN)/python benchmarks/run.py $(ARGS)
