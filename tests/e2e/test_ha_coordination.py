@@ -55,10 +55,6 @@ def started(
     return group
 
 
-# The server's maxSessionTimeout (tests/zookeeper_helpers.py).
-LONG_SESSION_S = 20.0
-
-
 def epoch_in_zookeeper(admin: KazooClient) -> int:
     return int(admin.get(f"{ROOT}/epoch")[0])
 
@@ -220,20 +216,28 @@ def test_a_leader_that_steps_down_releases_the_lock_for_the_next_epoch(zookeeper
     assert log.of("lead") == [("a", 1), ("a", 2)] and epoch_in_zookeeper(admin) == 2
 
 
-def test_a_zookeeper_restart_keeps_the_leaders_session_and_lock(zookeeper, log, group, admin) -> None:
-    """ZooKeeper keeps sessions in its data folder: a leader fenced by a
-    restart resumes in the same session, still the primary of the same epoch.
-    The session outlives the restart by construction (the longest timeout the
-    server allows), so a JVM slow to start on a busy machine cannot expire it."""
-    a, b = started(zookeeper, log, group, {"a": 2, "b": 1}, session_timeout_s=LONG_SESSION_S)
+def test_a_zookeeper_restart_fences_the_leader_and_leaves_one_primary(zookeeper, log, group, admin) -> None:
+    """ZooKeeper keeps sessions in its data folder, so a leader may resume in
+    the same session after a restart; whether it does is a race inside
+    ZooKeeper (the restart's length against the session timeout; it lost the
+    race on a busy machine).  What a broker relies on holds either way: the
+    leader is fenced first, and afterwards exactly one node holds the lock,
+    the same one in the same epoch, or the next one in the next epoch after
+    the old one was told its session is gone."""
+    a, b = started(zookeeper, log, group, {"a": 2, "b": 1})
     assert elect(group, log) is a
 
     zookeeper.restart()
-    log.wait("a", "reconnect", timeout=LONG_SESSION_S)
-
+    log.wait("a", "reconnect")
     assert log.index("a", "fence") < log.index("a", "reconnect")
-    assert [what for who, what, _ in log.items if who == "a"].count("lost") == 0
-    assert holders(group) == ["a"] and epoch_in_zookeeper(admin) == 1
+
+    if "lost" not in [what for who, what, _ in log.items if who == "a"]:
+        assert holders(group) == ["a"] and epoch_in_zookeeper(admin) == 1
+    else:
+        leader = elect(group, log)
+        assert epoch_in_zookeeper(admin) == 2
+        assert log.index("a", "lost") < log.index(leader.node_id, "lead", 2)
+    wait_until(lambda: len(holders(group)) == 1, "one holder of the lock")
 
 
 def test_no_zookeeper_is_a_coordination_error_not_a_hang(tmp_path) -> None:
