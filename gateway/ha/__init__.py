@@ -1,0 +1,1 @@
+"""High availability: replication between a primary and its backups, and its coordination."""
