@@ -16,11 +16,13 @@ from pathlib import Path
 import trio
 
 from persistence import epochs
-from persistence.follower import Follower
-from tests.ha_helpers import BackupNode, PrimaryNode, wait_for
-from tests.replication_helpers import SEGMENT, everything, folder_state
-from tests.store_helpers import message
+from persistence import replication as r
 from persistence.archive import Archive
+from persistence.follower import Follower
+from persistence.replication import split_runs
+from tests.ha_helpers import BackupNode, PrimaryNode, wait_for
+from tests.replication_helpers import SEGMENT, everything, folder_state, follower, frame_of
+from tests.store_helpers import message
 
 
 def same_state(tmp_path: Path, *backups: str) -> None:
@@ -169,6 +171,33 @@ async def test_a_backup_too_slow_is_cut_to_a_snapshot_and_the_primary_memory_sta
         assert node.replicator.window_peak <= 8192 and node.replicator.window_held <= 8192
         await node.confirmed()  # once the writes stop, it catches up and is in sync again
         assert b.backup.snapshots >= 1 and node.replicator.in_sync() == ["b"]
+        await b.stop()
+        nursery.cancel_scope.cancel()
+    node.store.close()
+    same_state(tmp_path, "b")
+
+
+async def test_a_backup_that_kept_part_of_a_batch_gets_the_rest_of_it(tmp_path: Path) -> None:
+    node = PrimaryNode(tmp_path / "p")
+    async with trio.open_nursery() as nursery:
+        await node.start(nursery)
+        everything(node.store, n=10)
+        batch = node.store.take_batch()  # by hand (the committer is idle): we need its frame
+        assert batch is not None
+        node.store.write_batch(batch)
+        node.store.batch_written(batch)
+        node.replicator.publish(batch)
+        # A backup that crashed while writing it: a prefix of its records is on disk.
+        f = follower(tmp_path / "b")
+        pieces = list(split_runs(batch.first_lsn, frame_of(batch, 1).runs, 1))
+        for first, last, runs in pieces[: len(pieces) // 2]:
+            f.apply(r.Batch(1, first, last, runs))
+        held = f.last_lsn
+        f.close()
+        assert batch.first_lsn < held < batch.last_lsn
+        b = BackupNode(tmp_path / "b", "b", node.port).start(nursery)
+        await node.confirmed()
+        assert [c["answer"] for c in node.log.named("backup_connected")] == ["tail"] and b.refusals == []
         await b.stop()
         nursery.cancel_scope.cancel()
     node.store.close()
