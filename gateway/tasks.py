@@ -19,6 +19,7 @@ from gateway import auth
 from gateway.admin import metrics
 from gateway.transports.server import Server
 from gateway.transports.tls import TlsSettings, files_version, load_files
+from persistence.journal import Batch
 from persistence.store import Store
 
 # After a failed write (disk full, I/O error) wait this long before the next
@@ -39,6 +40,13 @@ class Watch(Protocol):
     def check(self) -> None: ...
 
 
+class Replicator(Protocol):
+    """Where the committer hands each written batch (gateway/ha/replicator.py's
+    Primary streams it to the backups)."""
+
+    def publish(self, batch: Batch) -> None: ...
+
+
 async def verify_passwords(checks: trio.MemoryReceiveChannel[Check], threads: trio.CapacityLimiter) -> None:
     async for passcode, stored, done in checks:
         done(await trio.to_thread.run_sync(auth.verify_password, passcode, stored, limiter=threads))
@@ -46,13 +54,15 @@ async def verify_passwords(checks: trio.MemoryReceiveChannel[Check], threads: tr
 
 async def commit(
     store: Store, server: Server, lot: trio.lowlevel.ParkingLot, log: Any, writes: metrics.Histogram,
-    threads: trio.CapacityLimiter, disk: Watch | None = None,
+    threads: trio.CapacityLimiter, disk: Watch | None = None, replicator: Replicator | None = None,
 ) -> None:
     """Group commit: write (and fsync) whatever accumulated while the last
     write ran, in a worker thread, then release the receipts it covers.
     After each write the free space is looked at too: a fast producer fills
     more than ``min_free_bytes`` between two maintenance ticks (seen filling
-    a 20 MB tmpfs), and one statvfs per batch is nothing beside its fsync."""
+    a 20 MB tmpfs), and one statvfs per batch is nothing beside its fsync.
+    With a ``replicator`` every written batch goes to it, in LSN order, before
+    the receipts are looked at (they may also wait for its confirmations)."""
     while True:
         batch = store.take_batch()
         if batch is None:
@@ -70,6 +80,8 @@ async def commit(
             else:
                 failed = None
                 store.batch_written(batch)
+                if replicator is not None:
+                    replicator.publish(batch)
                 server.durable_advanced()
         if disk is not None and batch.runs:
             disk.check()

@@ -47,9 +47,10 @@ CORE = files("core/**/*.py")
 PERSISTENCE = files("persistence/**/*.py")
 SESSIONS = files("gateway/stomp/session.py", "gateway/mqtt/session.py", "gateway/session/*.py")
 # Sockets, tasks and threads: the listeners, the admin port's server, the wiring and its tasks,
-# and HA's ZooKeeper coordinator (it owns kazoo's connection and callback threads).
+# HA's ZooKeeper coordinator (it owns kazoo's connection and callback threads) and the
+# replication stream's two sides.
 IO_MODULES = files("gateway/transports/server.py", "gateway/admin/server.py", "gateway/app.py", "gateway/tasks.py",
-                   "gateway/ha/coordinator.py")
+                   "gateway/ha/coordinator.py", "gateway/ha/replicator.py", "gateway/ha/backup.py", "gateway/ha/link.py")
 # Trio stream adapters: they read and write a stream they are given (so they
 # import trio) but open no socket and start no task or thread.
 ADAPTERS = files("gateway/transports/websocket.py")

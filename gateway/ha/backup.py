@@ -1,0 +1,148 @@
+"""A backup's side of the replication stream (Trio): connects to the
+primary (bounded attempts with backoff), says Hello with its follower's state
+(persistence/follower.py), checks the primary's Hello (an older epoch than it
+accepted is refused: the fencing rule), applies Batch frames (the disk part in
+a worker thread, as the committer's write) and acks each, installs snapshots
+(persistence/catchup.py) and answers Pings.  Refusals both ways (a stale
+epoch, a gap, a bad batch) are reported through ``on_refused``; a gap or a
+bad batch is followed by a new connection, whose Hello sorts it out (tail or
+snapshot); a stale or refusing primary is not followed any more."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from gateway.ha.link import IDLE_TIMEOUT_S, LINK_ERRORS, Link, LinkDead, ignore
+from persistence import replication as r
+from persistence.catchup import Refusal
+from persistence.follower import Follower
+
+CONNECT_ATTEMPTS = 10
+BACKOFF_S = 0.1
+BACKOFF_MAX_S = 2.0
+
+
+class Stop(Exception):
+    """The backup stops following this primary (it is stale, or refused us)."""
+
+
+class Backup:
+    """Follows the primary at ``host:port`` into ``follower`` until it is
+    cancelled, refused, or the primary stays unreachable."""
+
+    def __init__(
+        self, follower: Follower, node_id: str, host: str, port: int, *,
+        on_refused: Callable[[str], None] = ignore, connect_attempts: int = CONNECT_ATTEMPTS,
+        backoff_s: float = BACKOFF_S, idle_timeout_s: float = IDLE_TIMEOUT_S,
+        threads: trio.CapacityLimiter | None = None, log: Any = ignore,
+    ) -> None:
+        self.follower = follower
+        self.node_id = node_id
+        self.host = host
+        self.port = port
+        self.on_refused = on_refused  # every refusal, both ways (stale epoch, gap, bad batch)
+        self.connect_attempts = connect_attempts
+        self.backoff_s = backoff_s
+        self.idle_timeout_s = idle_timeout_s
+        self.threads = threads
+        self.log = log
+        self.connected = False
+        self.snapshots = 0  # installed
+
+    async def run(self) -> str:
+        """Follow until stopped; returns why it stopped."""
+        failures = 0
+        while True:
+            try:
+                stream = await trio.open_tcp_stream(self.host, self.port)
+            except OSError as exc:
+                reason = f"primary {self.host}:{self.port} unreachable: {exc.strerror or exc}"
+            else:
+                try:
+                    if await self._follow(Link(stream, r.Role.BACKUP)):
+                        failures = 0  # it got as far as streaming: a fresh start
+                    reason = "the primary closed the link"
+                except Stop as exc:
+                    return str(exc)
+                except LINK_ERRORS as exc:
+                    reason = str(exc) or type(exc).__name__
+                finally:
+                    self.connected = False
+                    await trio.aclose_forcefully(stream)
+            failures += 1
+            self.log("replication_link_down", primary=f"{self.host}:{self.port}", reason=reason, failures=failures)
+            if failures >= self.connect_attempts:
+                return f"gave up after {failures} attempts: {reason}"
+            await trio.sleep(min(self.backoff_s * 2 ** (failures - 1), BACKOFF_MAX_S))
+
+    async def _thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.threads)
+
+    async def _refuse(self, link: Link, reason: str, *, stop: bool) -> None:
+        self.log("replication_refused", reason=reason)
+        self.on_refused(reason)
+        await link.send(r.Refused(self.follower.epoch, reason))
+        if stop:
+            raise Stop(reason)
+
+    async def _follow(self, link: Link) -> bool:
+        """One connection; True once it streamed."""
+        f = self.follower
+        await link.send(f.hello(self.node_id))
+        hello = await link.receive(self.idle_timeout_s)
+        if hello is None:
+            return False
+        if isinstance(hello, r.Refused):
+            self.on_refused(hello.reason)
+            raise Stop(f"refused by the primary: {hello.reason}")
+        assert isinstance(hello, r.Hello)  # the codec lets nothing else through first
+        try:
+            await self._thread(f.accept_primary, hello)
+        except Refusal as exc:
+            await self._refuse(link, exc.reason, stop=True)
+        self.connected = True
+        self.log("replication_following", primary=hello.node_id, epoch=hello.epoch, lsn=f.last_lsn)
+        while True:
+            frame = await link.receive(self.idle_timeout_s)
+            if frame is None:
+                return True
+            if isinstance(frame, r.Batch):
+                if frame.epoch < f.epoch:
+                    await self._refuse(link, f"stale epoch {frame.epoch}: epoch {f.epoch} is accepted here", stop=True)
+                try:
+                    step = f.receive(frame)
+                except Refusal as exc:  # a gap or a bad batch: a new Hello sorts it out
+                    await self._refuse(link, exc.reason, stop=False)
+                    return True
+                try:
+                    await self._thread(f.write, step)
+                except OSError:
+                    f.failed(step)
+                    raise
+                await link.send(f.written(step))
+            elif isinstance(frame, r.SnapshotBegin | r.FileChunk | r.SnapshotEnd):
+                await self._snapshot_frame(link, frame)
+            elif isinstance(frame, r.Ping):
+                await link.send(r.Pong(frame.token))
+            elif isinstance(frame, r.Refused):
+                self.on_refused(frame.reason)
+                raise Stop(f"refused by the primary: {frame.reason}")
+
+    async def _snapshot_frame(self, link: Link, frame: r.SnapshotBegin | r.FileChunk | r.SnapshotEnd) -> None:
+        f = self.follower
+        try:
+            if isinstance(frame, r.SnapshotBegin):
+                self.log("snapshot_receiving", lsn=frame.lsn, files=len(frame.files))
+                await self._thread(f.begin_snapshot, frame)
+            elif isinstance(frame, r.FileChunk):
+                await self._thread(f.file_chunk, frame)
+            else:
+                ack = await self._thread(f.end_snapshot, frame)
+                self.snapshots += 1
+                await link.send(ack)
+        except Refusal as exc:
+            await self._refuse(link, exc.reason, stop=exc.reason.startswith("stale epoch"))
+            raise LinkDead(exc.reason) from None

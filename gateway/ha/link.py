@@ -1,0 +1,55 @@
+"""One replication connection as Trio sees it: a stream and its sans-IO
+codec (persistence/replication.py), with the silence bound both sides use.
+Shared by gateway/ha/replicator.py (the primary) and gateway/ha/backup.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from persistence import replication as r
+
+# Bytes read from the socket at once (a Batch frame may be far larger).
+RECEIVE_BYTES = 2**20
+# A side that hears nothing for this long drops the link (an idle primary
+# pings every second, so this is several missed pings).
+IDLE_TIMEOUT_S = 5.0
+
+
+def ignore(*args: Any, **kwargs: Any) -> None:
+    pass
+
+
+class LinkDead(Exception):
+    """The peer went silent, or its bytes broke the protocol."""
+
+
+# The errors that end one link (and nothing else).
+LINK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, r.ProtocolError, LinkDead)
+
+
+class Link:
+    """One replication connection: a stream and its codec.  Only one task
+    sends and one receives."""
+
+    def __init__(self, stream: trio.abc.Stream, role: r.Role) -> None:
+        self.stream = stream
+        self.conn = r.ReplicationConnection(role)
+
+    async def receive(self, timeout_s: float) -> r.Frame | None:
+        """The next frame; None at EOF; LinkDead after ``timeout_s`` of silence."""
+        while True:
+            frame = next(self.conn.events(), None)
+            if frame is not None:
+                return frame
+            if self.conn.their_eof:
+                return None
+            with trio.move_on_after(timeout_s) as scope:
+                data = await self.stream.receive_some(RECEIVE_BYTES)
+            if scope.cancelled_caught:
+                raise LinkDead(f"nothing from the peer in {timeout_s:g} s")
+            self.conn.receive_data(data)
+
+    async def send(self, frame: r.Frame) -> None:
+        await self.stream.send_all(self.conn.send(frame))
