@@ -119,6 +119,7 @@ class HaNode:
         self.lock: PrimaryRecord | None = None
         self.epoch = 0  # the epoch this node leads in
         self.published: NodeRecord | None = None
+        self.published_at = -POLL_S
         self.exit_code: int | None = None
         self.following: str | None = None  # the advertise address followed
         self.backup_scope: trio.CancelScope | None = None
@@ -192,7 +193,7 @@ class HaNode:
     async def handle(self, event: Event, nursery: trio.Nursery) -> None:
         before = self.state
         self.state, actions = step(self.state, event)
-        if self.state != before or actions:
+        if self.state != before:
             self.log.info("ha_transition", on=event.value, state=self.state.value, before=before.value,
                           actions=[a.value for a in actions])
         for action in actions:
@@ -211,7 +212,7 @@ class HaNode:
             record = self.record(Role.BACKUP)
             if record != self.published:
                 await thread(self.coordinator.update, record)
-                self.published = record
+                self.published, self.published_at = record, trio.current_time()
         elif action is Action.TRY_LEAD:
             epoch = await thread(self.coordinator.try_lead, self.record(Role.BACKUP))
             if epoch is not None:
@@ -287,8 +288,11 @@ class HaNode:
                 return
             with trio.move_on_after(POLL_S):
                 await self.changed.wait()
-            if self.state in (State.BACKUP_SYNCING, State.BACKUP_IN_SYNC):
-                await self.act(Action.PUBLISH_LSN, nursery)  # so an election sees what it holds
+            # So an election sees what a backup holds; at most every POLL_S,
+            # as every update wakes every node's watch.
+            if (self.state in (State.BACKUP_SYNCING, State.BACKUP_IN_SYNC)
+                    and trio.current_time() >= self.published_at + POLL_S):
+                await self.act(Action.PUBLISH_LSN, nursery)
 
     async def as_backup(self) -> None:
         admin = self.config.admin

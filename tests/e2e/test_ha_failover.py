@@ -1,6 +1,8 @@
 """HA end to end: a real ZooKeeper and `gateway serve` processes with [ha]
 tables on loopback.  Exactly one node is ready; receipted persistent SENDs to
-it survive a SIGKILL of it, delivered by the backup that takes over."""
+it survive a SIGKILL of it, delivered by the backup that takes over; the
+killed node, restarted, rejoins as a backup and confirms the new primary's
+batches."""
 
 from __future__ import annotations
 
@@ -116,6 +118,15 @@ def test_receipted_messages_survive_a_sigkill_of_the_primary(tmp_path: Path, zoo
         assert sorted(bodies) == sorted(f"order {i}".encode() for i in range(sent))
         assert consumer.quiet_for(0.5) == []  # none twice, none more
         consumer.close()
+        # A restart is how the deposed primary rejoins: as a backup, whose
+        # confirmations the new primary's receipts wait for (sync_replicas = 1).
+        primary.start()
+        assert wait_ready(nodes) is backup
+        producer = RawClient((HOST, backup.stomp_port), timeout=30)
+        producer.connect()
+        producer.send_frame("SEND", {"destination": "/queue/later", "persistent": "true", "receipt": "after"}, b"x")
+        producer.receipt("after", timeout=30)
+        producer.close()
     finally:
         for node in nodes:
             node.kill()

@@ -3,6 +3,8 @@ means single-node, and every unusable value is refused naming the setting."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,3 +56,11 @@ def test_an_unusable_value_is_refused_naming_it(tmp_path: Path, line: str, messa
 def test_a_missing_required_setting_is_named(tmp_path: Path) -> None:
     with pytest.raises(config.ConfigError, match="ha.advertise is required"):
         load(tmp_path, "\n".join(l for l in GOOD.splitlines() if not l.startswith("advertise")))
+
+
+def test_a_single_node_broker_loads_nothing_of_ha() -> None:
+    # The command's module and the broker's wiring, as `gateway serve` loads them without [ha].
+    code = ("import sys, gateway.__main__, gateway.app; "
+            "print(sorted(m for m in sys.modules if m.startswith(('gateway.ha', 'kazoo'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
