@@ -197,7 +197,13 @@ class HaNode:
             self.log.info("ha_transition", on=event.value, state=self.state.value, before=before.value,
                           actions=[a.value for a in actions])
         for action in actions:
-            await self.act(action, nursery)
+            try:
+                await self.act(action, nursery)
+            except CoordinationError as exc:
+                # ZooKeeper did not answer: the next look at the lock (every
+                # POLL_S) brings the event that retries it.
+                self.log.warning("ha_action_failed", action=action.value, reason=str(exc))
+                break
 
     async def act(self, action: Action, nursery: trio.Nursery) -> None:
         thread = trio.to_thread.run_sync
