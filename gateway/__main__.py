@@ -74,15 +74,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log = logs.configure(cfg.log_format, cfg.log_level)
     failures: list[BaseException] = []
+    code = 0
     try:
-        app.run(cfg, log)
+        if cfg.ha is None:
+            app.run(cfg, log)
+        else:
+            from gateway.ha import runtime  # kazoo and the HA package: only for an [ha] node
+
+            code = runtime.run(cfg, log)
     except* OSError as group:
         # Trio's nurseries wrap it; a port in use or an unreadable data folder
         # is an operator's mistake, worth one clear line rather than a traceback.
         failures = _leaves(group)
     for exc in failures:
         log.error("startup_failed", reason=str(exc))
-    return 1 if failures else 0
+    return 1 if failures else code
 
 
 def _passwd(name: str, role: str) -> int:

@@ -9,7 +9,7 @@ import time
 from functools import partial
 from pathlib import Path
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -28,6 +28,7 @@ from gateway.transports.server import REFUSAL_SLOTS, Limits, ListenerSpec, Serve
 from gateway.stomp.session import StompSession
 from gateway.transports.websocket import Upgrades
 from gateway.transports.tls import CertificateUsers, server_context
+from persistence.journal import Batch
 from persistence.store import Store
 
 VERIFY_WORKERS = 2
@@ -90,6 +91,22 @@ class DiskWatch:
             )
 
 
+class PrimaryRole(Protocol):
+    """What an HA primary adds to a broker (gateway/ha/runtime.py; absent
+    single-node): the replicator the committer hands batches to, whose
+    receipt gate the server waits on, and the replication listener."""
+
+    def attach(self, store: Store) -> None: ...
+
+    def publish(self, batch: Batch) -> None: ...
+
+    def receipt_lsn(self) -> int: ...
+
+    def serving(self, server: Server) -> None: ...
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None: ...
+
+
 @dataclasses.dataclass
 class Running:
     """What a started broker reports: its real ports (useful with port 0) and handles to stop it."""
@@ -104,12 +121,18 @@ class Running:
 
 
 async def serve(
-    config: Config, log: Any, *, handle_signals: bool = True, task_status: Any = trio.TASK_STATUS_IGNORED
+    config: Config, log: Any, *, handle_signals: bool = True, task_status: Any = trio.TASK_STATUS_IGNORED,
+    primary: PrimaryRole | None = None,
 ) -> None:
     """Recover the store, run the broker until SIGINT/SIGTERM (or
     :meth:`Running.stop`), then drain, close the store and return.  Startup
-    is the steps below in this order; shutdown runs it the other way round."""
+    is the steps below in this order; shutdown runs it the other way round.
+    With ``primary`` (an HA primary) batches replicate and receipts wait for
+    the backups' confirmations."""
     wiring = await _open_and_recover(config, log)  # the core as the store left it, before anyone can reach it
+    if primary is not None:
+        primary.attach(wiring.store)
+        wiring.replicator = primary
     wiring.build_server()  # the listeners' server, waking the committer and the redelivery timer
     wiring.build_gatekeeper()  # logins, their password checks in worker threads
     wiring.build_listeners()  # the sessions and the ports; a TLS certificate that does not load stops here
@@ -118,6 +141,9 @@ async def serve(
     try:
         async with trio.open_nursery() as nursery:
             wiring.start_tasks(nursery, handle_signals=handle_signals)  # the committer, before any client writes
+            if primary is not None:
+                primary.serving(wiring.server)
+                await nursery.start(primary.run)  # the backups' port, before any client's
             ports = await nursery.start(wiring.run_listeners)  # bound, and serving until stopped
             await wiring.start_admin(nursery, ports)  # after the ports it reports on
             wiring.listening = True  # ready, last
@@ -179,6 +205,7 @@ class _Wiring:
         self.store, self.store_threads, self.recovered = store, store_threads, recovered
         self.finished = trio.Event()  # set when the listeners have stopped
         self.listening = False  # readiness: true from broker_started until shutdown
+        self.replicator: PrimaryRole | None = None
 
     def build_server(self) -> None:
         """The listeners' server.  After each client's input it wakes the
@@ -187,7 +214,7 @@ class _Wiring:
         config, store = self.config, self.store
         limits = Limits(config.max_connections, config.max_connections_per_address, config.tls.handshake_timeout_s)
         self.server = server = Server(
-            self.log, durable_lsn=lambda: store.durable_lsn, grace_s=config.shutdown_grace_s, limits=limits,
+            self.log, durable_lsn=(lambda: store.durable_lsn) if self.replicator is None else self.replicator.receipt_lsn, grace_s=config.shutdown_grace_s, limits=limits,
             certificate_user=CertificateUsers(config.tls).user,
         )
         self.commit_lot = commit_lot = trio.lowlevel.ParkingLot()
@@ -278,7 +305,8 @@ class _Wiring:
         """The store's group commit, the timers and the password workers,
         before any listener, so the first client's writes have a committer."""
         config, log = self.config, self.log
-        nursery.start_soon(tasks.commit, self.store, self.server, self.commit_lot, log, self.writes, self.store_threads, self.disk)
+        nursery.start_soon(tasks.commit, self.store, self.server, self.commit_lot, log, self.writes, self.store_threads, self.disk,
+                           self.replicator)
         nursery.start_soon(self.redelivery.run)
         if self.tls is not None and config.tls.reload_interval_s > 0:
             nursery.start_soon(tasks.reload_tls, self.tls, config.tls, log)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,50 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 class ConfigError(Exception):
     """The configuration is unusable; the message says where and why."""
+
+
+# The rule gateway/ha/election.py applies to node ids, repeated here so that
+# reading a configuration never imports the HA package.
+NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _host_port(name: str, value: str) -> None:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"ha.{name} must be \"host:port\", not {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class HaSettings:
+    """``[ha]``: this node's part in a primary/backup group coordinated on
+    ZooKeeper.  Without the table the broker runs single-node."""
+
+    node_id: str = ""
+    zookeeper: str = ""  # connect string with chroot: "zk-0:2181,zk-1:2181/gateway"
+    replication_listen: str = ""  # host:port the primary's replication listener binds
+    advertise: str = ""  # host:port the backups reach it at
+    sync_replicas: int = 1  # in-sync backups that must confirm a batch before its receipts
+    zookeeper_session_timeout_s: float = 10.0
+    sync_timeout_s: float = 10.0
+
+    def check(self) -> HaSettings:
+        """Raise ConfigError unless usable (not at construction: the empty
+        defaults are what the TOML reader compares types against)."""
+        for name in ("node_id", "zookeeper", "replication_listen", "advertise"):
+            if not getattr(self, name):
+                raise ConfigError(f"ha.{name} is required in [ha]")
+        if not NODE_ID.fullmatch(self.node_id):
+            raise ConfigError(f"ha.node_id must be letters, digits, '.', '_' or '-' (at most 64), not {self.node_id!r}")
+        hosts = self.zookeeper.partition("/")[0]
+        if not hosts or any(not h.strip() for h in hosts.split(",")) or "//" in self.zookeeper:
+            raise ConfigError(f"ha.zookeeper must be \"host:port[,host:port...][/chroot]\", not {self.zookeeper!r}")
+        _host_port("replication_listen", self.replication_listen)
+        _host_port("advertise", self.advertise)
+        if self.sync_replicas < 0:
+            raise ConfigError(f"ha.sync_replicas must be >= 0, not {self.sync_replicas}")
+        if self.zookeeper_session_timeout_s <= 0 or self.sync_timeout_s <= 0:
+            raise ConfigError("ha.zookeeper_session_timeout_s and ha.sync_timeout_s must be > 0")
+        return self
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +97,7 @@ class Config:
     admin: AdminSettings = AdminSettings()
     auth: AuthSettings = AuthSettings()
     tls: TlsSettings = TlsSettings()
+    ha: HaSettings | None = None  # None: single-node
 
     def __post_init__(self) -> None:
         if self.log_format not in LOG_FORMATS:
@@ -121,4 +167,8 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> Co
     for key, value in (overrides or {}).items():
         if value is not None:
             table[key] = value
-    return _build(Config, table, "")
+    ha = table.pop("ha", None)
+    if ha is not None and not isinstance(ha, dict):
+        raise ConfigError("'ha' must be a table")
+    built = _build(Config, table, "")
+    return built if ha is None else dataclasses.replace(built, ha=_build(HaSettings, ha, "ha.").check())

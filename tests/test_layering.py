@@ -50,7 +50,8 @@ SESSIONS = files("gateway/stomp/session.py", "gateway/mqtt/session.py", "gateway
 # HA's ZooKeeper coordinator (it owns kazoo's connection and callback threads) and the
 # replication stream's two sides.
 IO_MODULES = files("gateway/transports/server.py", "gateway/admin/server.py", "gateway/app.py", "gateway/tasks.py",
-                   "gateway/ha/coordinator.py", "gateway/ha/replicator.py", "gateway/ha/backup.py", "gateway/ha/link.py")
+                   "gateway/ha/coordinator.py", "gateway/ha/replicator.py", "gateway/ha/backup.py", "gateway/ha/link.py",
+                   "gateway/ha/runtime.py")
 # Trio stream adapters: they read and write a stream they are given (so they
 # import trio) but open no socket and start no task or thread.
 ADAPTERS = files("gateway/transports/websocket.py")
@@ -107,7 +108,7 @@ def test_stream_adapters_own_no_sockets_or_threads(path: Path) -> None:
 
 # HA's decisions are pure: stdlib and HA's own modules only.  kazoo stays in
 # the coordinator, so a broker without [ha] never loads it.
-HA_PURE = files("gateway/ha/election.py")
+HA_PURE = files("gateway/ha/election.py", "gateway/ha/node.py")
 
 
 @pytest.mark.parametrize("path", HA_PURE, ids=lambda p: str(p.relative_to(ROOT)))

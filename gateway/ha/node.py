@@ -1,0 +1,104 @@
+"""One HA node's role, as a table (pure: no I/O, no clock).
+
+The runtime (gateway/ha/runtime.py) turns what it hears into events, calls
+:func:`step`, and carries out the actions it gets back, in order.  Events
+come from the coordinator (whether another node holds the lock, or nobody;
+the session fenced, lost, back), from the replication stream (caught up, a
+gap, refused as stale, following ended), from the election (lock taken or
+not) and from the store (promoted).
+
+The rule for a primary whose standing is in doubt is the simplest safe one:
+it stops accepting and closes its clients at once (FENCED); once its session
+is lost, or it sees another holder of the lock, or a backup refuses it as
+stale, it exits, and the process supervisor restarts it as a backup (a
+restart is how a deposed primary rejoins).  A (pair) not in the table
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+
+class State(enum.StrEnum):
+    STARTING = "starting"  # joined (or rejoining), role not known yet
+    BACKUP_SYNCING = "backup_syncing"  # following a primary, not caught up (snapshot or tail)
+    BACKUP_IN_SYNC = "backup_in_sync"  # following at the live edge
+    CANDIDATE = "candidate"  # nobody leads: publishing its LSN, trying to lead
+    PRIMARY = "primary"  # serving clients
+    FENCED = "fenced"  # was primary, no longer sure: accepts nothing
+
+
+class Event(enum.StrEnum):
+    PRIMARY_SEEN = "primary_seen"  # another node holds the lock
+    PRIMARY_GONE = "primary_gone"  # nobody holds it
+    LEAD_TAKEN = "lead_taken"
+    LEAD_NOT_TAKEN = "lead_not_taken"
+    CAUGHT_UP = "caught_up"
+    GAP = "gap"
+    REFUSED_STALE = "refused_stale"  # a peer holds a newer epoch than the one offered
+    FOLLOW_ENDED = "follow_ended"  # the backup gave up on the primary
+    PROMOTED = "promoted"  # the follower's folder is ready to open as the primary's store
+    FENCE = "fence"  # ZooKeeper session suspended
+    LOST = "lost"  # ZooKeeper session expired
+    RECONNECT = "reconnect"
+
+
+class Action(enum.StrEnum):
+    FOLLOW = "follow"  # run a Backup against the lock holder's address (no-op if already)
+    STOP_FOLLOWING = "stop_following"
+    PUBLISH_LSN = "publish_lsn"  # update this node's /nodes record with its last LSN
+    TRY_LEAD = "try_lead"
+    PROMOTE = "promote"  # close the follower, record the new epoch in the folder
+    START_PRIMARY = "start_primary"  # open the store, recover, replication listener, clients, ready
+    STOP_ACCEPTING = "stop_accepting"  # close the client listeners and every client at once
+    EXIT = "exit"  # leave the process (non-zero): the supervisor restarts it as a backup
+    REJOIN = "rejoin"  # a new session: create this node's record again
+
+
+class Transition(NamedTuple):
+    state: State
+    actions: tuple[Action, ...]
+
+
+S, E, A = State, Event, Action
+BACKUPS = (S.BACKUP_SYNCING, S.BACKUP_IN_SYNC)
+NOT_PRIMARY = (S.STARTING, *BACKUPS, S.CANDIDATE)
+
+TABLE: dict[tuple[State, Event], Transition] = {
+    (S.STARTING, E.PRIMARY_SEEN): Transition(S.BACKUP_SYNCING, (A.FOLLOW,)),
+    (S.STARTING, E.PRIMARY_GONE): Transition(S.CANDIDATE, (A.PUBLISH_LSN, A.TRY_LEAD)),
+    (S.STARTING, E.RECONNECT): Transition(S.STARTING, (A.REJOIN,)),
+    (S.BACKUP_SYNCING, E.CAUGHT_UP): Transition(S.BACKUP_IN_SYNC, ()),
+    (S.CANDIDATE, E.PRIMARY_GONE): Transition(S.CANDIDATE, (A.PUBLISH_LSN, A.TRY_LEAD)),
+    (S.CANDIDATE, E.PRIMARY_SEEN): Transition(S.BACKUP_SYNCING, (A.FOLLOW,)),
+    (S.CANDIDATE, E.LEAD_TAKEN): Transition(S.CANDIDATE, (A.PROMOTE,)),
+    (S.CANDIDATE, E.PROMOTED): Transition(S.PRIMARY, (A.START_PRIMARY,)),
+    (S.PRIMARY, E.FENCE): Transition(S.FENCED, (A.STOP_ACCEPTING,)),
+    (S.PRIMARY, E.LOST): Transition(S.FENCED, (A.STOP_ACCEPTING, A.EXIT)),
+    (S.PRIMARY, E.PRIMARY_SEEN): Transition(S.FENCED, (A.STOP_ACCEPTING, A.EXIT)),
+    (S.PRIMARY, E.PRIMARY_GONE): Transition(S.FENCED, (A.STOP_ACCEPTING, A.EXIT)),
+    (S.PRIMARY, E.REFUSED_STALE): Transition(S.FENCED, (A.STOP_ACCEPTING, A.EXIT)),
+    # Fenced stays fenced: back or not, what clients it had are gone and a
+    # newer primary may exist; a restart sorts it out.
+    (S.FENCED, E.LOST): Transition(S.FENCED, (A.EXIT,)),
+    (S.FENCED, E.RECONNECT): Transition(S.FENCED, (A.EXIT,)),
+    (S.FENCED, E.PRIMARY_SEEN): Transition(S.FENCED, (A.EXIT,)),
+    (S.FENCED, E.PRIMARY_GONE): Transition(S.FENCED, (A.EXIT,)),
+}
+for _state in BACKUPS:
+    TABLE[(_state, E.PRIMARY_SEEN)] = Transition(_state, (A.FOLLOW,))
+    TABLE[(_state, E.PRIMARY_GONE)] = Transition(S.CANDIDATE, (A.STOP_FOLLOWING, A.PUBLISH_LSN, A.TRY_LEAD))
+    TABLE[(_state, E.GAP)] = Transition(S.BACKUP_SYNCING, ())  # the Backup reconnects; its Hello sorts it out
+    TABLE[(_state, E.REFUSED_STALE)] = Transition(S.BACKUP_SYNCING, (A.STOP_FOLLOWING,))  # wait for a new lock
+    TABLE[(_state, E.FOLLOW_ENDED)] = Transition(S.BACKUP_SYNCING, ())  # followed again at the next PRIMARY_SEEN
+for _state in NOT_PRIMARY:
+    # A lost session took this node's record with it: rejoin once back.
+    TABLE[(_state, E.LOST)] = Transition(S.STARTING, (A.STOP_FOLLOWING,) if _state != S.STARTING else ())
+del _state
+
+
+def step(state: State, event: Event) -> Transition:
+    """The next state and what to do; a pair not in the table changes nothing."""
+    return TABLE.get((state, event), Transition(state, ()))

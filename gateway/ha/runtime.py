@@ -1,0 +1,341 @@
+"""An HA node's process (the broker with an ``[ha]`` table).
+
+It joins the group in ZooKeeper (gateway/ha/coordinator.py) with what its
+data folder holds, and plays the role gateway/ha/node.py's table gives it.
+As a backup it follows the lock holder (a :class:`Backup` into a
+:class:`Follower` over the data folder) and serves only the admin port's
+/healthz (200), /readyz (503) and /metrics.  When nobody holds the lock it
+publishes its last LSN and tries to lead; the winner closes its follower,
+records its new epoch in the folder, and runs the broker (gateway/app.py)
+on that folder as the primary: the replication listener, receipts gated on
+the backups' confirmations, the client listeners, ready.
+
+A primary whose ZooKeeper session is suspended stops accepting and closes
+its clients at once; once the session is lost (or back: either way another
+node may lead meanwhile), or another node holds the lock, or a backup
+refuses it as stale, the process exits with :data:`EXIT_DEPOSED` and its
+supervisor restarts it, as a backup.
+
+kazoo's callbacks reach the Trio loop through ``TrioToken.run_sync_soon``.
+"""
+
+from __future__ import annotations
+
+import signal
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from gateway import app
+from gateway.admin.http import Request, Response
+from gateway.admin.server import AdminSlots, serve_admin
+from gateway.config import Config, HaSettings
+from gateway.ha.coordinator import CoordinationError, Coordinator, StateCallbacks
+from gateway.ha.election import NodeRecord, PrimaryRecord, Role
+from gateway.ha.node import Action, Event, State, step
+from gateway.ha.replicator import Backup, Primary
+from gateway.transports.server import Limits, Server
+from persistence import epochs
+from persistence.epochs import History
+from persistence.follower import Follower
+from persistence.journal import Batch
+from persistence.store import Store
+
+EXIT_DEPOSED = 3  # the supervisor restarts the process; it rejoins as a backup
+EXIT_NO_ZOOKEEPER = 1
+POLL_S = 0.5  # looking at the lock between notices; also the record's update pace
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host, int(port)
+
+
+class BackupStatus:
+    """The admin port of a backup: alive, not ready, its metrics."""
+
+    def __init__(self, node: HaNode, limits: Limits) -> None:
+        self.node = node
+        self.limits = limits  # what AdminSlots reads of a server
+
+    @property
+    def server(self) -> BackupStatus:
+        return self
+
+    def handle(self, request: Request) -> Response:
+        path = request.target.split("?")[0]
+        if path == "/healthz":
+            return Response(200, b"ok\n", "text/plain")
+        if path == "/readyz":
+            return Response(503, f"not ready: {self.node.state.value}\n".encode(), "text/plain")
+        if path == "/metrics":
+            return Response(200, self.node.metrics().encode(), "text/plain; version=0.0.4")
+        return Response(503, b'{"error": "a backup serves only /healthz, /readyz and /metrics"}')
+
+
+class PrimaryPart:
+    """The broker's :class:`app.PrimaryRole`: a :class:`Primary` over the
+    store the broker opened, its receipt hooks set to the broker's server."""
+
+    def __init__(self, ha: HaSettings, history: History, log: Any, on_refused: Any) -> None:
+        self.ha, self.history, self.log, self.on_refused = ha, history, log, on_refused
+        self.replicator: Primary | None = None
+
+    def attach(self, store: Store) -> None:
+        self.replicator = Primary(store, self.history, node_id=self.ha.node_id, sync_replicas=self.ha.sync_replicas,
+                                  sync_timeout_s=self.ha.sync_timeout_s, on_refused=self.on_refused, log=self.log.info)
+
+    def publish(self, batch: Batch) -> None:
+        assert self.replicator is not None
+        self.replicator.publish(batch)
+
+    def receipt_lsn(self) -> int:
+        assert self.replicator is not None
+        return self.replicator.receipt_lsn()
+
+    def serving(self, server: Server) -> None:
+        assert self.replicator is not None
+        self.replicator.on_confirmed = server.durable_advanced
+        self.replicator.on_failed = server.durable_failed
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        assert self.replicator is not None
+        host, port = split_host_port(self.ha.replication_listen)
+        await self.replicator.run(host, port, task_status=task_status)
+
+
+class HaNode:
+    """One node: its coordinator, its follower while a backup, the broker once primary."""
+
+    def __init__(self, config: Config, log: Any) -> None:
+        assert config.ha is not None
+        self.config, self.ha = config, config.ha
+        self.log = log.bind(node_id=self.ha.node_id)
+        self.state = State.STARTING
+        self.events: list[Event] = []
+        self.changed = trio.Event()
+        self.lock: PrimaryRecord | None = None
+        self.epoch = 0  # the epoch this node leads in
+        self.published: NodeRecord | None = None
+        self.published_at = -POLL_S
+        self.exit_code: int | None = None
+        self.following: str | None = None  # the advertise address followed
+        self.backup_scope: trio.CancelScope | None = None
+        self.backup_done: trio.Event | None = None
+        self.running: app.Running | None = None
+        self.failovers = 0
+
+    # -- news from kazoo and the stream, onto the loop -------------------------------
+
+    def notice(self, event: Event | None = None) -> None:
+        if event is not None:
+            self.events.append(event)
+        self.changed.set()
+
+    def refused(self, reason: str) -> None:
+        self.notice(Event.REFUSED_STALE if "stale" in reason else Event.GAP)
+
+    def metrics(self) -> str:
+        lsn = self.follower.last_lsn
+        lines = [f'gateway_ha_role{{role="{self.state.value}"}} 1', f"gateway_ha_epoch {self.follower.epoch}",
+                 f"gateway_ha_lsn {lsn}"]
+        return "\n".join(lines) + "\n"
+
+    # -- the process -------------------------------------------------------------------
+
+    async def run(self) -> int:
+        token = trio.lowlevel.current_trio_token()
+        callbacks = StateCallbacks(on_fence=partial(self.notice, Event.FENCE), on_lost=partial(self.notice, Event.LOST),
+                                   on_reconnect=partial(self.notice, Event.RECONNECT))
+        self.coordinator = Coordinator(self.ha.zookeeper, self.ha.node_id,
+                                       session_timeout_s=self.ha.zookeeper_session_timeout_s, callbacks=callbacks,
+                                       log=self.log, deliver=token.run_sync_soon)
+        try:
+            await trio.to_thread.run_sync(self.coordinator.connect)
+        except CoordinationError as exc:
+            self.log.error("ha_start_failed", reason=str(exc))
+            return EXIT_NO_ZOOKEEPER
+        try:
+            Path(self.config.data_dir).mkdir(parents=True, exist_ok=True)
+            self.follower = Follower.in_data_dir(self.config.data_dir, self.config.store, self.log.info)
+            await trio.to_thread.run_sync(self.follower.open)
+            await trio.to_thread.run_sync(self.coordinator.join, self.record(Role.BACKUP))
+            self.coordinator.watch(self.notice)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.stop_on_signal, nursery.cancel_scope)
+                await self.as_backup()
+                if self.exit_code is None:
+                    await self.as_primary()
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                self.follower.close()  # (a no-op once promoted)
+                await trio.to_thread.run_sync(self.coordinator.close)
+        return self.exit_code or 0
+
+    async def stop_on_signal(self, scope: trio.CancelScope) -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                self.log.info("shutdown_requested", signal=signal.Signals(signum).name)
+                if self.running is not None:
+                    self.running.stop()  # the broker drains its clients; then the process ends
+                else:
+                    self.exit_code = 0
+                    scope.cancel()
+                return
+
+    def record(self, role: Role) -> NodeRecord:
+        f = self.follower
+        return NodeRecord(self.ha.node_id, self.ha.advertise, epochs.epoch_of(f.history, f.last_lsn), f.last_lsn, role)
+
+    async def handle(self, event: Event, nursery: trio.Nursery) -> None:
+        before = self.state
+        self.state, actions = step(self.state, event)
+        if self.state != before:
+            self.log.info("ha_transition", on=event.value, state=self.state.value, before=before.value,
+                          actions=[a.value for a in actions])
+        for action in actions:
+            try:
+                await self.act(action, nursery)
+            except CoordinationError as exc:
+                # ZooKeeper did not answer: the next look at the lock (every
+                # POLL_S) brings the event that retries it.
+                self.log.warning("ha_action_failed", action=action.value, reason=str(exc))
+                break
+
+    async def act(self, action: Action, nursery: trio.Nursery) -> None:
+        thread = trio.to_thread.run_sync
+        if action is Action.FOLLOW:
+            assert self.lock is not None
+            if self.following != self.lock.advertise or self.backup_done is None or self.backup_done.is_set():
+                await self.stop_following()
+                await nursery.start(self.follow, self.lock.advertise)
+        elif action is Action.STOP_FOLLOWING:
+            await self.stop_following()
+        elif action is Action.PUBLISH_LSN:
+            record = self.record(Role.BACKUP)
+            if record != self.published:
+                await thread(self.coordinator.update, record)
+                self.published, self.published_at = record, trio.current_time()
+        elif action is Action.TRY_LEAD:
+            epoch = await thread(self.coordinator.try_lead, self.record(Role.BACKUP))
+            if epoch is not None:
+                self.epoch = epoch
+            self.notice(Event.LEAD_TAKEN if epoch is not None else Event.LEAD_NOT_TAKEN)
+        elif action is Action.PROMOTE:
+            f = self.follower
+            await thread(f.promote)
+            self.history = epochs.extended(f.history, self.epoch, f.last_lsn + 1)
+            await thread(epochs.save, f.directory, self.history)
+            self.log.info("ha_promoted", epoch=self.epoch, lsn=f.last_lsn)
+            self.notice(Event.PROMOTED)
+        elif action is Action.REJOIN:
+            await thread(self.coordinator.join, self.record(Role.BACKUP))
+        elif action is Action.STOP_ACCEPTING:
+            if self.running is not None:
+                self.running.server.grace_s = 0  # closed at once, not drained
+                self.running.stop()
+        elif action is Action.EXIT:
+            self.act_exit()
+        # START_PRIMARY: as_backup's loop ends on the PRIMARY state.
+
+    def act_exit(self) -> None:
+        self.log.error("ha_deposed", detail="no longer primary; exiting so that a restart rejoins as a backup",
+                       exit_code=EXIT_DEPOSED)
+        self.exit_code = EXIT_DEPOSED
+        if self.running is not None:
+            self.running.server.grace_s = 0
+            self.running.stop()
+
+    async def follow(self, advertise: str, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        host, port = split_host_port(advertise)
+        backup = Backup(self.follower, self.ha.node_id, host, port, on_refused=self.refused, log=self.log.info)
+        done = trio.Event()
+        self.following, self.backup_done = advertise, done
+        with trio.CancelScope() as self.backup_scope:
+            task_status.started()
+            try:
+                ended = await backup.run()
+                self.log.warning("replication_following_ended", primary=advertise, reason=ended)
+                self.notice(Event.FOLLOW_ENDED)
+            finally:
+                done.set()
+
+    async def stop_following(self) -> None:
+        if self.backup_scope is not None and self.backup_done is not None:
+            self.backup_scope.cancel()
+            await self.backup_done.wait()
+        self.backup_scope = self.backup_done = None
+        self.following = None
+
+    async def look(self) -> None:
+        """Who holds the lock, as an event (nothing when ZooKeeper cannot say)."""
+        try:
+            lock = await trio.to_thread.run_sync(self.coordinator.primary)
+        except CoordinationError as exc:
+            self.log.warning("ha_lock_unknown", reason=str(exc))
+            return
+        if lock is None:
+            self.notice(Event.PRIMARY_GONE)
+        elif lock.node_id != self.ha.node_id or (self.state == State.PRIMARY and lock.epoch != self.epoch):
+            self.lock = lock
+            self.notice(Event.PRIMARY_SEEN)
+
+    async def serve_events(self, nursery: trio.Nursery, until: Any) -> None:
+        """Handle news until ``until()``; look at the lock at every notice and every POLL_S."""
+        while not until():
+            self.changed = trio.Event()
+            await self.look()
+            while self.events and not until():
+                await self.handle(self.events.pop(0), nursery)
+            if until():
+                return
+            with trio.move_on_after(POLL_S):
+                await self.changed.wait()
+            # So an election sees what a backup holds; at most every POLL_S,
+            # as every update wakes every node's watch.
+            if (self.state in (State.BACKUP_SYNCING, State.BACKUP_IN_SYNC)
+                    and trio.current_time() >= self.published_at + POLL_S):
+                await self.act(Action.PUBLISH_LSN, nursery)
+
+    async def as_backup(self) -> None:
+        admin = self.config.admin
+        status = BackupStatus(self, Limits(self.config.max_connections, self.config.max_connections_per_address, 10.0))
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(partial(serve_admin, status, admin, self.config.bind, self.config.admin_port,
+                                               self.log, slots=AdminSlots(status, admin.max_connections)))
+            self.log.info("ha_backup_started", admin_port=port, data_dir=self.config.data_dir)
+            await self.serve_events(nursery, lambda: self.state == State.PRIMARY or self.exit_code is not None)
+            await self.stop_following()
+            nursery.cancel_scope.cancel()  # the admin port, reopened by the broker
+
+    async def as_primary(self) -> None:
+        self.failovers += 1
+        part = PrimaryPart(self.ha, self.history, self.log, lambda _node, reason: self.refused(reason))
+        broker_done = trio.Event()
+
+        async def broker(*, task_status: Any) -> None:
+            try:
+                await app.serve(self.config, self.log, handle_signals=False, primary=part, task_status=task_status)
+            finally:
+                broker_done.set()
+
+        async with trio.open_nursery() as nursery:
+            self.running = await nursery.start(broker)
+            await self.serve_events(nursery, lambda: self.exit_code is not None or broker_done.is_set())
+            await broker_done.wait()
+            if self.state == State.FENCED and self.exit_code is None:
+                # Fenced, its clients gone: whether the session comes back or
+                # is lost, a restart is how it rejoins (bounded: ZooKeeper may be away).
+                with trio.move_on_after(self.ha.zookeeper_session_timeout_s):
+                    await self.serve_events(nursery, lambda: self.exit_code is not None)
+                if self.exit_code is None:
+                    self.act_exit()
+            nursery.cancel_scope.cancel()
+
+
+def run(config: Config, log: Any) -> int:
+    """Run an HA node in this (main) thread; its exit code."""
+    return trio.run(HaNode(config, log).run)

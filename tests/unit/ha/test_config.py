@@ -1,0 +1,66 @@
+"""The ``[ha]`` table (gateway/config.py): read with its defaults, absent
+means single-node, and every unusable value is refused naming the setting."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway import config
+
+GOOD = """
+[ha]
+node_id = "gw-0"
+zookeeper = "zk-0:2181,zk-1:2181/gateway"
+replication_listen = "0.0.0.0:7000"
+advertise = "gw-0.gw:7000"
+"""
+
+
+def load(tmp_path: Path, text: str) -> config.Config:
+    path = tmp_path / "gateway.toml"
+    path.write_text(text)
+    return config.load(str(path))
+
+
+def test_an_ha_table_is_read_with_its_defaults(tmp_path: Path) -> None:
+    ha = load(tmp_path, GOOD).ha
+    assert ha == config.HaSettings("gw-0", "zk-0:2181,zk-1:2181/gateway", "0.0.0.0:7000", "gw-0.gw:7000", 1, 10.0, 10.0)
+
+
+def test_without_an_ha_table_the_broker_is_single_node(tmp_path: Path) -> None:
+    assert load(tmp_path, "").ha is None
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ('node_id = "no/slash"', "ha.node_id must be"),
+    ('advertise = "gw-0"', "ha.advertise must be \"host:port\""),
+    ('replication_listen = "h:99999"', "ha.replication_listen must be"),
+    ('zookeeper = "/gateway"', "ha.zookeeper must be"),
+    ("sync_replicas = -1", "ha.sync_replicas must be >= 0"),
+    ("zookeeper_session_timeout_s = 0", "must be > 0"),
+    ('sync_replicas = "1"', "ha.sync_replicas: expected int"),
+    ("colour = 1", "unknown setting ha.'colour'"),
+])
+def test_an_unusable_value_is_refused_naming_it(tmp_path: Path, line: str, message: str) -> None:
+    key = line.split(" = ")[0]
+    text = "\n".join(l for l in GOOD.splitlines() if not l.startswith(key + " ")) + "\n" + line + "\n"
+    with pytest.raises(config.ConfigError, match=message.replace("(", r"\(")) as info:
+        load(tmp_path, text)
+    assert message in str(info.value)
+
+
+def test_a_missing_required_setting_is_named(tmp_path: Path) -> None:
+    with pytest.raises(config.ConfigError, match="ha.advertise is required"):
+        load(tmp_path, "\n".join(l for l in GOOD.splitlines() if not l.startswith("advertise")))
+
+
+def test_a_single_node_broker_loads_nothing_of_ha() -> None:
+    # The command's module and the broker's wiring, as `gateway serve` loads them without [ha].
+    code = ("import sys, gateway.__main__, gateway.app; "
+            "print(sorted(m for m in sys.modules if m.startswith(('gateway.ha', 'kazoo'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

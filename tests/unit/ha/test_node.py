@@ -1,0 +1,70 @@
+"""The node's role table (gateway/ha/node.py): the paths a node takes from
+start to backup, to primary through an election, and out when fenced."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.ha.node import TABLE, Action, Event, State, Transition, step
+
+
+def run(state: State, *events: Event) -> tuple[State, list[Action]]:
+    actions: list[Action] = []
+    for event in events:
+        state, done = step(state, event)
+        actions += done
+    return state, actions
+
+
+def test_a_node_that_finds_a_primary_follows_it_until_caught_up() -> None:
+    assert run(State.STARTING, Event.PRIMARY_SEEN, Event.CAUGHT_UP) == (State.BACKUP_IN_SYNC, [Action.FOLLOW])
+
+
+def test_a_backup_whose_primary_vanishes_publishes_its_lsn_before_trying_to_lead_then_promotes() -> None:
+    state, actions = run(State.BACKUP_IN_SYNC, Event.PRIMARY_GONE, Event.LEAD_TAKEN, Event.PROMOTED)
+    assert state == State.PRIMARY
+    assert actions == [Action.STOP_FOLLOWING, Action.PUBLISH_LSN, Action.TRY_LEAD, Action.PROMOTE, Action.START_PRIMARY]
+
+
+def test_a_candidate_that_loses_tries_again_while_nobody_leads_and_follows_the_winner() -> None:
+    state, actions = run(State.CANDIDATE, Event.LEAD_NOT_TAKEN, Event.PRIMARY_GONE)
+    assert (state, actions) == (State.CANDIDATE, [Action.PUBLISH_LSN, Action.TRY_LEAD])
+    assert step(State.CANDIDATE, Event.PRIMARY_SEEN) == Transition(State.BACKUP_SYNCING, (Action.FOLLOW,))
+
+
+def test_the_first_node_of_an_empty_group_becomes_candidate() -> None:
+    assert step(State.STARTING, Event.PRIMARY_GONE) == Transition(State.CANDIDATE, (Action.PUBLISH_LSN, Action.TRY_LEAD))
+
+
+def test_a_fenced_primary_stops_accepting_at_once_and_exits_once_lost() -> None:
+    assert run(State.PRIMARY, Event.FENCE) == (State.FENCED, [Action.STOP_ACCEPTING])
+    assert run(State.PRIMARY, Event.FENCE, Event.LOST) == (State.FENCED, [Action.STOP_ACCEPTING, Action.EXIT])
+    assert run(State.PRIMARY, Event.FENCE, Event.RECONNECT) == (State.FENCED, [Action.STOP_ACCEPTING, Action.EXIT])
+
+
+@pytest.mark.parametrize("event", [Event.LOST, Event.PRIMARY_SEEN, Event.PRIMARY_GONE, Event.REFUSED_STALE])
+def test_a_primary_that_is_deposed_stops_accepting_and_exits(event: Event) -> None:
+    assert step(State.PRIMARY, event) == Transition(State.FENCED, (Action.STOP_ACCEPTING, Action.EXIT))
+
+
+def test_a_primary_ignores_what_only_concerns_backups() -> None:
+    for event in (Event.CAUGHT_UP, Event.GAP, Event.FOLLOW_ENDED, Event.LEAD_TAKEN, Event.RECONNECT):
+        assert step(State.PRIMARY, event) == Transition(State.PRIMARY, ())
+
+
+def test_a_backup_that_loses_its_session_stops_following_and_rejoins_when_back() -> None:
+    state, actions = run(State.BACKUP_IN_SYNC, Event.LOST, Event.RECONNECT)
+    assert (state, actions) == (State.STARTING, [Action.STOP_FOLLOWING, Action.REJOIN])
+
+
+def test_a_backup_refused_as_stale_stops_following_and_waits_for_a_new_lock() -> None:
+    assert step(State.BACKUP_IN_SYNC, Event.REFUSED_STALE) == Transition(State.BACKUP_SYNCING, (Action.STOP_FOLLOWING,))
+    assert step(State.BACKUP_SYNCING, Event.GAP) == Transition(State.BACKUP_SYNCING, ())
+
+
+def test_only_a_candidate_promotes_and_only_a_primary_or_fenced_node_exits_or_stops_accepting() -> None:
+    for (state, _event), transition in TABLE.items():
+        if Action.PROMOTE in transition.actions or Action.START_PRIMARY in transition.actions:
+            assert state == State.CANDIDATE
+        if Action.EXIT in transition.actions or Action.STOP_ACCEPTING in transition.actions:
+            assert state in (State.PRIMARY, State.FENCED)
