@@ -40,7 +40,8 @@ def group(zookeeper: ZooKeeperServer, log: EventLog) -> Iterator[list[Node]]:
 @pytest.fixture
 def admin(zookeeper: ZooKeeperServer) -> Iterator[KazooClient]:
     """A plain ZooKeeper client, as an operator (or a mistake) would write with."""
-    client = KazooClient(hosts=zookeeper.hosts)
+    # Its retry is bounded (at most ~30 s), for the reads after a restart or freeze.
+    client = KazooClient(hosts=zookeeper.hosts, command_retry={"max_tries": 30, "delay": 0.1, "max_delay": 1.0})
     client.start(timeout=10)
     yield client
     client.stop()
@@ -56,7 +57,9 @@ def started(
 
 
 def epoch_in_zookeeper(admin: KazooClient) -> int:
-    return int(admin.get(f"{ROOT}/epoch")[0])
+    # Retried (kazoo's own policy): after ZooKeeper was restarted or frozen,
+    # this onlooker's request may meet its own session's expiry first.
+    return int(admin.retry(admin.get, f"{ROOT}/epoch")[0])
 
 
 def test_of_three_nodes_exactly_one_leads_and_it_is_the_candidate(zookeeper, log, group, admin) -> None:
@@ -143,7 +146,7 @@ def test_a_silent_zookeeper_fences_the_leader_before_its_session_can_expire(zook
         log.wait(node.node_id, "reconnect")
     assert log.index("zookeeper", "frozen") < log.index("a", "fence") < log.index("zookeeper", "thawed")
 
-    primary = admin.get(f"{ROOT}/primary")[0] if admin.exists(f"{ROOT}/primary") else None
+    primary = admin.retry(admin.get, f"{ROOT}/primary")[0] if admin.retry(admin.exists, f"{ROOT}/primary") else None
     if primary is not None:
         # a kept its session (it reconnected before the server expired it):
         # still the primary of epoch 1, told to resume.
