@@ -1,6 +1,7 @@
 """Coordinators as the HA tests drive them: each node a `Coordinator` whose
 callbacks are written, in order, into one shared event log, and an election
-loop that does what the broker will do when /primary is absent."""
+loop that does what the broker does when /primary is absent: each node
+publishes its record as final for the vacancy, then tries to lead."""
 
 from __future__ import annotations
 
@@ -88,10 +89,25 @@ class Node:
             except CoordinationError:
                 return None  # the new session is not there yet: next round
             self.needs_join = False
+        try:
+            self.settle()
+        except CoordinationError:
+            return None  # ZooKeeper away for the moment: next round
         epoch = self.coordinator.try_lead(self.record)
         if epoch is not None:
             self.record = dataclasses.replace(self.record, epoch=epoch, role=Role.PRIMARY)
         return epoch
+
+    def settle(self) -> None:
+        """While nobody leads, publish this node's record as final for the
+        vacancy (its LSN is whatever the test gave it; nothing else moves it)."""
+        if self.coordinator.primary() is not None:
+            return
+        vacancy = self.coordinator.epoch()
+        if self.record.vacancy != vacancy:
+            self.record = dataclasses.replace(self.record, vacancy=vacancy)
+            self.coordinator.update(self.record)
+            self.log.add(self.node_id, "settled", vacancy)
 
     def count_change(self) -> None:
         self.changes += 1

@@ -251,7 +251,7 @@ class Coordinator:
             return None
 
     def epoch(self) -> int:
-        """The current epoch in /epoch."""
+        """The current epoch in /epoch: while nobody leads, the vacancy to settle."""
         try:
             data, _stat = self.wait(self.client.get_async(self.epoch_path), "epoch")
             return election.parse_epoch(data)
@@ -296,7 +296,8 @@ class Coordinator:
     # -- leading -------------------------------------------------------------------
 
     def try_lead(self, record: NodeRecord) -> int | None:
-        """Take the lock if nobody holds it and this node is the candidate.
+        """Take the lock if nobody holds it and this node is the candidate, decided
+        (election.decide) once every eligible record is final for the vacancy.
 
         In one ZooKeeper transaction: every record the decision was made on is
         unchanged (version checks), this node's record takes the new epoch,
@@ -317,11 +318,12 @@ class Coordinator:
                 return None
             _, my_version = read[self.node_id]
             records = [r for node_id, (r, _v) in read.items() if node_id != self.node_id] + [record]
-            chosen = election.candidate(records)
-            if chosen != self.node_id:
-                return None
             data, epoch_stat = self.wait(self.client.get_async(self.epoch_path), "try_lead")
-            epoch = election.takeover_epoch(election.parse_epoch(data))
+            vacancy = election.parse_epoch(data)
+            # Decided only on settled records: each final for this vacancy.
+            if election.decide(records, vacancy) != self.node_id:
+                return None
+            epoch = election.takeover_epoch(vacancy)
         except (KazooException, RecordError) as exc:
             self.log.warning("lead_refused", reason=repr(exc))
             return None

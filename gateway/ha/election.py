@@ -10,6 +10,17 @@ nodes the one holding the most of the journal leads, judged by (epoch, lsn)
 so that a record from a newer primary's history outranks a longer one from
 an older primary's.  Ties go to the lowest node id, so every node computes
 the same candidate from the same records, whatever order it read them in.
+
+Settling: a record is only as good as the moment it was written.  While the
+primary of epoch E lives, a backup's record lags what it holds, so when that
+primary goes every node first stops applying its batches and then publishes
+its record "final for vacancy E" (``vacancy = E``, its LSN final).  The
+election is decided (:func:`decide`) only once every eligible live record is
+final for the current vacancy (/epoch's value): then no record is stale, and
+the candidate holds the most that any live node holds of what was confirmed.
+A node that never says so blocks the election only until its session ends,
+as its record is ephemeral; a record that is not eligible cannot win nor
+change the order of the others, so it need not settle.
 """
 
 from __future__ import annotations
@@ -91,6 +102,9 @@ class NodeRecord:
     epoch: int  # epoch of the last batch it holds
     lsn: int  # last durable LSN it holds
     role: Role
+    # The epoch of the primary this node saw go, once it applies no more of
+    # that epoch's batches: its lsn is final for that vacancy.  None: not yet.
+    vacancy: int | None = None
 
     def __post_init__(self) -> None:
         check_node_id(self.node_id)
@@ -99,10 +113,15 @@ class NodeRecord:
         check_counter("lsn", self.lsn)
         if not isinstance(self.role, Role):
             raise RecordError(f"role must be one of {[r.value for r in Role]}: {self.role!r:.80}")
+        if self.vacancy is not None:
+            check_counter("vacancy", self.vacancy)
 
     def to_json(self) -> bytes:
-        return encode_object({"node_id": self.node_id, "advertise": self.advertise, "epoch": self.epoch,
-                              "lsn": self.lsn, "role": self.role.value})
+        fields: dict[str, Any] = {"node_id": self.node_id, "advertise": self.advertise, "epoch": self.epoch, "lsn": self.lsn,
+                  "role": self.role.value}
+        if self.vacancy is not None:
+            fields["vacancy"] = self.vacancy
+        return encode_object(fields)
 
     @classmethod
     def from_json(cls, data: bytes) -> NodeRecord:
@@ -113,7 +132,7 @@ class NodeRecord:
         except ValueError:
             raise RecordError(f"role must be one of {[r.value for r in Role]}: {fields.get('role')!r:.80}") from None
         return cls(node_id=fields.get("node_id"), advertise=fields.get("advertise"),
-                   epoch=fields.get("epoch"), lsn=fields.get("lsn"), role=role)
+                   epoch=fields.get("epoch"), lsn=fields.get("lsn"), role=role, vacancy=fields.get("vacancy"))
 
     def position(self) -> tuple[int, int]:
         """How much of the journal it holds, in election order."""
@@ -162,6 +181,24 @@ def candidate(records: Iterable[NodeRecord]) -> str | None:
         if best is None or (-record.epoch, -record.lsn, record.node_id) < (-best.epoch, -best.lsn, best.node_id):
             best = record
     return None if best is None else best.node_id
+
+
+def final(record: NodeRecord, vacancy: int) -> bool:
+    """Is this record's position final for the vacancy left by the primary of epoch ``vacancy``?"""
+    return record.vacancy == vacancy
+
+
+def settled(records: Iterable[NodeRecord], vacancy: int) -> bool:
+    """Has every eligible record published its final position for this vacancy?"""
+    return all(final(r, vacancy) for r in records if eligible(r))
+
+
+def decide(records: Iterable[NodeRecord], vacancy: int) -> str | None:
+    """Who should lead now that the primary of epoch ``vacancy`` (the value in
+    /epoch) is gone: the candidate once the records have settled, else None
+    (nobody may lead yet: a record may still be stale)."""
+    records = list(records)
+    return candidate(records) if settled(records, vacancy) else None
 
 
 # -- epochs ---------------------------------------------------------------------

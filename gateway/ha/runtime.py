@@ -5,10 +5,12 @@ data folder holds, and plays the role gateway/ha/node.py's table gives it.
 As a backup it follows the lock holder (a :class:`Backup` into a
 :class:`Follower` over the data folder) and serves only the admin port's
 /healthz (200), /readyz (503) and /metrics.  When nobody holds the lock it
-publishes its last LSN and tries to lead; the winner closes its follower,
-records its new epoch in the folder, and runs the broker (gateway/app.py)
-on that folder as the primary: the replication listener, receipts gated on
-the backups' confirmations, the client listeners, ready.
+stops following, publishes its last LSN as final for that vacancy and tries
+to lead (decided once every node has: gateway/ha/election.py); the winner
+closes its follower, records its new epoch in the folder, and runs the
+broker (gateway/app.py) on that folder as the primary: the replication
+listener, receipts gated on the backups' confirmations, the client
+listeners, ready.
 
 A primary whose ZooKeeper session is suspended stops accepting and closes
 its clients at once; once the session is lost (or back: either way another
@@ -119,6 +121,7 @@ class HaNode:
         self.lock: PrimaryRecord | None = None
         self.epoch = 0  # the epoch this node leads in
         self.published: NodeRecord | None = None
+        self.vacancy: int | None = None  # the vacancy this node's LSN is final for (election.py)
         self.published_at = -POLL_S
         self.exit_code: int | None = None
         self.following: str | None = None  # the advertise address followed
@@ -188,7 +191,8 @@ class HaNode:
 
     def record(self, role: Role) -> NodeRecord:
         f = self.follower
-        return NodeRecord(self.ha.node_id, self.ha.advertise, epochs.epoch_of(f.history, f.last_lsn), f.last_lsn, role)
+        return NodeRecord(self.ha.node_id, self.ha.advertise, epochs.epoch_of(f.history, f.last_lsn), f.last_lsn, role,
+                          self.vacancy)
 
     async def handle(self, event: Event, nursery: trio.Nursery) -> None:
         before = self.state
@@ -215,6 +219,11 @@ class HaNode:
         elif action is Action.STOP_FOLLOWING:
             await self.stop_following()
         elif action is Action.PUBLISH_LSN:
+            if self.state == State.CANDIDATE:
+                # Nobody leads and this node follows nobody (the table stopped
+                # its following first): its LSN is final for the vacancy /epoch names.
+                assert self.backup_scope is None
+                self.vacancy = await thread(self.coordinator.epoch)
             record = self.record(Role.BACKUP)
             if record != self.published:
                 await thread(self.coordinator.update, record)

@@ -72,7 +72,8 @@ def test_of_three_nodes_exactly_one_leads_and_it_is_the_candidate(zookeeper, log
     assert epoch_in_zookeeper(admin) == 1
     assert holders(group) == ["b"]
     assert a.coordinator.primary() == PrimaryRecord("b", 1, "b.test:7000")
-    assert c.coordinator.nodes()["b"] == NodeRecord("b", "b.test:7000", 1, 30, Role.PRIMARY)
+    # Its record: the new epoch, and final for the vacancy it was elected in (epoch 0's).
+    assert c.coordinator.nodes()["b"] == NodeRecord("b", "b.test:7000", 1, 30, Role.PRIMARY, vacancy=0)
     # The others keep losing: the lock is taken.
     assert a.try_lead() is None and c.try_lead() is None
 
@@ -108,7 +109,8 @@ def test_when_the_leaders_session_expires_another_node_takes_over(zookeeper, log
     thief.close()
     log.wait("a", "lost")
 
-    assert elect(group, log) is c
+    # A primary whose session is lost exits (the runtime): a takes no part until it comes back.
+    assert elect([b, c], log) is c
     assert log.of("lead") == [("a", 1), ("c", 2)]
     assert epoch_in_zookeeper(admin) == 2
     # a comes back in a new session as a backup: it holds more (lsn 30) but of an
@@ -176,6 +178,48 @@ def test_a_node_behind_never_leads_while_a_node_ahead_lives(zookeeper, log, grou
     winners = [who for who, epoch in log.of("tried") if epoch is not None]
     assert winners == ["b", "c", "a"]
     assert d.try_lead() is None  # alone now, but still syncing
+
+
+def test_the_most_advanced_backup_wins_even_when_it_settles_last(zookeeper, log, group, admin) -> None:
+    """Records lag what a backup holds.  When the primary goes, a backup that
+    decided on another's record before that record carried its final LSN could
+    win while holding less (and lose receipted data).  Nobody may lead until
+    every live node has published its final position for the vacancy."""
+    p, a, b = started(zookeeper, log, group, {"p": 30, "a": 20, "b": 25})
+    assert elect(group, log) is p
+    # a and b follow p; their records say what they held at their last update...
+    for node, lsn in ((a, 40), (b, 45)):
+        node.record = dataclasses.replace(node.record, epoch=1, lsn=lsn)
+        node.coordinator.update(node.record)
+    # ...while by the time p goes, a holds more than b, and has not said so yet.
+    a.record = dataclasses.replace(a.record, lsn=60)
+    b.record = dataclasses.replace(b.record, lsn=50)
+    p.close()
+
+    # b settles at once and tries, round after round; a is late on purpose.
+    for _ in range(5):
+        assert b.try_lead() is None
+    assert admin.retry(admin.exists, f"{ROOT}/primary") is None
+    # a's record still says what it held for the previous vacancy (epoch 0's): stale, so not final.
+    assert b.coordinator.nodes()["a"].vacancy == 0 and b.coordinator.nodes()["b"].vacancy == 1
+
+    assert elect([a, b], log) is a
+    assert log.of("lead") == [("p", 1), ("a", 2)]
+    assert epoch_in_zookeeper(admin) == 2
+    assert [who for who, epoch in log.of("tried") if epoch is not None] == ["p", "a"]
+    assert b.coordinator.nodes()["a"] == NodeRecord("a", "a.test:7000", 2, 60, Role.PRIMARY, vacancy=1)
+
+
+def test_a_node_that_never_settles_holds_the_election_only_while_its_session_lives(zookeeper, log, group,
+                                                                                     admin) -> None:
+    p, a, b = started(zookeeper, log, group, {"p": 30, "a": 20, "b": 25})
+    assert elect(group, log) is p
+    p.close()
+    for _ in range(3):
+        assert b.try_lead() is None  # a (say, hung) never publishes its final record
+    a.close()  # its session ends, and its record with it
+    assert elect([b], log) is b
+    assert log.of("lead") == [("p", 1), ("b", 2)] and epoch_in_zookeeper(admin) == 2
 
 
 def test_bad_records_in_nodes_are_ignored(zookeeper, log, group, admin) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -22,6 +23,7 @@ counters = st.integers(0, election.MAX_COUNTER)
 records = st.builds(
     NodeRecord, node_id=node_ids, advertise=st.sampled_from(["10.0.0.1:7000", "[::1]:1", "gw-0.gw.ns.svc:65535"]),
     epoch=st.integers(0, 5), lsn=st.integers(0, 50), role=st.sampled_from(Role),
+    vacancy=st.none() | st.integers(0, 5),
 )
 
 
@@ -47,6 +49,14 @@ def test_a_primary_record_round_trips(node_id: str, epoch: int, advertise: str) 
 def test_the_record_is_the_json_the_design_names() -> None:
     data = json.loads(node("gw-1", 3, 42, Role.SYNCING).to_json())
     assert data == {"node_id": "gw-1", "advertise": "gw-1:7000", "epoch": 3, "lsn": 42, "role": "syncing"}
+
+
+def test_a_settled_record_says_which_vacancy_it_is_final_for() -> None:
+    record = dataclasses.replace(node("gw-1", 3, 42), vacancy=3)
+    assert json.loads(record.to_json())["vacancy"] == 3
+    assert NodeRecord.from_json(record.to_json()) == record
+    with pytest.raises(RecordError, match="vacancy"):
+        NodeRecord.from_json(b'{"node_id":"a","advertise":"a:1","epoch":1,"lsn":2,"role":"backup","vacancy":-1}')
 
 
 def test_unknown_keys_are_ignored_so_a_newer_node_may_say_more() -> None:
@@ -155,6 +165,57 @@ def test_losing_a_node_that_is_not_the_candidate_never_changes_the_candidate(ite
     for r in items:
         if r.node_id != chosen:
             assert election.candidate([x for x in items if x is not r]) == chosen
+
+
+# -- settling: decided only on final records ------------------------------------------
+
+
+def final_for(vacancy: int, *items: NodeRecord) -> list[NodeRecord]:
+    return [dataclasses.replace(r, vacancy=vacancy) for r in items]
+
+
+def test_nobody_leads_until_every_eligible_record_is_final_for_the_vacancy() -> None:
+    a, b = node("a", 1, 40), node("b", 1, 45)  # as last published while epoch 1's primary lived
+    # b has settled (final: 50), a not yet: a's record may be stale, so no decision.
+    assert election.decide([a, dataclasses.replace(b, lsn=50, vacancy=1)], 1) is None
+    # Final for an older vacancy is not final for this one.
+    assert election.decide([dataclasses.replace(a, vacancy=0), dataclasses.replace(b, vacancy=1)], 1) is None
+    # Both final: a turns out to hold more.
+    assert election.decide(final_for(1, dataclasses.replace(a, lsn=60), dataclasses.replace(b, lsn=50)), 1) == "a"
+
+
+def test_a_record_that_is_not_eligible_need_not_settle() -> None:
+    records = [*final_for(2, node("a", 2, 5)), node("b", 9, 999, Role.SYNCING)]
+    assert election.decide(records, 2) == "a"
+    assert election.decide([], 0) is None
+
+
+settled_groups = st.tuples(st.lists(records, min_size=1, max_size=8).map(unique_by_id), st.integers(0, 5))
+
+
+@given(settled_groups)
+def test_with_every_record_final_the_winner_holds_the_most(group: tuple[list[NodeRecord], int]) -> None:
+    items, vacancy = group
+    items = final_for(vacancy, *items)
+    chosen = election.decide(items, vacancy)
+    assert chosen == election.candidate(items)
+    eligible = [r for r in items if election.eligible(r)]
+    if eligible:
+        (winner,) = [r for r in items if r.node_id == chosen]
+        assert all(winner.position() >= r.position() for r in eligible)
+    else:
+        assert chosen is None
+
+
+@given(settled_groups, st.data())
+def test_with_one_eligible_record_not_final_nobody_may_lead(group: tuple[list[NodeRecord], int],
+                                                            data: st.DataObject) -> None:
+    items, vacancy = group
+    items = final_for(vacancy, *items)
+    late = data.draw(st.sampled_from(items))
+    stale = data.draw(st.none() | st.integers(0, 5).filter(lambda v: v != vacancy))
+    items = [dataclasses.replace(r, vacancy=stale, role=Role.BACKUP) if r is late else r for r in items]
+    assert election.decide(items, vacancy) is None
 
 
 # -- epochs -----------------------------------------------------------------------
