@@ -221,12 +221,14 @@ class Broker:
         if refuses and targets:
             _refuse_if_full(targets[0], 1)
         lsn = 0
+        record = None  # built once, for the store and the archive alike
         if message.persistent:
             keys = [queue.key for queue in targets if queue.key is not None]
             if keys:
-                lsn, message.location = self.store.add_message(message.record(), keys)
+                record = message.record()
+                lsn, message.location = self.store.add_message(record, keys)
         if policy.archive and address.kind is Kind.TOPIC:
-            archived = self.store.archive_message(address.name, message.record())
+            archived = self.store.archive_message(address.name, record or message.record())
             if message.persistent:  # a receipt promises the archived copy too
                 lsn = max(lsn, archived)
         if dead_letter:

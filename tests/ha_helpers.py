@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import structlog
@@ -145,11 +144,3 @@ def holders(nodes: list[Node]) -> list[str]:
             return False
 
     return [n.node_id for n in nodes if not n.closed and holds(n)]
-
-
-def wait_until(predicate: Callable[[], object], what: str, timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)

@@ -13,7 +13,8 @@ import trio
 
 from gateway import tasks
 from gateway.admin import metrics
-from gateway.ha.replicator import Backup, Primary
+from gateway.ha.backup import Backup
+from gateway.ha.replicator import Primary
 from persistence import epochs
 from persistence.follower import Follower
 from persistence.store import Store

@@ -34,7 +34,7 @@ then one task sends frames and one reads Acks.
 - **Liveness.**  An idle sender sends Ping every ``ping_interval_s``; a side
   that hears nothing for ``idle_timeout_s`` drops the link.
 
-The backup's side is gateway/ha/backup.py (:class:`Backup`, named here too),
+The backup's side is gateway/ha/backup.py (:class:`Backup`),
 the connection both use gateway/ha/link.py.
 """
 
@@ -48,7 +48,6 @@ from typing import Any
 
 import trio
 
-from gateway.ha.backup import Backup
 from gateway.ha.link import IDLE_TIMEOUT_S, LINK_ERRORS, Link, LinkDead, ignore
 from persistence import epochs
 from persistence import replication as r
@@ -57,7 +56,7 @@ from persistence.epochs import History
 from persistence.journal import Batch
 from persistence.store import Store
 
-__all__ = ["Backup", "Peer", "Primary"]
+__all__ = ["Peer", "Primary"]
 
 # The primary's window of recent batches.  32 MiB holds a few seconds of a
 # busy broker's journal (the store's own group-commit batches are far smaller),

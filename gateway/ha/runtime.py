@@ -37,7 +37,8 @@ from gateway.config import Config, HaSettings
 from gateway.ha.coordinator import CoordinationError, Coordinator, StateCallbacks
 from gateway.ha.election import NodeRecord, PrimaryRecord, Role
 from gateway.ha.node import Action, Event, State, step
-from gateway.ha.replicator import Backup, Primary
+from gateway.ha.backup import Backup
+from gateway.ha.replicator import Primary
 from gateway.transports.server import Limits, Server
 from persistence import epochs
 from persistence.epochs import History

@@ -17,7 +17,8 @@ from kazoo.client import KazooClient
 
 from gateway.ha.coordinator import CoordinationError, Coordinator, StateCallbacks
 from gateway.ha.election import NodeRecord, PrimaryRecord, Role
-from tests.ha_helpers import ROOT, SESSION_TIMEOUT_S, EventLog, Node, elect, holders, wait_until
+from tests.ha_helpers import ROOT, SESSION_TIMEOUT_S, WAIT_S, EventLog, Node, elect, holders
+from tests.helpers import wait_for
 from tests.processes import free_port
 from tests.zookeeper_helpers import ZooKeeperServer
 
@@ -161,7 +162,7 @@ def test_a_silent_zookeeper_fences_the_leader_before_its_session_can_expire(zook
         assert log.of("lead") == [("a", 1), ("c", 2)]
         assert epoch_in_zookeeper(admin) == 2
         assert log.index("a", "fence") < log.index("a", "lost") < log.index("c", "lead")
-    wait_until(lambda: len(holders(group)) == 1, "one holder of the lock")
+    wait_for(lambda: len(holders(group)) == 1, timeout=WAIT_S, interval=0.02, what="one holder of the lock")
 
 
 def test_a_node_behind_never_leads_while_a_node_ahead_lives(zookeeper, log, group) -> None:
@@ -244,7 +245,7 @@ def test_watch_reports_every_change_of_the_group_and_the_lock(zookeeper, log, gr
     def after(action) -> None:
         before = a.changes
         action()
-        wait_until(lambda: a.changes > before, "a change reported")
+        wait_for(lambda: a.changes > before, timeout=WAIT_S, interval=0.02, what="a change reported")
 
     after(lambda: b.coordinator.update(NodeRecord("b", "b.test:7000", 0, 3, Role.BACKUP)))  # a record
     after(lambda: group.append(Node(zookeeper, "c", log, lsn=0).start()))  # a new node
@@ -284,7 +285,7 @@ def test_a_zookeeper_restart_fences_the_leader_and_leaves_one_primary(zookeeper,
         leader = elect(group, log)
         assert epoch_in_zookeeper(admin) == 2
         assert log.index("a", "lost") < log.index(leader.node_id, "lead", 2)
-    wait_until(lambda: len(holders(group)) == 1, "one holder of the lock")
+    wait_for(lambda: len(holders(group)) == 1, timeout=WAIT_S, interval=0.02, what="one holder of the lock")
 
 
 def test_no_zookeeper_is_a_coordination_error_not_a_hang(tmp_path) -> None:
