@@ -193,6 +193,12 @@ class Follower(Maintenance):
         """The highest epoch accepted (the fencing token)."""
         return epochs.current(self.history)
 
+    @property
+    def copying(self) -> bool:
+        """Its folder waits for, or is being replaced by, a snapshot: what it
+        holds is not a prefix of the primary's journal to be judged by LSN."""
+        return self._receiver is not None or self.needs_snapshot
+
     def hello(self, node_id: str) -> Hello:
         return Hello(node_id, self.epoch, self.last_lsn, self.history)
 

@@ -24,7 +24,8 @@ bug that misframes), since these bytes go straight into a journal.
 Who may send what, and when, is a table (:data:`_TRANSITIONS`): a backup sends
 Hello first, then Ack, Refused, Ping and Pong; a primary answers with its own
 Hello (its epoch, LSN and epoch history), then Batch frames, or a snapshot
-(SnapshotBegin, FileChunk..., SnapshotEnd), Refused, Ping and Pong.  Anything else is a :class:`RemoteProtocolError` naming what was wrong;
+(SnapshotBegin, FileChunk..., SnapshotEnd), InSync (the backup has acked the
+live edge and counts toward confirmations from now on), Refused, Ping and Pong.  Anything else is a :class:`RemoteProtocolError` naming what was wrong;
 the answer is a Refused frame carrying its ``reason``, then closing.
 """
 
@@ -84,6 +85,7 @@ class FrameType(enum.IntEnum):
     SNAPSHOT_END = 7
     PING = 8
     PONG = 9
+    IN_SYNC = 10
 
 
 # -- frames --------------------------------------------------------------------
@@ -155,6 +157,17 @@ class SnapshotEnd:
 
 
 @dataclass(frozen=True, slots=True)
+class InSync:
+    """Primary -> backup: you acked ``lsn``, which was the live edge when it
+    was sent; you count toward ``sync_replicas`` from now until this link ends
+    or a snapshot begins (the primary's own accounting, told so the backup's
+    role says the same)."""
+
+    epoch: int
+    lsn: int
+
+
+@dataclass(frozen=True, slots=True)
 class Ping:
     token: int
 
@@ -164,7 +177,7 @@ class Pong:
     token: int
 
 
-Frame = Hello | Batch | Ack | Refused | SnapshotBegin | FileChunk | SnapshotEnd | Ping | Pong
+Frame = Hello | Batch | Ack | Refused | SnapshotBegin | FileChunk | SnapshotEnd | InSync | Ping | Pong
 
 
 class State(enum.Enum):
@@ -193,13 +206,14 @@ _TRANSITIONS: dict[State, dict[FrameType, State]] = {
 _STREAMING: dict[Role, dict[FrameType, State]] = {
     Role.PRIMARY: {t: State.STREAMING for t in (_T.ACK, _T.REFUSED, _T.PING, _T.PONG)},
     Role.BACKUP: {
-        **{t: State.STREAMING for t in (_T.BATCH, _T.REFUSED, _T.PING, _T.PONG)},
+        **{t: State.STREAMING for t in (_T.BATCH, _T.IN_SYNC, _T.REFUSED, _T.PING, _T.PONG)},
         _T.SNAPSHOT_BEGIN: State.SNAPSHOT,
     },
 }
 SENT_BY: dict[Role, frozenset[FrameType]] = {
     Role.BACKUP: frozenset({_T.HELLO, _T.ACK, _T.REFUSED, _T.PING, _T.PONG}),
-    Role.PRIMARY: frozenset({_T.HELLO, _T.BATCH, _T.REFUSED, _T.SNAPSHOT_BEGIN, _T.FILE_CHUNK, _T.SNAPSHOT_END, _T.PING, _T.PONG}),
+    Role.PRIMARY: frozenset({_T.HELLO, _T.BATCH, _T.REFUSED, _T.SNAPSHOT_BEGIN, _T.FILE_CHUNK, _T.SNAPSHOT_END, _T.IN_SYNC,
+                             _T.PING, _T.PONG}),
 }
 
 
@@ -272,6 +286,8 @@ def _encode(frame: Frame) -> tuple[FrameType, bytes]:
         return _T.FILE_CHUNK, _str(frame.name) + _Q.pack(frame.offset) + frame.data
     if isinstance(frame, SnapshotEnd):
         return _T.SNAPSHOT_END, _Q.pack(frame.lsn)
+    if isinstance(frame, InSync):
+        return _T.IN_SYNC, _QQ.pack(frame.epoch, frame.lsn)
     if isinstance(frame, Ping):
         return _T.PING, _Q.pack(frame.token)
     if isinstance(frame, Pong):
@@ -316,6 +332,8 @@ def _decode(ftype: FrameType, body: memoryview) -> Frame:
         frame = FileChunk(name, offset, bytes(r.take(len(body) - r.pos)))
     elif ftype is _T.SNAPSHOT_END:
         frame = SnapshotEnd(*r.unpack(_Q))
+    elif ftype is _T.IN_SYNC:
+        frame = InSync(*r.unpack(_QQ))
     elif ftype is _T.PING:
         frame = Ping(*r.unpack(_Q))
     else:

@@ -3,7 +3,13 @@ primary (bounded attempts with backoff), says Hello with its follower's state
 (persistence/follower.py), checks the primary's Hello (an older epoch than it
 accepted is refused: the fencing rule), applies Batch frames (the disk part in
 a worker thread, as the committer's write) and acks each, installs snapshots
-(persistence/catchup.py) and answers Pings.  Refusals both ways (a stale
+(persistence/catchup.py) and answers Pings.
+
+It tells whether it is at the live edge, as the primary counts it toward
+``sync_replicas``: ``on_caught_up`` when the primary's InSync frame says it
+acked a batch that was the newest when sent (after a tail or a snapshot),
+``on_behind`` when that stops being so (a snapshot begins, a gap, the link
+ends).  Refusals both ways (a stale
 epoch, a gap, a bad batch) are reported through ``on_refused``; a gap or a
 bad batch is followed by a new connection, whose Hello sorts it out (tail or
 snapshot); a stale or refusing primary is not followed any more."""
@@ -35,7 +41,8 @@ class Backup:
 
     def __init__(
         self, follower: Follower, node_id: str, host: str, port: int, *,
-        on_refused: Callable[[str], None] = ignore, connect_attempts: int = CONNECT_ATTEMPTS,
+        on_refused: Callable[[str], None] = ignore, on_caught_up: Callable[[], None] = ignore,
+        on_behind: Callable[[], None] = ignore, connect_attempts: int = CONNECT_ATTEMPTS,
         backoff_s: float = BACKOFF_S, idle_timeout_s: float = IDLE_TIMEOUT_S,
         threads: trio.CapacityLimiter | None = None, log: Any = ignore,
     ) -> None:
@@ -44,12 +51,15 @@ class Backup:
         self.host = host
         self.port = port
         self.on_refused = on_refused  # every refusal, both ways (stale epoch, gap, bad batch)
+        self.on_caught_up = on_caught_up
+        self.on_behind = on_behind
         self.connect_attempts = connect_attempts
         self.backoff_s = backoff_s
         self.idle_timeout_s = idle_timeout_s
         self.threads = threads
         self.log = log
         self.connected = False
+        self.in_sync = False  # the primary counts this backup toward sync_replicas
         self.snapshots = 0  # installed
 
     async def run(self) -> str:
@@ -71,12 +81,18 @@ class Backup:
                     reason = str(exc) or type(exc).__name__
                 finally:
                     self.connected = False
+                    self._behind()
                     await trio.aclose_forcefully(stream)
             failures += 1
             self.log("replication_link_down", primary=f"{self.host}:{self.port}", reason=reason, failures=failures)
             if failures >= self.connect_attempts:
                 return f"gave up after {failures} attempts: {reason}"
             await trio.sleep(min(self.backoff_s * 2 ** (failures - 1), BACKOFF_MAX_S))
+
+    def _behind(self) -> None:
+        if self.in_sync:
+            self.in_sync = False
+            self.on_behind()
 
     async def _thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await trio.to_thread.run_sync(fn, *args, limiter=self.threads)
@@ -115,6 +131,7 @@ class Backup:
                 try:
                     step = f.receive(frame)
                 except Refusal as exc:  # a gap or a bad batch: a new Hello sorts it out
+                    self._behind()
                     await self._refuse(link, exc.reason, stop=False)
                     return True
                 try:
@@ -123,7 +140,14 @@ class Backup:
                     f.failed(step)
                     raise
                 await link.send(f.written(step))
+            elif isinstance(frame, r.InSync):
+                if frame.epoch == f.epoch and frame.lsn <= f.last_lsn and not self.in_sync:
+                    self.in_sync = True
+                    self.log("replication_in_sync", lsn=frame.lsn)
+                    self.on_caught_up()
             elif isinstance(frame, r.SnapshotBegin | r.FileChunk | r.SnapshotEnd):
+                if isinstance(frame, r.SnapshotBegin):
+                    self._behind()
                 await self._snapshot_frame(link, frame)
             elif isinstance(frame, r.Ping):
                 await link.send(r.Pong(frame.token))

@@ -22,7 +22,9 @@ then one task sends frames and one reads Acks.
   snapshot), not as megabytes piling up in socket buffers.
 - **Confirmation.**  A backup is *in sync* once it has acked a batch that was
   the newest when it was sent (it caught up with the live stream); it stops
-  being in sync when its link ends or it is cut to a snapshot.
+  being in sync when its link ends or it is cut to a snapshot.  It is told
+  with an InSync frame, so that its role (backup_in_sync) says what the
+  primary counts.
   :meth:`Primary.confirmed_lsn` is the ``sync_replicas``-th highest LSN acked
   by in-sync backups, a watermark that only rises (the local durable LSN when
   ``sync_replicas`` is 0).  The receipt gate is :meth:`Primary.receipt_lsn`,
@@ -85,6 +87,7 @@ class Peer:
     acked: int = 0
     sync_point: int | None = None  # a batch sent live: in sync once acked up to it
     in_sync: bool = False
+    tell_in_sync: int | None = None  # an InSync(lsn) for the sender to send
     snapshots: int = 0  # snapshots sent on this link
     unacked: collections.deque[tuple[int, int]] = field(default_factory=collections.deque)  # (last lsn, bytes)
     unacked_bytes: int = 0
@@ -271,6 +274,9 @@ class Primary:
             if peer.pong is not None:
                 await link.send(r.Pong(peer.pong))
                 peer.pong = None
+            if peer.tell_in_sync is not None:
+                lsn, peer.tell_in_sync = peer.tell_in_sync, None
+                await link.send(r.InSync(self.epoch, lsn))
             if peer.cursor <= self.last_lsn and peer.unacked_bytes < self.unacked_bytes:
                 frame = self._frame_from(peer.cursor)
                 if frame is None:
@@ -287,6 +293,8 @@ class Primary:
                 continue
             if peer.cursor > self.last_lsn and peer.sync_point is None:
                 self._caught_up(peer, self.last_lsn)  # all sent (a tail at our end, or a snapshot of it)
+                if peer.tell_in_sync is not None:
+                    continue
             with trio.move_on_after(self.ping_interval_s) as idle:
                 await peer.wake.park()
             if idle.cancelled_caught:
@@ -308,7 +316,7 @@ class Primary:
 
     async def _send_snapshot(self, peer: Peer, link: Link) -> None:
         peer.in_sync = False
-        peer.sync_point = None
+        peer.sync_point = peer.tell_in_sync = None
         peer.snapshots += 1
         peer.snapshotting = True
         source = await self._snapshot()
@@ -367,6 +375,8 @@ class Primary:
         True when the peer counts toward confirmations."""
         if not peer.in_sync and peer.sync_point is not None and peer.acked >= peer.sync_point:
             peer.in_sync = True
+            peer.tell_in_sync = peer.acked
+            peer.wake.unpark_all()
             self.log("backup_in_sync", backup=peer.node_id, lsn=peer.acked)
         if not peer.in_sync or self.sync_replicas == 0:
             return False

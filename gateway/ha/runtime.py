@@ -192,6 +192,8 @@ class HaNode:
 
     def record(self, role: Role) -> NodeRecord:
         f = self.follower
+        if role is Role.BACKUP and f.copying:
+            role = Role.SYNCING  # a folder being replaced by a snapshot may not lead
         return NodeRecord(self.ha.node_id, self.ha.advertise, epochs.epoch_of(f.history, f.last_lsn), f.last_lsn, role,
                           self.vacancy)
 
@@ -261,7 +263,8 @@ class HaNode:
 
     async def follow(self, advertise: str, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         host, port = split_host_port(advertise)
-        backup = Backup(self.follower, self.ha.node_id, host, port, on_refused=self.refused, log=self.log.info)
+        backup = Backup(self.follower, self.ha.node_id, host, port, on_refused=self.refused, log=self.log.info,
+                        on_caught_up=partial(self.notice, Event.CAUGHT_UP), on_behind=partial(self.notice, Event.GAP))
         done = trio.Event()
         self.following, self.backup_done = advertise, done
         with trio.CancelScope() as self.backup_scope:

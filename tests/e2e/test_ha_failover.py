@@ -6,93 +6,12 @@ restarted, rejoins as a backup and confirms the new primary's batches."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
+from tests.ha_nodes import Node, wait_ready
 from tests.helpers import RawClient
-from tests.processes import GATEWAY, HOST, free_port
+from tests.processes import HOST
 from tests.zookeeper_helpers import ZooKeeperServer
-
-SESSION_TIMEOUT_S = 3
-WAIT_S = 60.0  # any wait for a role change: far beyond the session timeout and the backup's reconnects
-
-
-class Node:
-    """One `gateway serve` with an [ha] table, its output in a log file."""
-
-    def __init__(self, tmp_path: Path, node_id: str, zookeeper: ZooKeeperServer) -> None:
-        self.node_id = node_id
-        self.dir = tmp_path / node_id
-        self.dir.mkdir()
-        self.stomp_port, self.admin_port, self.replication_port = free_port(), free_port(), free_port()
-        self.config = self.dir / "gateway.toml"
-        self.config.write_text(f"""
-bind = "{HOST}"
-stomp_port = {self.stomp_port}
-mqtt_port = 0
-admin_port = {self.admin_port}
-data_dir = "{self.dir / 'data'}"
-shutdown_grace_s = 1.0
-
-[ha]
-node_id = "{node_id}"
-zookeeper = "{zookeeper.hosts}/gateway"
-replication_listen = "{HOST}:{self.replication_port}"
-advertise = "{HOST}:{self.replication_port}"
-sync_replicas = 1
-zookeeper_session_timeout_s = {SESSION_TIMEOUT_S}
-sync_timeout_s = 20
-""")
-        self.log_path = self.dir / "node.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Node:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([GATEWAY, "serve", "--config", str(self.config)], stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=subprocess.STDOUT, cwd=self.dir)
-        return self
-
-    def readyz(self) -> int | None:
-        """The admin port's /readyz status; None while it does not answer."""
-        try:
-            with urllib.request.urlopen(f"http://{HOST}:{self.admin_port}/readyz", timeout=1) as response:
-                return int(response.status)
-        except urllib.error.HTTPError as exc:
-            return exc.code
-        except OSError:
-            return None
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> None:
-        if self.alive():
-            assert self.proc is not None
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def log_tail(self, lines: int = 30) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return f"---- {self.node_id}\n" + "\n".join(text.splitlines()[-lines:])
-
-
-def wait_ready(nodes: list[Node], timeout: float = WAIT_S) -> Node:
-    """The one ready node, once exactly one of the live ones is ready and the others answer 503."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for node in nodes:
-            assert node.alive(), f"{node.node_id} exited\n" + "\n".join(n.log_tail() for n in nodes)
-        answers = {node.node_id: node.readyz() for node in nodes}
-        ready = [n for n in nodes if answers[n.node_id] == 200]
-        if len(ready) == 1 and all(answers[n.node_id] == 503 for n in nodes if n is not ready[0]):
-            return ready[0]
-        assert len(ready) <= 1, f"two ready nodes: {answers}"
-        time.sleep(0.1)
-    raise AssertionError(f"no single ready node within {timeout} s\n" + "\n".join(n.log_tail() for n in nodes))
 
 
 def test_receipted_messages_survive_a_sigkill_of_the_primary(tmp_path: Path, zookeeper: ZooKeeperServer) -> None:

@@ -123,14 +123,16 @@ def test_a_former_primary_with_records_the_new_one_never_had_is_copied_again(tmp
     assert (fa.epoch, fa.last_lsn) == (1, a_lsn)
     decision = plan(fa.hello("a"), history, nb.durable_lsn, oldest_lsn=shared + 1)
     assert decision.answer is Answer.SNAPSHOT and decision.reason.startswith("diverged")
+    assert not fa.copying
     assert fa.accept_primary(r.Hello("b", 2, nb.durable_lsn, history)) is False
+    assert fa.copying  # its LSN says nothing now: it may not lead (it publishes role syncing)
     nb.add_message(message("next"), ["/queue/a"])
     (tail,) = commit(nb, epoch=2)
     with pytest.raises(Refusal, match="a snapshot is needed"):
         fa.apply(tail)
     source = SnapshotSource(nb, 2, history)  # taken after `tail`: it holds it
     assert send_snapshot(source, fa) == r.Ack(2, nb.durable_lsn)
-    assert fa.history == history and fa.epoch == 2
+    assert fa.history == history and fa.epoch == 2 and not fa.copying
     fa.close()
     nb.close()
     assert folder_state(tmp_path / "a") == folder_state(tmp_path / "b")
@@ -143,6 +145,7 @@ def test_a_snapshot_cut_short_leaves_no_store_and_is_wiped_at_the_next_open(tmp_
     f = follower(tmp_path / "f")
     source = SnapshotSource(p, 1, H1)
     f.begin_snapshot(source.begin)
+    assert f.copying
     chunks = list(source.chunks(500))
     for chunk in chunks[: len(chunks) // 2]:
         f.file_chunk(chunk)

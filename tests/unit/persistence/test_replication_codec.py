@@ -29,6 +29,7 @@ from_backup = st.one_of(
 )
 from_primary_tail = st.one_of(
     st.builds(lambda e, f, n, rs: r.Batch(e, f, f + n, rs), st.integers(0, 2**32), st.integers(1, 2**32), st.integers(-1, 100), runs),
+    st.builds(r.InSync, u64, u64),
     st.builds(r.Refused, u64, text),
     st.builds(r.Ping, u64),
     st.builds(r.Pong, u64),
@@ -84,6 +85,7 @@ def test_split_at_every_index() -> None:
         r.SnapshotBegin(2, 11, ((1, 1), (2, 5)), (("store/checkpoint", 3),)),
         r.FileChunk("store/checkpoint", 0, b"xyz"),
         r.SnapshotEnd(11),
+        r.InSync(2, 11),
         r.Ping(7),
     ]
     data = b"".join(primary.send(f) for f in frames)
@@ -105,6 +107,12 @@ def test_golden_bytes_of_an_ack() -> None:
     backup.send(r.Hello("b", 0, 0, ()))
     body = bytes([r.FrameType.ACK]) + struct.pack("<QQ", 3, 42)
     assert backup.send(r.Ack(3, 42)) == struct.pack("<II", len(body), zlib.crc32(body)) + body
+
+
+def test_golden_bytes_of_an_in_sync() -> None:
+    primary, _ = pair()
+    body = bytes([10]) + struct.pack("<QQ", 4, 99)  # type 10: epoch, lsn
+    assert primary.send(r.InSync(4, 99)) == struct.pack("<II", len(body), zlib.crc32(body)) + body
 
 
 def broken(data: bytes, error: str, *, role: r.Role = r.Role.BACKUP, eof: bool = False, max_frame_bytes: int = r.MAX_FRAME_BYTES,
@@ -163,6 +171,16 @@ def test_who_sends_what_and_when() -> None:
     backup.receive_data(primary.send(r.SnapshotBegin(1, 0, (), ())) + primary.send(r.Batch(1, 1, 1, ())))
     with pytest.raises(r.RemoteProtocolError, match="BATCH is not expected while snapshot"):
         list(backup.events())
+    # Only a primary says a backup is in sync, and not in the middle of a snapshot.
+    with pytest.raises(r.LocalProtocolError, match="a backup does not send IN_SYNC"):
+        backup.send(r.InSync(1, 1))
+    primary, backup = pair()
+    backup.receive_data(primary.send(r.SnapshotBegin(1, 0, (), ())) + primary.send(r.InSync(1, 0)))
+    with pytest.raises(r.RemoteProtocolError, match="IN_SYNC is not expected while snapshot"):
+        list(backup.events())
+    other = r.ReplicationConnection(r.Role.PRIMARY)
+    broken(other.send(r.Hello("p", 1, 0, ())) + other.send(r.InSync(1, 1)), "a backup does not send IN_SYNC",
+           role=r.Role.PRIMARY, fresh=True)
     # A backup's frame arriving at a backup.
     other = r.ReplicationConnection(r.Role.BACKUP)
     broken(other.send(r.Hello("b", 0, 0, ())) + other.send(r.Ack(1, 1)), "a primary does not send ACK", fresh=True)

@@ -1,0 +1,123 @@
+"""HA nodes as the end-to-end tests run them: `gateway serve` processes with
+an [ha] table on loopback, against a real ZooKeeper (tests/zookeeper_helpers.py),
+each with its output in a log file, probed through its admin port the way
+Kubernetes does (/readyz, /metrics)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tests.processes import GATEWAY, HOST, free_port
+from tests.zookeeper_helpers import ZooKeeperServer
+
+SESSION_TIMEOUT_S = 3
+WAIT_S = 60.0  # any wait for a role change: far beyond the session timeout and the backup's reconnects
+ROLE = re.compile(r'^gateway_ha_role\{role="([a-z_]+)"\} 1$', re.MULTILINE)
+
+
+class Node:
+    """One `gateway serve` with an [ha] table, its output in a log file.
+    ``mqtt`` gives it an MQTT listener (a free port) besides STOMP."""
+
+    def __init__(self, tmp_path: Path, node_id: str, zookeeper: ZooKeeperServer, *, mqtt: bool = False,
+                 sync_timeout_s: float = 20) -> None:
+        self.node_id = node_id
+        self.dir = tmp_path / node_id
+        self.dir.mkdir()
+        self.data_dir = self.dir / "data"
+        self.stomp_port, self.admin_port, self.replication_port = free_port(), free_port(), free_port()
+        self.mqtt_port = free_port() if mqtt else 0
+        self.config = self.dir / "gateway.toml"
+        self.config.write_text(f"""
+bind = "{HOST}"
+stomp_port = {self.stomp_port}
+mqtt_port = {self.mqtt_port}
+admin_port = {self.admin_port}
+data_dir = "{self.data_dir}"
+shutdown_grace_s = 1.0
+
+[ha]
+node_id = "{node_id}"
+zookeeper = "{zookeeper.hosts}/gateway"
+replication_listen = "{HOST}:{self.replication_port}"
+advertise = "{HOST}:{self.replication_port}"
+sync_replicas = 1
+zookeeper_session_timeout_s = {SESSION_TIMEOUT_S}
+sync_timeout_s = {sync_timeout_s:g}
+""")
+        self.log_path = self.dir / "node.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Node:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([GATEWAY, "serve", "--config", str(self.config)], stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=subprocess.STDOUT, cwd=self.dir)
+        return self
+
+    def get(self, path: str) -> tuple[int, str] | None:
+        """An admin path's status and text; None while the port does not answer."""
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{self.admin_port}{path}", timeout=1) as response:
+                return int(response.status), response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(errors="replace")
+        except OSError:
+            return None
+
+    def readyz(self) -> int | None:
+        """The admin port's /readyz status; None while it does not answer."""
+        answer = self.get("/readyz")
+        return None if answer is None else answer[0]
+
+    def role(self) -> str | None:
+        """The role its /metrics exports (a backup's: backup_syncing, backup_in_sync, ...)."""
+        answer = self.get("/metrics")
+        found = ROLE.search(answer[1]) if answer is not None and answer[0] == 200 else None
+        return found.group(1) if found else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def log_tail(self, lines: int = 30) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return f"---- {self.node_id}\n" + "\n".join(text.splitlines()[-lines:])
+
+
+def wait_ready(nodes: list[Node], timeout: float = WAIT_S) -> Node:
+    """The one ready node, once exactly one of the live ones is ready and the others answer 503."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for node in nodes:
+            assert node.alive(), f"{node.node_id} exited\n" + "\n".join(n.log_tail() for n in nodes)
+        answers = {node.node_id: node.readyz() for node in nodes}
+        ready = [n for n in nodes if answers[n.node_id] == 200]
+        if len(ready) == 1 and all(answers[n.node_id] == 503 for n in nodes if n is not ready[0]):
+            return ready[0]
+        assert len(ready) <= 1, f"two ready nodes: {answers}"
+        time.sleep(0.1)
+    raise AssertionError(f"no single ready node within {timeout} s\n" + "\n".join(n.log_tail() for n in nodes))
+
+
+def wait_role(node: Node, role: str, timeout: float = WAIT_S) -> None:
+    """Until ``node``'s /metrics says ``role``."""
+    deadline = time.monotonic() + timeout
+    seen = None
+    while time.monotonic() < deadline:
+        assert node.alive(), f"{node.node_id} exited\n" + node.log_tail()
+        seen = node.role()
+        if seen == role:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{node.node_id} not {role} within {timeout} s (last {seen})\n" + node.log_tail())
