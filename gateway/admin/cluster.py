@@ -130,8 +130,9 @@ def document(view: View, members: Members) -> dict[str, Any]:
         entry: dict[str, Any] = {"node_id": record.node_id, "role": record.role, "epoch": record.epoch,
                                  "lsn": record.lsn, "advertise": record.advertise}
         lag = lags.get(record.node_id)
-        if lag is not None:  # fresher than its record, which is published every ~0.5 s
-            entry["lsn"] = max(record.lsn, lag.acked_lsn)
+        if lag is not None and lag.acked_lsn >= record.lsn:  # fresher than its record (published every ~0.5 s)
+            entry.update(epoch=lag.acked_epoch, lsn=lag.acked_lsn)
+        if lag is not None:
             entry["replication"] = lag_fields(lag)
         nodes.append(entry)
     if view.node_id not in seen:  # ZooKeeper unreadable, or this node's record not (yet) there

@@ -94,6 +94,7 @@ def test_the_primary_lists_every_node_with_what_it_knows_of_each_backup() -> Non
     assert list(nodes) == ["gw-0", "gw-1", "gw-2", "gw-3"]
     assert nodes["gw-0"]["self"] and nodes["gw-0"]["lsn"] == 120  # live, not the record's 7
     assert nodes["gw-1"]["lsn"] == 120 and nodes["gw-1"]["replication"]["lag_bytes"] == 0  # acked beats the record
+    assert nodes["gw-2"]["epoch"] == 1 and nodes["gw-1"]["epoch"] == 2
     assert nodes["gw-1"]["replication"]["in_sync"] is True
     assert nodes["gw-2"]["role"] == "syncing" and "replication" not in nodes["gw-2"]  # not connected
     # Connected, with no record (its session gone): still shown, with what the primary knows.
