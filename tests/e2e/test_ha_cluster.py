@@ -5,7 +5,8 @@ backup, its acked LSN and lag; a backup stopped (SIGSTOP) shows a lag that
 goes back to 0 once it catches up; /metrics carries the gateway_ha_* samples
 with their labels, on the backup too (behind the same auth); after a SIGKILL
 of the primary the backup that takes over counts the failover and a newer
-epoch.  A single node answers role "single"."""
+epoch; the primary's console lists both.  (A single node answering role
+"single": tests/e2e/test_admin.py.)"""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.auth import hash_password
+from tests.browser import requires_chromium
 from tests.e2e import test_ha_failover as failover
 from tests.helpers import RawClient
 from tests.processes import HOST
@@ -172,6 +174,33 @@ def test_the_cluster_view_shows_roles_epochs_lag_and_failovers(tmp_path: Path, z
         primary.start()
         doc = until(lambda: caught_up(new, primary.node_id), "the old primary back as a backup", nodes)
         assert by_id(doc)[primary.node_id]["role"] == "backup"
+    finally:
+        for node in nodes:
+            node.kill()
+
+
+@requires_chromium
+def test_the_primarys_console_shows_the_cluster(tmp_path: Path, zookeeper: ZooKeeperServer, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    nodes = [Node(tmp_path, name, zookeeper).start() for name in ("gw-0", "gw-1")]
+    try:
+        primary = failover.wait_ready(nodes)
+        (backup,) = [n for n in nodes if n is not primary]
+        send(primary, 3)
+        until(lambda: caught_up(primary, backup.node_id), "the backup in sync", nodes)
+        browser.get(f"http://{READER[0]}:{READER[1]}@{HOST}:{primary.admin_port}/")
+        wait = WebDriverWait(browser, 20)
+        mine, theirs = (f'#nodes tr[data-node="{n.node_id}"]' for n in (primary, backup))
+        wait.until(expected_conditions.text_to_be_present_in_element((By.CSS_SELECTOR, f"{theirs} td.lag"), "0"))
+        assert browser.find_element(By.ID, "cluster").is_displayed()
+        assert browser.find_element(By.CSS_SELECTOR, f"{mine} td.role").text == "primary"
+        assert browser.find_element(By.CSS_SELECTOR, f"{theirs} td.role").text == "backup"
+        epoch = primary.cluster()["epoch"]
+        assert browser.find_element(By.CSS_SELECTOR, f"{mine} td.epoch").text == str(epoch)
+        assert int(browser.find_element(By.CSS_SELECTOR, f"{theirs} td.lsn").text) >= 3
     finally:
         for node in nodes:
             node.kill()
