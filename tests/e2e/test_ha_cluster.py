@@ -5,7 +5,8 @@ backup, its acked LSN and lag; a backup stopped (SIGSTOP) shows a lag that
 goes back to 0 once it catches up; /metrics carries the gateway_ha_* samples
 with their labels, on the backup too (behind the same auth); after a SIGKILL
 of the primary the backup that takes over counts the failover and a newer
-epoch; the primary's console lists both.  (A single node answering role
+epoch; the primary's console lists both; and, in one process, the lag of a
+backup held from applying is exactly the batch it has not acked.  (A single node answering role
 "single": tests/e2e/test_admin.py.)"""
 
 from __future__ import annotations
@@ -19,13 +20,17 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.admin.cluster import Lag
 from gateway.auth import hash_password
 from tests.browser import requires_chromium
 from tests.e2e import test_ha_failover as failover
 from tests.helpers import RawClient
 from tests.processes import HOST
+from tests.replication_helpers import everything
+from tests.replicator_helpers import BackupNode, PrimaryNode, wait_for
 from tests.zookeeper_helpers import ZooKeeperServer
 
 READER = ("viewer", "look")
@@ -204,3 +209,32 @@ def test_the_primarys_console_shows_the_cluster(tmp_path: Path, zookeeper: ZooKe
     finally:
         for node in nodes:
             node.kill()
+
+
+async def test_the_primary_measures_a_backups_lag_in_lsns_bytes_and_seconds(tmp_path: Path) -> None:
+    """In one Trio process: a backup held from applying (its worker thread
+    taken) lags by exactly the batch it has not acked, then by nothing."""
+    node = PrimaryNode(tmp_path / "p")
+    threads = trio.CapacityLimiter(1)
+    async with trio.open_nursery() as nursery:
+        await node.start(nursery)
+        b = BackupNode(tmp_path / "b", "b", node.port, threads=threads).start(nursery)
+        everything(node.store, n=8, tag="a")
+        first = await node.commit()
+        await node.confirmed()
+        await wait_for(lambda: node.replicator.in_sync() == ["b"], "b in sync")
+        assert node.replicator.lags() == [Lag("b", first, 1, True, 0, 0, 0.0, True)]
+        async with threads:  # b cannot write what it receives
+            before = node.store.stats()["bytes"]
+            everything(node.store, n=8, tag="b")
+            second = await node.commit()
+            await trio.sleep(0.2)
+            (lag,) = node.replicator.lags()
+            assert (lag.acked_lsn, lag.lag_lsns, lag.lag_exact) == (first, second - first, True)
+            assert lag.lag_bytes == node.store.stats()["bytes"] - before > 0
+            assert lag.lag_seconds >= 0.2
+        await node.confirmed()
+        assert node.replicator.lags() == [Lag("b", second, 1, True, 0, 0, 0.0, True)]
+        await b.stop()
+        nursery.cancel_scope.cancel()
+    node.store.close()
