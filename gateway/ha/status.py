@@ -86,8 +86,11 @@ class NodeStatus:
                             primary=lock.node_id if lock is not None and state in FOLLOWING else None)
 
     def members(self) -> cluster.Members:
+        coordinator = self.node.coordinator
+        if not coordinator.connected():  # answer at once: an operator asks most while ZooKeeper is away
+            return cluster.Members(error="not connected to ZooKeeper")
         try:
-            records = self.node.coordinator.nodes()
+            records = coordinator.nodes()
         except CoordinationError as exc:
             return cluster.Members(error=str(exc))
         return cluster.Members(tuple(cluster.Member(r.node_id, r.role.value, r.epoch, r.lsn, r.advertise)

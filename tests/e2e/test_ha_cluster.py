@@ -5,7 +5,8 @@ backup, its acked LSN and lag; a backup stopped (SIGSTOP) shows a lag that
 goes back to 0 once it catches up; /metrics carries the gateway_ha_* samples
 with their labels, on the backup too (behind the same auth); after a SIGKILL
 of the primary the backup that takes over counts the failover and a newer
-epoch; the primary's console lists both; and, in one process, the lag of a
+epoch; without ZooKeeper a node answers with itself and the reason; the
+primary's console lists both; and, in one process, the lag of a
 backup held from applying is exactly the batch it has not acked.  (A single node answering role
 "single": tests/e2e/test_admin.py.)"""
 
@@ -179,6 +180,16 @@ def test_the_cluster_view_shows_roles_epochs_lag_and_failovers(tmp_path: Path, z
         primary.start()
         doc = until(lambda: caught_up(new, primary.node_id), "the old primary back as a backup", nodes)
         assert by_id(doc)[primary.node_id]["role"] == "backup"
+
+        # Without ZooKeeper a node still answers, with itself and the reason.
+        zookeeper.kill()
+
+        def alone() -> dict[str, Any] | None:
+            doc = primary.cluster()
+            return doc if doc["zookeeper"] != "ok" else None
+
+        doc = until(alone, "the cluster view without ZooKeeper", nodes)
+        assert [n["node_id"] for n in doc["nodes"] if n.get("self")] == [primary.node_id]
     finally:
         for node in nodes:
             node.kill()
