@@ -19,7 +19,7 @@ from core.broker import Broker
 from core.storage import Recovered
 from gateway import tasks
 from gateway.auth import Gatekeeper, Transport
-from gateway.admin import metrics
+from gateway.admin import cluster, metrics
 from gateway.admin.server import AdminSlots, serve_admin
 from gateway.admin.api import AdminApi, load_users
 from gateway.config import Config
@@ -105,6 +105,9 @@ class PrimaryRole(Protocol):
     def serving(self, server: Server) -> None: ...
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None: ...
+
+    @property
+    def cluster(self) -> cluster.Source: ...  # /api/v1/cluster and the gateway_ha_* metrics
 
 
 @dataclasses.dataclass
@@ -294,11 +297,14 @@ class _Wiring:
         users = load_users(config.admin)
         if not users:
             self.log.warning("admin_api_locked", detail="no [admin] users configured: the admin API answers 403")
+        store = self.store
+        group = self.replicator.cluster if self.replicator is not None else cluster.Single(lambda: store.durable_lsn)
         self.api = AdminApi(
             self.broker, server, users=users, ready=lambda: self.listening and not server.stopping,
-            metrics=lambda: metrics.render(self.broker, server, self.store, self.writes, self.gatekeeper, self.disk),
-            archive=self.store.archive, origins=config.admin.allowed_origins + config.admin.websocket_origins,
-            gate=self.gatekeeper,
+            metrics=lambda: metrics.render(self.broker, server, store, self.writes, self.gatekeeper, self.disk,
+                                           group.view()),
+            archive=store.archive, origins=config.admin.allowed_origins + config.admin.websocket_origins,
+            gate=self.gatekeeper, cluster=group,
         )
 
     def start_tasks(self, nursery: trio.Nursery, *, handle_signals: bool) -> None:

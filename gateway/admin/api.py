@@ -13,6 +13,7 @@ Routes (``admin/server.py`` runs them over h11):
     POST   /api/v1/destinations/{name}/purge     write: drop every pending message
     DELETE /api/v1/destinations/{name}           write: delete an unused queue (?force=true: with its messages),
                                                  or an offline durable subscription (its name is its key: durable:...)
+    GET    /api/v1/cluster                       read: this node and its HA group (admin/cluster.py)
     GET    /api/v1/connections                   read: every connection
     DELETE /api/v1/connections/{id}              write: close one
     GET    /api/v1/archive[/{topic}[/messages]]  read: topic archives (admin/archive.py)
@@ -24,7 +25,6 @@ its leading slash (``queue/orders``).  Errors are JSON: ``{"status", "reason"}``
 from __future__ import annotations
 
 import base64
-import binascii
 import dataclasses
 import json
 import os
@@ -38,8 +38,10 @@ from core import names
 from core.broker import Broker
 from core.errors import CoreError, QueueNotEmpty
 from gateway.admin import archive, console
-from gateway.admin.http import SECURITY_HEADERS, Request, Response, error, ok
-from gateway.auth import ADMIN, AccessDenied, AuthSettings, Gatekeeper, dummy_hash
+from gateway.admin.access import Access
+from gateway.admin.cluster import ClusterBody, Single, Source
+from gateway.admin.http import Request, Response, error, ok
+from gateway.auth import Gatekeeper
 
 ROLES = ("read", "write")
 WRITE_METHODS = frozenset({"POST", "PUT", "DELETE", "PATCH"})
@@ -86,18 +88,6 @@ def load_users(settings: AdminSettings) -> dict[str, tuple[str, str]]:
     return users
 
 
-def _basic(header: str) -> tuple[str | None, str]:
-    """(user, password) from a Basic Authorization header; (None, "") if it is none."""
-    scheme, _, encoded = header.partition(" ")
-    if scheme.lower() != "basic":
-        return None, ""
-    try:
-        name, _, password = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
-    except (binascii.Error, UnicodeDecodeError):
-        return None, ""
-    return name, password
-
-
 def _same_host(origin: str, host: str) -> bool:
     """Whether ``origin`` (scheme://host[:port]) names the host and port the
     request was sent to (its Host header), default ports filled in."""
@@ -140,17 +130,17 @@ class AdminApi:
         archive: Any = None,
         origins: Iterable[str] = (),
         gate: Gatekeeper | None = None,
+        cluster: Source | None = None,
     ) -> None:
         self.broker = broker
         self.archive = archive  # persistence.archive.Archive, or None
         self.server = server
-        self.users = users
+        self.access = Access(users, gate)
         self.ready = ready
         self.metrics = metrics
         self.origins = frozenset(o.strip().rstrip("/").lower() for o in origins)
-        # Password checks: the broker's gate (lockout, hashing off the loop, cache).
-        self.gate = gate if gate is not None else Gatekeeper(AuthSettings())
-        self.dummy = dummy_hash(hashed for hashed, _ in users.values())
+        # Sources of /api/v1/cluster: this node (single) or its HA group.
+        self.cluster = cluster
 
     def handle(self, request: Request) -> Response:
         parts = urlsplit(request.target)
@@ -165,7 +155,8 @@ class AdminApi:
             refused = self._same_origin(request) or _json_only(request)
             if refused is not None:
                 return refused
-        denied = self._authorize(request, "write" if write else "read")
+        # Password checks: the broker's gate (lockout, hashing off the loop, cache).
+        denied = self.access.authorize(request, "write" if write else "read")
         if denied is not None:
             return denied
         try:
@@ -191,32 +182,6 @@ class AdminApi:
         return error(403, f"cross-origin request from {origin[:200]} refused: not this console's own page "
                           "(admin.allowed_origins)")
 
-    def _authorize(self, request: Request, need: str) -> Response | None:
-        """The caller's role must cover ``need``.  The password check goes
-        through the broker's one gate (per-address lockout, bounded hashing
-        off the loop): it raises VerificationPending for the admin server to
-        wait on, then handle() is called again and finds the answer."""
-        if not self.users:
-            return error(403, "no admin users are configured ([admin] users or a users file)")
-        header = request.headers.get("authorization")
-        if not header:  # a browser's first request: ask, no failure counted
-            return error(401, "credentials required", **{"WWW-Authenticate": 'Basic realm="gateway"'})
-        host = request.host
-        try:
-            self.gate.gate(ADMIN, host)
-        except AccessDenied as exc:
-            return error(429, exc.reason, **{"Retry-After": str(max(1, self.gate.retry_after(ADMIN, host)))})
-        name, password = _basic(header)
-        entry = self.users.get(name) if name is not None else None
-        ok = self.gate.password(ADMIN, host, name or "", password, entry[0] if entry else self.dummy)
-        ok = ok and entry is not None
-        self.gate.answered(ADMIN, host, ok)
-        if not ok or entry is None:
-            return error(401, "credentials required", **{"WWW-Authenticate": 'Basic realm="gateway"'})
-        if need == "write" and entry[1] != "write":
-            return error(403, "this user may only read")
-        return None
-
     def _route(self, method: str, path: str, query: dict[str, list[str]], body: bytes) -> Response:
         if path == "/" and method == "GET":
             return Response(200, console.PAGE, "text/html; charset=utf-8")
@@ -227,6 +192,10 @@ class AdminApi:
         rest = path[len("/api/v1/") :]
         if rest == "destinations" and method == "GET":
             return ok([self._destination(q) for q in self._queues()])
+        if rest == "cluster" and method == "GET":
+            # The group's records come from ZooKeeper: read in a worker thread, as the body.
+            source = self.cluster or Single(lambda: getattr(self.broker.store, "durable_lsn", 0))
+            return Response(200, b"", stream=ClusterBody(source))
         if rest == "connections" and method == "GET":
             return ok([self._connection(cid, c) for cid, c in list(self.server.connections.items())])
         if rest.startswith("connections/") and method == "DELETE":
@@ -238,7 +207,6 @@ class AdminApi:
         if rest.startswith("destinations/"):
             return self._on_destination(method, rest[len("destinations/") :], query, body)
         if rest == "archive" or rest.startswith("archive/"):
-            
             return archive.route(self.archive, method, rest[len("archive") :], query)
         return error(404 if method == "GET" else 405, f"no route for {method} {path[:100]}")
 

@@ -22,6 +22,14 @@ PAGE = b"""<!doctype html>
 <body>
 <h1>gateway</h1>
 <p id="status">loading&hellip;</p>
+<section id="cluster" hidden>
+<h2>Cluster</h2>
+<p id="cluster-note"></p>
+<table id="nodes">
+  <thead><tr><th>node</th><th>role</th><th>epoch</th><th>LSN</th><th>in sync</th><th>lag (bytes)</th><th>lag (s)</th></tr></thead>
+  <tbody></tbody>
+</table>
+</section>
 <h2>Destinations</h2>
 <table id="destinations">
   <thead><tr><th>name</th><th>type</th><th>depth</th><th>consumers</th><th>in/s</th><th>out/s</th><th></th></tr></thead>
@@ -54,12 +62,38 @@ async function purge(name) {
   refresh();
 }
 
+// The HA group (/api/v1/cluster); a single node (role "single") hides the panel.
+function showCluster(c) {
+  const panel = document.getElementById("cluster");
+  panel.hidden = c.role === "single";
+  if (panel.hidden) return;
+  const note = "this node: " + c.node_id + " (" + c.state + "), primary: " + (c.primary || "none") +
+    (c.role === "primary" ? ", in sync: " + c.in_sync + " of " + c.sync_replicas + " required" : "") +
+    (c.zookeeper === "ok" ? "" : "; ZooKeeper: " + c.zookeeper);
+  document.getElementById("cluster-note").textContent = note;
+  const body = document.querySelector("#nodes tbody");
+  body.replaceChildren();
+  for (const n of c.nodes) {
+    const row = body.insertRow(), r = n.replication;
+    row.dataset.node = n.node_id;
+    cell(row, n.node_id + (n.self ? " (this node)" : ""));
+    cell(row, n.role === null ? "?" : n.role).className = "role";
+    cell(row, n.epoch, true).className = "n epoch";
+    cell(row, n.lsn, true).className = "n lsn";
+    cell(row, r ? (r.in_sync ? "yes" : "no") : "");
+    cell(row, r ? (r.lag_exact ? "" : "\\u2265 ") + r.lag_bytes : "", true).className = "n lag";
+    cell(row, r ? (r.lag_exact ? "" : "\\u2265 ") + r.lag_seconds : "", true);
+  }
+}
+
 async function refresh() {
   try {
-    const [destinations, connections] = await Promise.all([
+    const [destinations, connections, cluster] = await Promise.all([
       fetch(api("/api/v1/destinations"), {credentials: "same-origin"}).then(r => r.json()),
       fetch(api("/api/v1/connections"), {credentials: "same-origin"}).then(r => r.json()),
+      fetch(api("/api/v1/cluster"), {credentials: "same-origin"}).then(r => r.json()),
     ]);
+    showCluster(cluster);
     const now = performance.now(), seconds = (now - previousAt) / 1000, current = {};
     const body = document.querySelector("#destinations tbody");
     body.replaceChildren();

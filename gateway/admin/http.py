@@ -34,8 +34,10 @@ class Response:
     body: bytes
     content_type: str = "application/json"
     headers: list[tuple[str, str]] = dataclasses.field(default_factory=list)
-    # A body too big to hold: an object whose blocking next_chunk() returns
-    # the next piece (None at the end) and close(); admin/server.py sends it chunked.
+    # A body too big to hold, or one that takes blocking reads to make (the
+    # cluster's ZooKeeper records): an object whose blocking next_chunk()
+    # returns the next piece (None at the end) and close(); admin/server.py
+    # calls it in a worker thread and sends the pieces chunked.
     stream: Any = None
 
 

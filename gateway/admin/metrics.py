@@ -9,6 +9,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from gateway.admin.cluster import View, families, label as _label
 from persistence.archive import list_topics
 
 # Seconds a store batch took to write and fdatasync.
@@ -28,10 +29,6 @@ class Histogram:
         self.counts[bisect.bisect_left(self.buckets, value)] += 1
         self.total += value
         self.count += 1
-
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 class _Writer:
@@ -56,8 +53,20 @@ def _rss_bytes() -> int:
         return 0
 
 
-def render(broker: Any, server: Any, store: Any, writes: Histogram, gatekeeper: Any = None, disk: Any = None) -> str:
+def render_standby(view: View) -> str:
+    """A node that serves no clients (an HA backup): its HA state and the process."""
     out = _Writer()
+    for family in families(view):
+        out.family(*family)
+    out.family("process_resident_memory_bytes", "gauge", "Resident memory of the broker process.", [("", _rss_bytes())])
+    return out.text()
+
+
+def render(broker: Any, server: Any, store: Any, writes: Histogram, gatekeeper: Any = None, disk: Any = None,
+           cluster: View | None = None) -> str:
+    out = _Writer()
+    for family in families(cluster) if cluster is not None else ():
+        out.family(*family)
     by_protocol: dict[str, int] = {}
     for connection in list(server.connections.values()):
         by_protocol[connection.protocol] = by_protocol.get(connection.protocol, 0) + 1

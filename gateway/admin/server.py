@@ -10,7 +10,7 @@ from typing import Any
 import h11
 import trio
 
-from gateway.auth import VerificationPending
+from gateway.auth import Gatekeeper, VerificationPending, verify_password
 from gateway.transports.server import close_stream, peer_address, peer_host
 from gateway.admin.api import AdminApi, AdminSettings
 from gateway.admin.http import SECURITY_HEADERS, Request, Response, error
@@ -19,6 +19,9 @@ from gateway.transports.websocket import Upgrades
 MAX_HEAD_BYTES = 16 * 1024
 RECEIVE_BYTES = 64 * 1024
 SERVER_HEADER = b"gateway-admin"
+# Password checks waiting for a worker on a port that checks its own
+# (a backup's); past it, "busy" (503), as the broker's own backlog does.
+PASSWORD_BACKLOG = 16
 
 
 class _StreamAborted(Exception):
@@ -80,11 +83,14 @@ async def serve_admin(
     upgrades: Upgrades | None = None,
     threads: trio.CapacityLimiter | None = None,
     slots: AdminSlots | None = None,
+    passwords: Gatekeeper | None = None,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """``upgrades``: the WebSocket endpoints (STOMP, MQTT) this port also
     serves; ``threads``: the worker threads streamed bodies are read in;
-    ``slots``: the connection bound, shared by the plain and TLS ports."""
+    ``slots``: the connection bound, shared by the plain and TLS ports;
+    ``passwords``: a gate whose password checks this port runs itself, in
+    one worker thread (where no broker runs the broker's: an HA backup)."""
     listeners: list[Any] = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
     if ssl_context is not None:
@@ -94,9 +100,29 @@ async def serve_admin(
     log.info("listener_started", protocol="admin", host=host, port=bound, tls=ssl_context is not None)
     task_status.started(bound)
     served = _Port(api, settings, log, upgrades, threads, slots or AdminSlots(api.server, settings.max_connections))
-    # (trio's accept loop waits and retries on EMFILE rather than spinning or
-    # ending; the slots keep this port from being the one that causes it.)
-    await trio.serve_listeners(lambda stream: _guarded(served, stream), listeners)
+    async with trio.open_nursery() as nursery:
+        if passwords is not None:
+            nursery.start_soon(_check_passwords, passwords, threads)
+        # (trio's accept loop waits and retries on EMFILE rather than spinning or
+        # ending; the slots keep this port from being the one that causes it.)
+        await trio.serve_listeners(lambda stream: _guarded(served, stream), listeners)
+
+
+async def _check_passwords(gate: Gatekeeper, threads: trio.CapacityLimiter | None) -> None:
+    """Be ``gate``'s verifier: its hashes (PBKDF2, slow on purpose) in a
+    worker thread, one at a time, never on the event loop."""
+    send, receive = trio.open_memory_channel[tuple[str, str, Any]](PASSWORD_BACKLOG)
+
+    def verifier(passcode: str, stored: str, done: Any) -> bool:
+        try:
+            send.send_nowait((passcode, stored, done))
+        except trio.WouldBlock:
+            return False
+        return True
+
+    gate.verifier = verifier
+    async for passcode, stored, done in receive:
+        done(await trio.to_thread.run_sync(verify_password, passcode, stored, limiter=threads))
 
 
 async def _guarded(port: _Port, stream: trio.abc.Stream) -> None:

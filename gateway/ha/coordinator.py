@@ -129,6 +129,10 @@ class Coordinator:
         self.client.close()
         self.log.info("zookeeper_closed")
 
+    def connected(self) -> bool:
+        """Is the session connected now?  (If not, a read would only wait out its timeout.)"""
+        return bool(self.client.connected)
+
     def session_id(self) -> int | None:
         client_id = self.client.client_id
         return None if client_id is None else client_id[0]

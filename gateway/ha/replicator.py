@@ -50,7 +50,9 @@ from typing import Any
 
 import trio
 
+from gateway.admin.cluster import Lag
 from gateway.ha.link import IDLE_TIMEOUT_S, LINK_ERRORS, Link, LinkDead, ignore
+from gateway.ha.status import Marks
 from persistence import epochs
 from persistence import replication as r
 from persistence.catchup import Answer, SnapshotSource, plan
@@ -147,6 +149,7 @@ class Primary:
         self._failed_upto = 0
         self._sync_lot = trio.lowlevel.ParkingLot()
         self._snapshot_requests: list[SnapshotRequest] = []
+        self.marks = Marks(self.last_lsn, trio.current_time(), window_batches)  # for lags()
 
     # -- what the broker asks --------------------------------------------------------
 
@@ -161,6 +164,16 @@ class Primary:
 
     def in_sync(self) -> list[str]:
         return sorted(p.node_id for p in self.peers.values() if p.in_sync)
+
+    def lags(self) -> list[Lag]:
+        """Each connected backup: what it acked and how far behind that is."""
+        now = trio.current_time()
+        out = []
+        for peer in sorted(self.peers.values(), key=lambda p: p.node_id):
+            lsns, nbytes, seconds, exact = self.marks.behind(peer.acked, now)
+            out.append(Lag(peer.node_id, peer.acked, epochs.epoch_of(self.history, peer.acked), peer.in_sync,
+                           lsns, nbytes, seconds, exact))
+        return out
 
     def publish(self, batch: Batch) -> None:
         """The committer wrote ``batch`` (main thread, between batches)."""
@@ -183,8 +196,10 @@ class Primary:
                 self.window_held -= sum(len(data) for _, _, data in old.runs)
             self.window_peak = max(self.window_peak, self.window_held)
             self.last_lsn = batch.last_lsn
+            now = trio.current_time()
+            self.marks.add(batch.last_lsn, size, now)
             if self.sync_replicas:
-                self._unconfirmed.append((batch.first_lsn, batch.last_lsn, trio.current_time()))
+                self._unconfirmed.append((batch.first_lsn, batch.last_lsn, now))
                 self._sync_lot.unpark_all()
             for peer in self.peers.values():
                 peer.wake.unpark_all()

@@ -4,9 +4,10 @@ It joins the group in ZooKeeper (gateway/ha/coordinator.py) with what its
 data folder holds, and plays the role gateway/ha/node.py's table gives it.
 As a backup it follows the lock holder (a :class:`Backup` into a
 :class:`Follower` over the data folder) and serves only the admin port's
-/healthz (200), /readyz (503) and /metrics.  When nobody holds the lock it
-stops following, publishes its last LSN as final for that vacancy and tries
-to lead (decided once every node has: gateway/ha/election.py); the winner
+/healthz (200), /readyz (503), /metrics and /api/v1/cluster
+(gateway/admin/standby.py).  When nobody holds the lock it stops following,
+publishes its last LSN as final for that vacancy and tries to lead (decided
+once every node has: gateway/ha/election.py); the winner
 closes its follower, records its new epoch in the folder, and runs the
 broker (gateway/app.py) on that folder as the primary: the replication
 listener, receipts gated on the backups' confirmations, the client
@@ -31,14 +32,18 @@ from typing import Any
 import trio
 
 from gateway import app
-from gateway.admin.http import Request, Response
+from gateway.admin import metrics
+from gateway.admin.api import load_users
 from gateway.admin.server import AdminSlots, serve_admin
+from gateway.admin.standby import StandbyApi
+from gateway.auth import Gatekeeper
 from gateway.config import Config, HaSettings
 from gateway.ha.coordinator import CoordinationError, Coordinator, StateCallbacks
 from gateway.ha.election import NodeRecord, PrimaryRecord, Role
 from gateway.ha.node import Action, Event, State, step
 from gateway.ha.backup import Backup
 from gateway.ha.replicator import Primary
+from gateway.ha.status import NodeStatus
 from gateway.transports.server import Limits, Server
 from persistence import epochs
 from persistence.epochs import History
@@ -56,39 +61,19 @@ def split_host_port(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-class BackupStatus:
-    """The admin port of a backup: alive, not ready, its metrics."""
-
-    def __init__(self, node: HaNode, limits: Limits) -> None:
-        self.node = node
-        self.limits = limits  # what AdminSlots reads of a server
-
-    @property
-    def server(self) -> BackupStatus:
-        return self
-
-    def handle(self, request: Request) -> Response:
-        path = request.target.split("?")[0]
-        if path == "/healthz":
-            return Response(200, b"ok\n", "text/plain")
-        if path == "/readyz":
-            return Response(503, f"not ready: {self.node.state.value}\n".encode(), "text/plain")
-        if path == "/metrics":
-            return Response(200, self.node.metrics().encode(), "text/plain; version=0.0.4")
-        return Response(503, b'{"error": "a backup serves only /healthz, /readyz and /metrics"}')
-
-
 class PrimaryPart:
     """The broker's :class:`app.PrimaryRole`: a :class:`Primary` over the
     store the broker opened, its receipt hooks set to the broker's server."""
 
-    def __init__(self, ha: HaSettings, history: History, log: Any, on_refused: Any) -> None:
+    def __init__(self, ha: HaSettings, history: History, log: Any, on_refused: Any, cluster: NodeStatus) -> None:
         self.ha, self.history, self.log, self.on_refused = ha, history, log, on_refused
         self.replicator: Primary | None = None
+        self.cluster = cluster  # what its admin port shows of the group
 
     def attach(self, store: Store) -> None:
         self.replicator = Primary(store, self.history, node_id=self.ha.node_id, sync_replicas=self.ha.sync_replicas,
                                   sync_timeout_s=self.ha.sync_timeout_s, on_refused=self.on_refused, log=self.log.info)
+        self.cluster.replicator = self.replicator
 
     def publish(self, batch: Batch) -> None:
         assert self.replicator is not None
@@ -140,12 +125,6 @@ class HaNode:
 
     def refused(self, reason: str) -> None:
         self.notice(Event.REFUSED_STALE if "stale" in reason else Event.GAP)
-
-    def metrics(self) -> str:
-        lsn = self.follower.last_lsn
-        lines = [f'gateway_ha_role{{role="{self.state.value}"}} 1', f"gateway_ha_epoch {self.follower.epoch}",
-                 f"gateway_ha_lsn {lsn}"]
-        return "\n".join(lines) + "\n"
 
     # -- the process -------------------------------------------------------------------
 
@@ -314,11 +293,14 @@ class HaNode:
                 await self.act(Action.PUBLISH_LSN, nursery)
 
     async def as_backup(self) -> None:
-        admin = self.config.admin
-        status = BackupStatus(self, Limits(self.config.max_connections, self.config.max_connections_per_address, 10.0))
+        admin, group = self.config.admin, NodeStatus(self)
+        status = StandbyApi(group, users=load_users(admin), metrics=lambda: metrics.render_standby(group.view()),
+                            not_ready=lambda: self.state.value, gate=Gatekeeper(self.config.auth),
+                            limits=Limits(self.config.max_connections, self.config.max_connections_per_address, 10.0))
         async with trio.open_nursery() as nursery:
             port = await nursery.start(partial(serve_admin, status, admin, self.config.bind, self.config.admin_port,
-                                               self.log, slots=AdminSlots(status, admin.max_connections)))
+                                               self.log, slots=AdminSlots(status, admin.max_connections),
+                                               passwords=status.gate))
             self.log.info("ha_backup_started", admin_port=port, data_dir=self.config.data_dir)
             await self.serve_events(nursery, lambda: self.state == State.PRIMARY or self.exit_code is not None)
             await self.stop_following()
@@ -326,7 +308,7 @@ class HaNode:
 
     async def as_primary(self) -> None:
         self.failovers += 1
-        part = PrimaryPart(self.ha, self.history, self.log, lambda _node, reason: self.refused(reason))
+        part = PrimaryPart(self.ha, self.history, self.log, lambda _node, reason: self.refused(reason), NodeStatus(self))
         broker_done = trio.Event()
 
         async def broker(*, task_status: Any) -> None:

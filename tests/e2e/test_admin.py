@@ -63,6 +63,7 @@ def test_readiness_turns_503_once_draining(admin_broker):
 @pytest.mark.parametrize(
     ("method", "path"),
     [("GET", "/metrics"), ("GET", "/api/v1/destinations"), ("GET", "/api/v1/connections"), ("GET", "/"),
+     ("GET", "/api/v1/cluster"),
      ("POST", "/api/v1/destinations/queue%2Fx/purge")],
 )
 def test_everything_but_the_probes_needs_credentials(admin_broker, method, path):
@@ -186,6 +187,19 @@ def test_metrics_parse_and_move_when_messages_flow(admin_broker, stomp_client):
     assert sample("process_resident_memory_bytes") > 10_000_000
     stomp_client(admin_broker).send(queue, b"p", persistent="true")
     wait_for(lambda: (sample("gateway_store_write_seconds_count") or 0) > 0, what="a store write observed")
+
+
+def test_a_single_node_is_its_own_cluster(admin_broker, stomp_client):
+    """Without [ha] the cluster answers as HA tools expect, with role single."""
+    stomp_client(admin_broker).send(f"/queue/{unique('single')}", b"p", persistent="true", receipt=True)
+    status, body, _ = call(admin_broker, "GET", "/api/v1/cluster", auth=READER)
+    doc = json.loads(body)
+    assert status == 200 and (doc["role"], doc["epoch"], doc["failovers"]) == ("single", 0, 0) and doc["lsn"] >= 1
+    assert doc["nodes"] == [{"node_id": "", "role": "single", "state": "single", "epoch": 0, "lsn": doc["lsn"],
+                             "self": True}]
+    text = call(admin_broker, "GET", "/metrics", auth=READER)[1].decode()
+    ha = [s for family in text_string_to_metric_families(text) for s in family.samples if s.name.startswith("gateway_ha")]
+    assert [(s.name, s.labels, s.value) for s in ha] == [("gateway_ha_role", {"role": "single"}, 1.0)]
 
 
 def test_malformed_oversized_and_unknown_requests_get_4xx(admin_broker):

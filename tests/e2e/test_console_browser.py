@@ -27,6 +27,7 @@ def test_the_console_shows_a_queue_and_purges_it(broker_factory, stomp_client, b
     row = f'#destinations tr[data-name="{queue}"]'
     wait = WebDriverWait(browser, 10)
     wait.until(expected_conditions.text_to_be_present_in_element((By.CSS_SELECTOR, f"{row} td.depth"), "7"))
+    assert not browser.find_element(By.ID, "cluster").is_displayed()  # a single node: no cluster panel
     browser.find_element(By.CSS_SELECTOR, f"{row} button.purge").click()
     wait.until(expected_conditions.text_to_be_present_in_element((By.CSS_SELECTOR, f"{row} td.depth"), "0"))
     assert broker.call(lambda: broker.running.broker.queues[next(a for a in broker.running.broker.queues

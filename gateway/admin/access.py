@@ -1,0 +1,59 @@
+"""Who may use the admin port: HTTP basic auth against the admin users, each
+password checked through the broker's one gate (per-address lockout, hashing
+off the event loop, a cache of answers).  Shared by the broker's API and a
+backup's (gateway/admin/standby.py), so both ask the same way."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+from gateway.admin.http import Request, Response, error
+from gateway.auth import ADMIN, AccessDenied, AuthSettings, Gatekeeper, dummy_hash
+
+
+def basic(header: str) -> tuple[str | None, str]:
+    """(user, password) from a Basic Authorization header; (None, "") if it is none."""
+    scheme, _, encoded = header.partition(" ")
+    if scheme.lower() != "basic":
+        return None, ""
+    try:
+        name, _, password = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return None, ""
+    return name, password
+
+
+class Access:
+    """``users``: name -> (password hash, role read|write)."""
+
+    def __init__(self, users: dict[str, tuple[str, str]], gate: Gatekeeper | None = None) -> None:
+        self.users = users
+        self.gate = gate if gate is not None else Gatekeeper(AuthSettings())
+        self.dummy = dummy_hash(hashed for hashed, _ in users.values())
+
+    def authorize(self, request: Request, need: str) -> Response | None:
+        """The caller's role must cover ``need``.  The password check goes
+        through the broker's one gate (per-address lockout, bounded hashing
+        off the loop): it raises VerificationPending for the admin server to
+        wait on, then handle() is called again and finds the answer."""
+        if not self.users:
+            return error(403, "no admin users are configured ([admin] users or a users file)")
+        header = request.headers.get("authorization")
+        if not header:  # a browser's first request: ask, no failure counted
+            return error(401, "credentials required", **{"WWW-Authenticate": 'Basic realm="gateway"'})
+        host = request.host
+        try:
+            self.gate.gate(ADMIN, host)
+        except AccessDenied as exc:
+            return error(429, exc.reason, **{"Retry-After": str(max(1, self.gate.retry_after(ADMIN, host)))})
+        name, password = basic(header)
+        entry = self.users.get(name) if name is not None else None
+        ok = self.gate.password(ADMIN, host, name or "", password, entry[0] if entry else self.dummy)
+        ok = ok and entry is not None
+        self.gate.answered(ADMIN, host, ok)
+        if not ok or entry is None:
+            return error(401, "credentials required", **{"WWW-Authenticate": 'Basic realm="gateway"'})
+        if need == "write" and entry[1] != "write":
+            return error(403, "this user may only read")
+        return None

@@ -1,0 +1,251 @@
+"""What an operator sees of an HA group, end to end: two `gateway serve`
+nodes on a real ZooKeeper, asked over HTTP with an admin user.  The primary's
+/api/v1/cluster lists both nodes with their roles and epoch and, for the
+backup, its acked LSN and lag; a backup stopped (SIGSTOP) shows a lag that
+goes back to 0 once it catches up; /metrics carries the gateway_ha_* samples
+with their labels, on the backup too (behind the same auth); after a SIGKILL
+of the primary the backup that takes over counts the failover and a newer
+epoch; without ZooKeeper a node answers with itself and the reason; the
+primary's console lists both; and, in one process, the lag of a
+backup held from applying is exactly the batch it has not acked.  (A single node answering role
+"single": tests/e2e/test_admin.py.)"""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.admin.cluster import Lag
+from gateway.auth import hash_password
+from tests.browser import requires_chromium
+from tests.e2e import test_ha_failover as failover
+from tests.helpers import RawClient
+from tests.processes import HOST
+from tests.replication_helpers import everything
+from tests.replicator_helpers import BackupNode, PrimaryNode, wait_for
+from tests.zookeeper_helpers import ZooKeeperServer
+
+READER = ("viewer", "look")
+USERS = f'[admin]\nusers = [{{ name = "{READER[0]}", password_hash = "{hash_password(READER[1], iterations=1000)}", ' \
+        f'role = "read" }}]\n'
+WAIT_S = failover.WAIT_S
+
+
+class Node(failover.Node):
+    """A failover test node with an admin user who may read."""
+
+    def __init__(self, tmp_path: Path, node_id: str, zookeeper: ZooKeeperServer) -> None:
+        super().__init__(tmp_path, node_id, zookeeper)
+        self.config.write_text(self.config.read_text() + USERS)
+
+    def get(self, path: str, *, auth: bool = True) -> tuple[int, bytes]:
+        request = urllib.request.Request(f"http://{HOST}:{self.admin_port}{path}")
+        if auth:
+            request.add_header("Authorization", "Basic " + base64.b64encode(":".join(READER).encode()).decode())
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return int(response.status), response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def cluster(self) -> dict[str, Any]:
+        status, body = self.get("/api/v1/cluster")
+        assert status == 200, (status, body)
+        return dict(json.loads(body))
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        status, body = self.get("/metrics")
+        assert status == 200, (status, body)
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(body.decode()) for s in family.samples}
+
+
+def until(condition: Any, what: str, nodes: list[Node], timeout: float = WAIT_S) -> Any:
+    """Poll ``condition()`` until it returns something true (bounded); that value."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = condition()
+        if last:
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout} s: {what} (last: {last})\n" + "\n".join(n.log_tail() for n in nodes))
+
+
+def by_id(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {n["node_id"]: n for n in doc["nodes"]}
+
+
+def caught_up(node: Node, backup: str) -> dict[str, Any] | None:
+    """The primary's cluster document once ``backup`` is listed, in sync and not behind."""
+    doc = node.cluster()
+    replication = by_id(doc).get(backup, {}).get("replication")
+    if replication and replication["in_sync"] and replication["lag_lsns"] == 0:
+        return doc
+    return None
+
+
+def send(node: Node, count: int, queue: str = "/queue/seen") -> None:
+    client = RawClient((HOST, node.stomp_port), timeout=30)
+    client.connect()
+    for i in range(count):
+        client.send_frame("SEND", {"destination": queue, "persistent": "true", "receipt": f"r{i}"}, b"x" * 100)
+    for i in range(count):
+        client.receipt(f"r{i}", timeout=30)
+    client.close()
+
+
+def test_the_cluster_view_shows_roles_epochs_lag_and_failovers(tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
+    nodes = [Node(tmp_path, name, zookeeper).start() for name in ("gw-0", "gw-1")]
+    try:
+        primary = failover.wait_ready(nodes)
+        (backup,) = [n for n in nodes if n is not primary]
+        send(primary, 10)
+        doc = until(lambda: caught_up(primary, backup.node_id), "the backup in sync", nodes)
+        assert (doc["node_id"], doc["role"], doc["state"]) == (primary.node_id, "primary", "primary")
+        epoch = doc["epoch"]
+        assert epoch >= 1 and doc["lsn"] >= 10 and doc["primary"] == primary.node_id
+        assert (doc["sync_replicas"], doc["in_sync"], doc["zookeeper"]) == (1, 1, "ok")
+        listed = by_id(doc)
+        assert sorted(listed) == ["gw-0", "gw-1"]
+        assert listed[primary.node_id]["self"] and listed[primary.node_id]["epoch"] == epoch
+        assert listed[backup.node_id]["role"] == "backup"
+        replication = listed[backup.node_id]["replication"]
+        assert replication["acked_lsn"] == doc["lsn"] and replication["acked_epoch"] == epoch
+        assert (replication["lag_bytes"], replication["lag_seconds"]) == (0, 0)
+
+        got = primary.metrics()
+        assert got[("gateway_ha_role", (("role", "primary"),))] == 1
+        assert got[("gateway_ha_role", (("role", "backup_in_sync"),))] == 0
+        assert got[("gateway_ha_epoch", ())] == epoch and got[("gateway_ha_failovers_total", ())] == 1
+        assert got[("gateway_ha_lsn", ())] >= doc["lsn"]
+        label = (("backup", backup.node_id),)
+        assert ("gateway_ha_replication_lag_bytes", label) in got and ("gateway_ha_replication_lag_seconds", label) in got
+        assert got[("gateway_ha_backups_in_sync", ())] == 1
+
+        # A stopped backup falls behind: the primary says by how much, and
+        # that it is back to 0 once the backup has caught up.
+        assert backup.proc is not None
+        backup.proc.send_signal(signal.SIGSTOP)
+        try:
+            writer = RawClient((HOST, primary.stomp_port), timeout=30)
+            writer.connect()
+            writer.send_frame("SEND", {"destination": "/queue/seen", "persistent": "true", "receipt": "late"},
+                              b"y" * 1000)
+
+            def behind() -> dict[str, Any] | None:
+                replication = by_id(primary.cluster()).get(backup.node_id, {}).get("replication")
+                return replication if replication and replication["lag_bytes"] > 0 else None
+
+            lagging = until(behind, "a lag while the backup is stopped", nodes)
+            assert lagging["lag_lsns"] >= 1 and lagging["lag_bytes"] >= 1000 and lagging["lag_seconds"] >= 0
+        finally:
+            backup.proc.send_signal(signal.SIGCONT)
+        writer.receipt("late", timeout=30)  # confirmed once it runs again
+        writer.close()
+        doc = until(lambda: caught_up(primary, backup.node_id), "the backup caught up again", nodes)
+        assert by_id(doc)[backup.node_id]["replication"]["lag_bytes"] == 0
+
+        # A backup answers the same reads behind the same auth, and nothing else.
+        assert backup.get("/metrics", auth=False)[0] == 401
+        assert backup.get("/api/v1/destinations")[0] == 503
+        got = backup.metrics()
+        assert got[("gateway_ha_role", (("role", "primary"),))] == 0
+        assert sum(v for (name, _), v in got.items() if name == "gateway_ha_role") == 1
+        assert got[("gateway_ha_failovers_total", ())] == 0
+        assert until(lambda: backup.metrics()[("gateway_ha_lsn", ())] >= doc["lsn"], "the backup's applied LSN", nodes)
+        seen = backup.cluster()
+        assert seen["primary"] == primary.node_id and sorted(by_id(seen)) == ["gw-0", "gw-1"]
+        assert by_id(seen)[primary.node_id]["role"] == "primary"
+
+        # SIGKILL: the backup takes over in a newer epoch and counts it.
+        primary.kill()
+        new = failover.wait_ready([backup])
+        got = new.metrics()
+        assert got[("gateway_ha_failovers_total", ())] == 1
+        assert got[("gateway_ha_role", (("role", "primary"),))] == 1
+        assert got[("gateway_ha_epoch", ())] > epoch
+        doc = new.cluster()
+        assert (doc["role"], doc["primary"]) == ("primary", new.node_id) and doc["epoch"] > epoch
+        # The old primary, restarted, is listed again as a backup of the new one.
+        primary.start()
+        doc = until(lambda: caught_up(new, primary.node_id), "the old primary back as a backup", nodes)
+        assert by_id(doc)[primary.node_id]["role"] == "backup"
+
+        # Without ZooKeeper a node still answers, with itself and the reason.
+        zookeeper.kill()
+
+        def alone() -> dict[str, Any] | None:
+            doc = primary.cluster()
+            return doc if doc["zookeeper"] != "ok" else None
+
+        doc = until(alone, "the cluster view without ZooKeeper", nodes)
+        assert [n["node_id"] for n in doc["nodes"] if n.get("self")] == [primary.node_id]
+    finally:
+        for node in nodes:
+            node.kill()
+
+
+@requires_chromium
+def test_the_primarys_console_shows_the_cluster(tmp_path: Path, zookeeper: ZooKeeperServer, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    nodes = [Node(tmp_path, name, zookeeper).start() for name in ("gw-0", "gw-1")]
+    try:
+        primary = failover.wait_ready(nodes)
+        (backup,) = [n for n in nodes if n is not primary]
+        send(primary, 3)
+        until(lambda: caught_up(primary, backup.node_id), "the backup in sync", nodes)
+        browser.get(f"http://{READER[0]}:{READER[1]}@{HOST}:{primary.admin_port}/")
+        wait = WebDriverWait(browser, 20)
+        mine, theirs = (f'#nodes tr[data-node="{n.node_id}"]' for n in (primary, backup))
+        wait.until(expected_conditions.text_to_be_present_in_element((By.CSS_SELECTOR, f"{theirs} td.lag"), "0"))
+        assert browser.find_element(By.ID, "cluster").is_displayed()
+        assert browser.find_element(By.CSS_SELECTOR, f"{mine} td.role").text == "primary"
+        assert browser.find_element(By.CSS_SELECTOR, f"{theirs} td.role").text == "backup"
+        epoch = primary.cluster()["epoch"]
+        assert browser.find_element(By.CSS_SELECTOR, f"{mine} td.epoch").text == str(epoch)
+        assert int(browser.find_element(By.CSS_SELECTOR, f"{theirs} td.lsn").text) >= 3
+    finally:
+        for node in nodes:
+            node.kill()
+
+
+async def test_the_primary_measures_a_backups_lag_in_lsns_bytes_and_seconds(tmp_path: Path) -> None:
+    """In one Trio process: a backup held from applying (its worker thread
+    taken) lags by exactly the batch it has not acked, then by nothing."""
+    node = PrimaryNode(tmp_path / "p")
+    threads = trio.CapacityLimiter(1)
+    async with trio.open_nursery() as nursery:
+        await node.start(nursery)
+        b = BackupNode(tmp_path / "b", "b", node.port, threads=threads).start(nursery)
+        everything(node.store, n=8, tag="a")
+        first = await node.commit()
+        await node.confirmed()
+        await wait_for(lambda: node.replicator.in_sync() == ["b"], "b in sync")
+        assert node.replicator.lags() == [Lag("b", first, 1, True, 0, 0, 0.0, True)]
+        async with threads:  # b cannot write what it receives
+            before = node.store.stats()["bytes"]
+            everything(node.store, n=8, tag="b")
+            second = await node.commit()
+            await trio.sleep(0.2)
+            (lag,) = node.replicator.lags()
+            assert (lag.acked_lsn, lag.lag_lsns, lag.lag_exact) == (first, second - first, True)
+            assert lag.lag_bytes == node.store.stats()["bytes"] - before > 0
+            assert lag.lag_seconds >= 0.2
+        await node.confirmed()
+        assert node.replicator.lags() == [Lag("b", second, 1, True, 0, 0, 0.0, True)]
+        await b.stop()
+        nursery.cancel_scope.cancel()
+    node.store.close()
