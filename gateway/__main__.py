@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from gateway import __version__, app, config, logs
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         "log_level": args.log_level,
     }
     try:
-        cfg = config.load(args.config, overrides)
+        cfg = config.load(args.config, overrides, os.environ)
     except config.ConfigError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2

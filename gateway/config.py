@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,12 @@ class ConfigError(Exception):
 # The rule gateway/ha/election.py applies to node ids, repeated here so that
 # reading a configuration never imports the HA package.
 NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+# The [ha] keys that differ from node to node, read from the environment when
+# set (non-empty) so that one file serves the whole group: a Kubernetes pod sets
+# them from its own name, while the shared keys stay in the ConfigMap.
+HA_ENVIRONMENT = {"node_id": "GATEWAY_HA_NODE_ID", "advertise": "GATEWAY_HA_ADVERTISE"}
 
 
 def _host_port(name: str, value: str) -> None:
@@ -53,7 +60,8 @@ class HaSettings:
         defaults are what the TOML reader compares types against)."""
         for name in ("node_id", "zookeeper", "replication_listen", "advertise"):
             if not getattr(self, name):
-                raise ConfigError(f"ha.{name} is required in [ha]")
+                variable = f" (or {HA_ENVIRONMENT[name]} in the environment)" if name in HA_ENVIRONMENT else ""
+                raise ConfigError(f"ha.{name} is required in [ha]{variable}")
         if not NODE_ID.fullmatch(self.node_id):
             raise ConfigError(f"ha.node_id must be letters, digits, '.', '_' or '-' (at most 64), not {self.node_id!r}")
         hosts = self.zookeeper.partition("/")[0]
@@ -154,8 +162,12 @@ def _build(cls: type, table: dict[str, Any], where: str) -> Any:
         raise ConfigError(str(exc)) from None
 
 
-def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """Read ``path`` (TOML) if given, then apply ``overrides`` (from flags)."""
+def load(path: str | None = None, overrides: dict[str, Any] | None = None,
+         environ: Mapping[str, str] | None = None) -> Config:
+    """Read ``path`` (TOML) if given, then apply ``overrides`` (from flags).
+    ``environ`` (``os.environ`` for the command) fills in the per-node [ha]
+    keys of :data:`HA_ENVIRONMENT` over the file's; without an [ha] table
+    they are ignored, so one pod spec also runs a single-node file."""
     table: dict[str, Any] = {}
     if path is not None:
         try:
@@ -170,5 +182,8 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> Co
     ha = table.pop("ha", None)
     if ha is not None and not isinstance(ha, dict):
         raise ConfigError("'ha' must be a table")
+    if ha is not None:
+        given = environ or {}
+        ha = {**ha, **{key: given[name] for key, name in HA_ENVIRONMENT.items() if given.get(name)}}
     built = _build(Config, table, "")
     return built if ha is None else dataclasses.replace(built, ha=_build(HaSettings, ha, "ha.").check())

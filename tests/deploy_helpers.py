@@ -78,6 +78,15 @@ def _add_labels(obj: dict[str, Any], pairs: dict[str, str], selectors: bool, tem
             spec["selector"].update(pairs)
         elif "selector" in spec:  # workloads and PodDisruptionBudgets
             spec["selector"].setdefault("matchLabels", {}).update(pairs)
+        # kustomize's selector field specs also reach a pod template's (anti-)affinity terms.
+        affinity = spec.get("template", {}).get("spec", {}).get("affinity", {})
+        for kind in ("podAffinity", "podAntiAffinity"):
+            terms = affinity.get(kind, {})
+            required = terms.get("requiredDuringSchedulingIgnoredDuringExecution", [])
+            preferred = [t["podAffinityTerm"] for t in terms.get("preferredDuringSchedulingIgnoredDuringExecution", [])]
+            for term in required + preferred:
+                if "labelSelector" in term:
+                    term["labelSelector"].setdefault("matchLabels", {}).update(pairs)
     if selectors or templates:
         if "template" in spec:
             spec["template"].setdefault("metadata", {}).setdefault("labels", {}).update(pairs)
@@ -172,16 +181,39 @@ def port_number(ctr: dict[str, Any], port: int | str) -> int:
     return next(p["containerPort"] for p in ctr["ports"] if p["name"] == port)
 
 
-def effective_config(objects: list[dict[str, Any]], tmp_path: Path) -> tuple[config.Config, Any]:
-    """The config the pod's broker would run with: the ConfigMap's file at the
-    --config path plus the flags, through the real CLI parser and loader."""
+def pod_names(objects: list[dict[str, Any]]) -> list[str]:
+    """The StatefulSet's pods: <name>-0 .. <name>-(replicas-1)."""
+    sts = the(objects, "StatefulSet")
+    return [f"{sts['metadata']['name']}-{i}" for i in range(sts["spec"]["replicas"])]
+
+
+def pod_environment(objects: list[dict[str, Any]], pod: str) -> dict[str, str]:
+    """The container's environment in pod ``pod``, as the kubelet makes it:
+    downward-API fields, and $(VAR) in values expanded from the variables
+    defined before (an unknown one left as written, $$ an escaped $)."""
+    env: dict[str, str] = {}
+    for entry in container(objects)["env"]:
+        if "valueFrom" in entry:
+            field = entry["valueFrom"]["fieldRef"]["fieldPath"]
+            assert field == "metadata.name", f"the test's kubelet does not know the field {field}: extend it"
+            env[entry["name"]] = pod
+        else:
+            env[entry["name"]] = re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                                        lambda m: "$" if m[0] == "$$" else env.get(m[1], m[0]), entry.get("value", ""))
+    return env
+
+
+def effective_config(objects: list[dict[str, Any]], tmp_path: Path, pod: str | None = None) -> tuple[config.Config, Any]:
+    """The config pod ``pod`` (the first by default) would run with: the
+    ConfigMap's file at the --config path plus the flags and the pod's
+    environment, through the real CLI parser and loader."""
     ctr = container(objects)
     args = cli.parser().parse_args(ctr["args"])
     cm = the(objects, "ConfigMap")
     path = tmp_path / "gateway.toml"
     path.write_text(cm["data"][Path(args.config).name])
     overrides = {k: getattr(args, k) for k in ("bind", "stomp_port", "mqtt_port", "admin_port", "data_dir", "log_format", "log_level")}
-    return config.load(str(path), overrides), args
+    return config.load(str(path), overrides, pod_environment(objects, pod or pod_names(objects)[0])), args
 
 
 # -- the Dockerfile -----------------------------------------------------------

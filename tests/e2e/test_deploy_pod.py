@@ -16,7 +16,8 @@ import pytest
 
 from gateway import __main__ as cli
 from gateway import config
-from tests.deploy_helpers import GATEWAY, container, dockerfile_instructions, effective_config, pod_spec, port_number, the
+from tests.deploy_helpers import (GATEWAY, container, dockerfile_instructions, effective_config, pod_environment, pod_names, pod_spec,
+                                  port_number, the)
 
 # Flush window plus closing the store (last fdatasync): what the kubelet must wait beyond shutdown_grace_s.
 STORE_CLOSE_MARGIN_S = 5.0
@@ -41,13 +42,15 @@ def test_configmap_file_loads_and_agrees_with_the_pod(rendered: list[dict[str, A
     pod = pod_spec(sts)
     ctr = container(rendered)
     cfg, args = effective_config(rendered, tmp_path)
-    # The file alone (without the flags) loads too, and says the same thing.
-    alone = config.load(str(tmp_path / "gateway.toml"))
+    # The file alone (without the flags, with the pod's environment) loads too, and says the same thing.
+    alone = config.load(str(tmp_path / "gateway.toml"), environ=pod_environment(rendered, pod_names(rendered)[0]))
     assert (alone.bind, alone.data_dir, alone.log_format) == (cfg.bind, cfg.data_dir, cfg.log_format)
 
     ports = {p["name"]: p["containerPort"] for p in ctr["ports"]}
-    assert ports == {"stomp": cfg.stomp_port, "mqtt": cfg.mqtt_port, "admin": cfg.admin_port}
-    assert ports == {"stomp": 61613, "mqtt": 1883, "admin": 8161}
+    assert cfg.ha is not None
+    replication = int(cfg.ha.replication_listen.rpartition(":")[2])
+    assert ports == {"stomp": cfg.stomp_port, "mqtt": cfg.mqtt_port, "admin": cfg.admin_port, "replication": replication}
+    assert ports == {"stomp": 61613, "mqtt": 1883, "admin": 8161, "replication": 7000}
 
     mounts = {m["name"]: m for m in ctr["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -60,7 +63,7 @@ def test_configmap_file_loads_and_agrees_with_the_pod(rendered: list[dict[str, A
     assert [c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]] == ["data"]
     assert "data" not in volumes
     # The admin users file is the Secret's key, named by the variable the broker reads.
-    env = {e["name"]: e["value"] for e in ctr["env"]}
+    env = pod_environment(rendered, pod_names(rendered)[0])
     users_env = "GATEWAY_ADMIN_USERS_FILE"
     try:
         from gateway.admin.api import USERS_FILE_ENV
@@ -124,7 +127,7 @@ def test_security_context_and_resources(rendered: list[dict[str, Any]]) -> None:
 def test_services_pdb_and_statefulset_fit_together(rendered: list[dict[str, Any]], tmp_path: Path) -> None:
     sts = the(rendered, "StatefulSet")
     template_labels = sts["spec"]["template"]["metadata"]["labels"]
-    assert sts["spec"]["replicas"] == 1, "the store has one writer"
+    assert sts["spec"]["replicas"] == 3, "one primary, two backups (test_deploy_ha.py checks the group)"
     assert sts["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
     cfg, _ = effective_config(rendered, tmp_path)
     ctr = container(rendered)
@@ -133,6 +136,7 @@ def test_services_pdb_and_statefulset_fit_together(rendered: list[dict[str, Any]
     assert service["spec"].get("type", "ClusterIP") == "ClusterIP"
     assert service["spec"]["selector"].items() <= template_labels.items()
     exposed = {p["name"]: (p["port"], port_number(ctr, p["targetPort"])) for p in service["spec"]["ports"]}
+    # What clients use; the replication port is for the group alone (the headless Service).
     assert exposed == {"stomp": (61613, cfg.stomp_port), "mqtt": (1883, cfg.mqtt_port), "admin": (8161, cfg.admin_port)}
     notes = service["metadata"]["annotations"]
     assert notes["prometheus.io/scrape"] == "true"
@@ -144,7 +148,7 @@ def test_services_pdb_and_statefulset_fit_together(rendered: list[dict[str, Any]
     assert headless["spec"]["selector"].items() <= template_labels.items()
 
     pdb = the(rendered, "PodDisruptionBudget")
-    assert pdb["spec"].get("maxUnavailable") == 0 or pdb["spec"].get("minAvailable") == 1
+    assert pdb["spec"]["maxUnavailable"] == 1 and "minAvailable" not in pdb["spec"]
     assert pdb["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
 
 

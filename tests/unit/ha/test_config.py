@@ -3,6 +3,7 @@ means single-node, and every unusable value is refused naming the setting."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,3 +65,46 @@ def test_a_single_node_broker_loads_nothing_of_ha() -> None:
             "print(sorted(m for m in sys.modules if m.startswith(('gateway.ha', 'kazoo'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_environment_names_the_node_over_the_file(tmp_path: Path) -> None:
+    """One file for the whole group (a Kubernetes ConfigMap): each pod names
+    itself through GATEWAY_HA_NODE_ID / GATEWAY_HA_ADVERTISE, set from its name."""
+    shared = "\n".join(l for l in GOOD.splitlines() if not l.startswith(("node_id", "advertise")))
+    path = tmp_path / "gateway.toml"
+    path.write_text(shared)
+    env = {"GATEWAY_HA_NODE_ID": "gateway-2", "GATEWAY_HA_ADVERTISE": "gateway-2.gateway-headless:7000"}
+    ha = config.load(str(path), environ=env).ha
+    assert ha is not None and (ha.node_id, ha.advertise) == ("gateway-2", "gateway-2.gateway-headless:7000")
+    assert ha.zookeeper == "zk-0:2181,zk-1:2181/gateway"  # the shared keys stay the file's
+    # The environment wins over the file; an empty variable counts as unset.
+    path.write_text(GOOD)
+    ha = config.load(str(path), environ={**env, "GATEWAY_HA_ADVERTISE": ""}).ha
+    assert ha is not None and (ha.node_id, ha.advertise) == ("gateway-2", "gw-0.gw:7000")
+    # Without them the file must name the node, and the error says both ways.
+    path.write_text(shared)
+    with pytest.raises(config.ConfigError, match=r"ha.node_id is required in \[ha\] \(or GATEWAY_HA_NODE_ID"):
+        config.load(str(path), environ={})
+    # Checked like the file's values.
+    with pytest.raises(config.ConfigError, match="ha.advertise must be"):
+        config.load(str(path), environ={**env, "GATEWAY_HA_ADVERTISE": "no-port"})
+
+
+def test_without_an_ha_table_the_environment_changes_nothing(tmp_path: Path) -> None:
+    # The same pod spec may run a single-node file (an overlay without [ha]).
+    path = tmp_path / "gateway.toml"
+    path.write_text("")
+    assert config.load(str(path), environ={"GATEWAY_HA_NODE_ID": "gateway-0"}).ha is None
+
+
+def test_the_command_reads_the_environment(tmp_path: Path) -> None:
+    # `gateway serve` passes its environment: a missing node id in both places is named, exit 2.
+    shared = "\n".join(l for l in GOOD.splitlines() if not l.startswith("node_id"))
+    (tmp_path / "gateway.toml").write_text(shared)
+    run = [sys.executable, "-m", "gateway", "serve", "--config", str(tmp_path / "gateway.toml")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_HA_")}
+    out = subprocess.run(run, capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 2 and "GATEWAY_HA_NODE_ID" in out.stderr, out.stderr
+    out = subprocess.run(run, capture_output=True, text=True, timeout=60,
+                         env={**env, "GATEWAY_HA_NODE_ID": "bad/id"})
+    assert out.returncode == 2 and "ha.node_id must be" in out.stderr and "bad/id" in out.stderr, out.stderr
