@@ -5,6 +5,7 @@ Kubernetes does (/readyz, /metrics)."""
 
 from __future__ import annotations
 
+import base64
 import re
 import signal
 import subprocess
@@ -13,11 +14,17 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from gateway.auth import hash_password
 from tests.processes import GATEWAY, HOST, free_port
 from tests.zookeeper_helpers import ZooKeeperServer
 
 SESSION_TIMEOUT_S = 3
 WAIT_S = 60.0  # any wait for a role change: far beyond the session timeout and the backup's reconnects
+# A user who may read the admin API and /metrics: a backup's metrics ask for
+# the same credentials as the primary's.
+READER = ("viewer", "look")
+USERS = (f'[admin]\nusers = [{{ name = "{READER[0]}", password_hash = "{hash_password(READER[1], iterations=1000)}", '
+         f'role = "read" }}]\n')
 ROLE = re.compile(r'^gateway_ha_role\{role="([a-z_]+)"\} 1$', re.MULTILINE)
 
 
@@ -50,7 +57,7 @@ advertise = "{HOST}:{self.replication_port}"
 sync_replicas = 1
 zookeeper_session_timeout_s = {SESSION_TIMEOUT_S}
 sync_timeout_s = {sync_timeout_s:g}
-""")
+""" + USERS)
         self.log_path = self.dir / "node.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -61,9 +68,11 @@ sync_timeout_s = {sync_timeout_s:g}
         return self
 
     def get(self, path: str) -> tuple[int, str] | None:
-        """An admin path's status and text; None while the port does not answer."""
+        """An admin path's status and text, asked as the reader; None while the port does not answer."""
+        request = urllib.request.Request(f"http://{HOST}:{self.admin_port}{path}")
+        request.add_header("Authorization", "Basic " + base64.b64encode(":".join(READER).encode()).decode())
         try:
-            with urllib.request.urlopen(f"http://{HOST}:{self.admin_port}{path}", timeout=1) as response:
+            with urllib.request.urlopen(request, timeout=1) as response:
                 return int(response.status), response.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode(errors="replace")

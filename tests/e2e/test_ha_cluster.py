@@ -25,29 +25,22 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.admin.cluster import Lag
-from gateway.auth import hash_password
 from tests.browser import requires_chromium
-from tests.e2e import test_ha_failover as failover
+from tests import ha_nodes as failover
 from tests.helpers import RawClient
 from tests.processes import HOST
 from tests.replication_helpers import everything
 from tests.replicator_helpers import BackupNode, PrimaryNode, wait_for
 from tests.zookeeper_helpers import ZooKeeperServer
 
-READER = ("viewer", "look")
-USERS = f'[admin]\nusers = [{{ name = "{READER[0]}", password_hash = "{hash_password(READER[1], iterations=1000)}", ' \
-        f'role = "read" }}]\n'
+READER = failover.READER
 WAIT_S = failover.WAIT_S
 
 
 class Node(failover.Node):
-    """A failover test node with an admin user who may read."""
+    """A test node whose admin answers are read whole (bytes), raising if the port is closed."""
 
-    def __init__(self, tmp_path: Path, node_id: str, zookeeper: ZooKeeperServer) -> None:
-        super().__init__(tmp_path, node_id, zookeeper)
-        self.config.write_text(self.config.read_text() + USERS)
-
-    def get(self, path: str, *, auth: bool = True) -> tuple[int, bytes]:
+    def fetch(self, path: str, *, auth: bool = True) -> tuple[int, bytes]:
         request = urllib.request.Request(f"http://{HOST}:{self.admin_port}{path}")
         if auth:
             request.add_header("Authorization", "Basic " + base64.b64encode(":".join(READER).encode()).decode())
@@ -58,12 +51,12 @@ class Node(failover.Node):
             return exc.code, exc.read()
 
     def cluster(self) -> dict[str, Any]:
-        status, body = self.get("/api/v1/cluster")
+        status, body = self.fetch("/api/v1/cluster")
         assert status == 200, (status, body)
         return dict(json.loads(body))
 
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        status, body = self.get("/metrics")
+        status, body = self.fetch("/metrics")
         assert status == 200, (status, body)
         return {(s.name, tuple(sorted(s.labels.items()))): s.value
                 for family in text_string_to_metric_families(body.decode()) for s in family.samples}
@@ -156,8 +149,8 @@ def test_the_cluster_view_shows_roles_epochs_lag_and_failovers(tmp_path: Path, z
         assert by_id(doc)[backup.node_id]["replication"]["lag_bytes"] == 0
 
         # A backup answers the same reads behind the same auth, and nothing else.
-        assert backup.get("/metrics", auth=False)[0] == 401
-        assert backup.get("/api/v1/destinations")[0] == 503
+        assert backup.fetch("/metrics", auth=False)[0] == 401
+        assert backup.fetch("/api/v1/destinations")[0] == 503
         got = backup.metrics()
         assert got[("gateway_ha_role", (("role", "primary"),))] == 0
         assert sum(v for (name, _), v in got.items() if name == "gateway_ha_role") == 1
