@@ -51,6 +51,9 @@ class HaSettings:
     zookeeper: str = ""  # connect string with chroot: "zk-0:2181,zk-1:2181/gateway"
     replication_listen: str = ""  # host:port the primary's replication listener binds
     advertise: str = ""  # host:port the backups reach it at
+    # Nodes in the group, as replicated LevelDB's ``replicas``: an election
+    # needs final records from replicas - sync_replicas of them (election.quorum).
+    replicas: int = 3
     sync_replicas: int = 1  # in-sync backups that must confirm a batch before its receipts
     zookeeper_session_timeout_s: float = 10.0
     sync_timeout_s: float = 10.0
@@ -71,6 +74,10 @@ class HaSettings:
         _host_port("advertise", self.advertise)
         if self.sync_replicas < 0:
             raise ConfigError(f"ha.sync_replicas must be >= 0, not {self.sync_replicas}")
+        if self.replicas < 1 or self.sync_replicas > self.replicas - 1:
+            # More backups to confirm than the group has would hold every receipt for ever.
+            raise ConfigError(f"ha.replicas must be >= 1 and more than ha.sync_replicas, not replicas = "
+                              f"{self.replicas} with sync_replicas = {self.sync_replicas}")
         if self.zookeeper_session_timeout_s <= 0 or self.sync_timeout_s <= 0:
             raise ConfigError("ha.zookeeper_session_timeout_s and ha.sync_timeout_s must be > 0")
         return self

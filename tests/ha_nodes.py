@@ -33,7 +33,7 @@ class Node:
     ``mqtt`` gives it an MQTT listener (a free port) besides STOMP."""
 
     def __init__(self, tmp_path: Path, node_id: str, zookeeper: ZooKeeperServer, *, mqtt: bool = False,
-                 sync_timeout_s: float = 20) -> None:
+                 sync_timeout_s: float = 20, replicas: int = 3) -> None:
         self.node_id = node_id
         self.dir = tmp_path / node_id
         self.dir.mkdir()
@@ -54,6 +54,7 @@ node_id = "{node_id}"
 zookeeper = "{zookeeper.hosts}/gateway"
 replication_listen = "{HOST}:{self.replication_port}"
 advertise = "{HOST}:{self.replication_port}"
+replicas = {replicas}
 sync_replicas = 1
 zookeeper_session_timeout_s = {SESSION_TIMEOUT_S}
 sync_timeout_s = {sync_timeout_s:g}

@@ -22,6 +22,7 @@ SERVER_HEADER = b"gateway-admin"
 # Password checks waiting for a worker on a port that checks its own
 # (a backup's); past it, "busy" (503), as the broker's own backlog does.
 PASSWORD_BACKLOG = 16
+PROBES = ("/healthz", "/readyz")  # what Kubernetes asks; answered quietly
 
 
 class _StreamAborted(Exception):
@@ -176,7 +177,9 @@ async def _connection(port: _Port, stream: trio.abc.Stream, peer: str, release: 
                 return
             request.host = peer_host(peer)
             response = await _answer(api, request, log)
-            if response.status >= 500:
+            # A probe's 503 is an answer (a backup, a broker draining), asked every
+            # few seconds by Kubernetes: not a failure worth a line.
+            if response.status >= 500 and request.target.split("?")[0] not in PROBES:
                 log.warning("admin_request_failed", method=request.method, target=request.target[:200],
                             status=response.status)
             if response.stream is not None:

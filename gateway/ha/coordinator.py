@@ -82,8 +82,9 @@ class Coordinator:
 
     def __init__(self, connect: str, node_id: str, *, session_timeout_s: float, callbacks: StateCallbacks,
                  log: Any, deliver: Callable[[Callback], object] = call_now,
-                 request_timeout_s: float | None = None) -> None:
+                 request_timeout_s: float | None = None, quorum: int = 1) -> None:
         hosts, root = split_connect(connect)
+        self.quorum = quorum  # final records an election needs (election.quorum)
         self.node_id = election.check_node_id(node_id)
         self.nodes_path = f"{root}/nodes"
         self.node_path = f"{root}/nodes/{node_id}"
@@ -324,8 +325,8 @@ class Coordinator:
             records = [r for node_id, (r, _v) in read.items() if node_id != self.node_id] + [record]
             data, epoch_stat = self.wait(self.client.get_async(self.epoch_path), "try_lead")
             vacancy = election.parse_epoch(data)
-            # Decided only on settled records: each final for this vacancy.
-            if election.decide(records, vacancy) != self.node_id:
+            # Decided only on settled records, each final for this vacancy, and enough of them.
+            if election.decide(records, vacancy, self.quorum) != self.node_id:
                 return None
             epoch = election.takeover_epoch(vacancy)
         except (KazooException, RecordError) as exc:

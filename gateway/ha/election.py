@@ -21,6 +21,15 @@ the candidate holds the most that any live node holds of what was confirmed.
 A node that never says so blocks the election only until its session ends,
 as its record is ephemeral; a record that is not eligible cannot win nor
 change the order of the others, so it need not settle.
+
+Quorum: settling covers the nodes that are alive, not one that is down.  A
+confirmed batch is on the primary and on ``sync_replicas`` backups, so of the
+other ``replicas - 1`` nodes at most ``replicas - 1 - sync_replicas`` lack
+it, and any ``replicas - sync_replicas`` final records include one that holds
+it (:func:`quorum`).  With fewer, nobody leads: a group of three whose first
+node to come back after a full stop is the least advanced (or an empty
+disk) waits for a second one rather than lead and make the others throw away
+confirmed batches, as replicated LevelDB waited for a quorum of ``replicas``.
 """
 
 from __future__ import annotations
@@ -193,12 +202,26 @@ def settled(records: Iterable[NodeRecord], vacancy: int) -> bool:
     return all(final(r, vacancy) for r in records if eligible(r))
 
 
-def decide(records: Iterable[NodeRecord], vacancy: int) -> str | None:
+def quorum(replicas: int, sync_replicas: int) -> int:
+    """How many final, eligible records an election needs in a group of
+    ``replicas`` nodes whose batches are confirmed by ``sync_replicas`` backups.
+
+    With ``sync_replicas`` 0 nothing is promised beyond the primary's disk;
+    the group then elects as if it were 1, rather than wait for a dead primary.
+    """
+    return max(1, replicas - max(1, sync_replicas))
+
+
+def decide(records: Iterable[NodeRecord], vacancy: int, needed: int = 1) -> str | None:
     """Who should lead now that the primary of epoch ``vacancy`` (the value in
-    /epoch) is gone: the candidate once the records have settled, else None
-    (nobody may lead yet: a record may still be stale)."""
+    /epoch) is gone: the candidate once the records have settled and at least
+    ``needed`` of them (:func:`quorum`) are eligible and final, else None
+    (nobody may lead yet: a record may still be stale, or a node holding a
+    confirmed batch may be down)."""
     records = list(records)
-    return candidate(records) if settled(records, vacancy) else None
+    if not settled(records, vacancy) or sum(1 for r in records if eligible(r)) < needed:
+        return None
+    return candidate(records)
 
 
 # -- epochs ---------------------------------------------------------------------

@@ -39,6 +39,7 @@ from gateway.admin.standby import StandbyApi
 from gateway.auth import Gatekeeper
 from gateway.config import Config, HaSettings
 from gateway.ha.coordinator import CoordinationError, Coordinator, StateCallbacks
+from gateway.ha import election
 from gateway.ha.election import NodeRecord, PrimaryRecord, Role
 from gateway.ha.node import Action, Event, State, step
 from gateway.ha.backup import Backup
@@ -134,7 +135,8 @@ class HaNode:
                                    on_reconnect=partial(self.notice, Event.RECONNECT))
         self.coordinator = Coordinator(self.ha.zookeeper, self.ha.node_id,
                                        session_timeout_s=self.ha.zookeeper_session_timeout_s, callbacks=callbacks,
-                                       log=self.log, deliver=token.run_sync_soon)
+                                       log=self.log, deliver=token.run_sync_soon,
+                                       quorum=election.quorum(self.ha.replicas, self.ha.sync_replicas))
         try:
             await trio.to_thread.run_sync(self.coordinator.connect)
         except CoordinationError as exc:

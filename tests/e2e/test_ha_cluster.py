@@ -98,7 +98,7 @@ def send(node: Node, count: int, queue: str = "/queue/seen") -> None:
 
 
 def test_the_cluster_view_shows_roles_epochs_lag_and_failovers(tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
-    nodes = [Node(tmp_path, name, zookeeper).start() for name in ("gw-0", "gw-1")]
+    nodes = [Node(tmp_path, name, zookeeper, replicas=2).start() for name in ("gw-0", "gw-1")]
     try:
         primary = failover.wait_ready(nodes)
         (backup,) = [n for n in nodes if n is not primary]
@@ -194,7 +194,7 @@ def test_the_primarys_console_shows_the_cluster(tmp_path: Path, zookeeper: ZooKe
     from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
-    nodes = [Node(tmp_path, name, zookeeper).start() for name in ("gw-0", "gw-1")]
+    nodes = [Node(tmp_path, name, zookeeper, replicas=2).start() for name in ("gw-0", "gw-1")]
     try:
         primary = failover.wait_ready(nodes)
         (backup,) = [n for n in nodes if n is not primary]

@@ -169,7 +169,7 @@ def drain(port: int, expected: dict[str, set[str]]) -> dict[str, list[str]]:
 def test_a_backup_that_lost_its_disk_catches_up_and_then_takes_over_with_every_receipt(
         tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
     # A long sync timeout: with two nodes, receipts wait while the only backup is away (latency, not ERROR).
-    nodes = [Node(tmp_path, name, zookeeper, sync_timeout_s=4 * WAIT_S).start() for name in ("gw-0", "gw-1")]
+    nodes = [Node(tmp_path, name, zookeeper, sync_timeout_s=4 * WAIT_S, replicas=2).start() for name in ("gw-0", "gw-1")]
     producer: Producer | None = None
     try:
         primary = wait_ready(nodes)

@@ -29,7 +29,7 @@ def load(tmp_path: Path, text: str) -> config.Config:
 
 def test_an_ha_table_is_read_with_its_defaults(tmp_path: Path) -> None:
     ha = load(tmp_path, GOOD).ha
-    assert ha == config.HaSettings("gw-0", "zk-0:2181,zk-1:2181/gateway", "0.0.0.0:7000", "gw-0.gw:7000", 1, 10.0, 10.0)
+    assert ha == config.HaSettings("gw-0", "zk-0:2181,zk-1:2181/gateway", "0.0.0.0:7000", "gw-0.gw:7000", 3, 1, 10.0, 10.0)
 
 
 def test_without_an_ha_table_the_broker_is_single_node(tmp_path: Path) -> None:
@@ -42,6 +42,9 @@ def test_without_an_ha_table_the_broker_is_single_node(tmp_path: Path) -> None:
     ('replication_listen = "h:99999"', "ha.replication_listen must be"),
     ('zookeeper = "/gateway"', "ha.zookeeper must be"),
     ("sync_replicas = -1", "ha.sync_replicas must be >= 0"),
+    ("sync_replicas = 3", "ha.replicas must be >= 1 and more than ha.sync_replicas, not replicas = 3 with "
+                          "sync_replicas = 3"),
+    ("replicas = 0", "ha.replicas must be >= 1"),
     ("zookeeper_session_timeout_s = 0", "must be > 0"),
     ('sync_replicas = "1"', "ha.sync_replicas: expected int"),
     ("colour = 1", "unknown setting ha.'colour'"),

@@ -190,6 +190,33 @@ def test_a_record_that_is_not_eligible_need_not_settle() -> None:
     assert election.decide([], 0) is None
 
 
+def test_an_election_needs_enough_final_records_to_include_every_confirmed_batch() -> None:
+    # Three nodes, a batch confirmed by one backup: any two of the three hold it.
+    assert election.quorum(3, 1) == 2
+    assert election.quorum(5, 2) == 3
+    assert election.quorum(2, 1) == 1
+    assert election.quorum(1, 0) == 1
+    assert election.quorum(3, 0) == 2  # 0 elects as 1 does rather than wait for a dead primary
+    lagging, ahead = node("c", 1, 10), node("b", 1, 90)
+    # c alone (the first back after a full stop) may not lead a group of three...
+    assert election.decide(final_for(1, lagging), 1, election.quorum(3, 1)) is None
+    # ...and once b is back, b leads, holding what c lacks.
+    assert election.decide(final_for(1, lagging, ahead), 1, election.quorum(3, 1)) == "b"
+    # A record that may not lead does not count toward the quorum.
+    assert election.decide([*final_for(1, lagging), node("d", 1, 99, Role.SYNCING)], 1, 2) is None
+
+
+@given(st.lists(records, min_size=1, max_size=8).map(unique_by_id), st.integers(0, 5), st.integers(1, 9))
+def test_with_fewer_eligible_records_than_the_quorum_nobody_leads(items: list[NodeRecord], vacancy: int,
+                                                                  needed: int) -> None:
+    items = final_for(vacancy, *items)
+    chosen = election.decide(items, vacancy, needed)
+    if sum(1 for r in items if election.eligible(r)) < needed:
+        assert chosen is None
+    else:
+        assert chosen == election.candidate(items)
+
+
 settled_groups = st.tuples(st.lists(records, min_size=1, max_size=8).map(unique_by_id), st.integers(0, 5))
 
 
