@@ -81,9 +81,11 @@ def test_every_pod_is_its_own_node_of_one_group(rendered: list[dict[str, Any]], 
         assert int(port) == int(ha.replication_listen.rpartition(":")[2]) == replication["containerPort"]
         assert ha.replication_listen.startswith("0.0.0.0:"), "the pod's IP is not known in advance"
     # Everything else is the group's, the same in every pod.
-    shared = {(h.zookeeper, h.replication_listen, h.sync_replicas, h.zookeeper_session_timeout_s, h.sync_timeout_s)
-              for h in nodes.values()}
+    shared = {(h.zookeeper, h.replication_listen, h.replicas, h.sync_replicas, h.zookeeper_session_timeout_s,
+               h.sync_timeout_s) for h in nodes.values()}
     assert len(shared) == 1
+    # The group's size, which an election's quorum counts from, is the StatefulSet's.
+    assert nodes[pods[0]].replicas == len(pods)
     # One backup away (an upgrade, a drain) still leaves sync_replicas backups to confirm.
     assert 1 <= nodes[pods[0]].sync_replicas <= len(pods) - 2
     # The backups reach the replication port through the headless Service,
