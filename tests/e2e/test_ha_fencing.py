@@ -272,10 +272,27 @@ def test_a_primary_frozen_past_its_session_releases_no_receipt_after_the_takeove
         new.kill()
         assert wait_ready([old]) is old and old.proc.pid == pid
         assert sorted(drain(old, set(after))) == sorted(after)
+        # Its signal handling outlived the nodes it ran: SIGTERM still ends it with 0.
+        old.proc.send_signal(signal.SIGTERM)
+        assert old.proc.wait(WAIT_S) == 0
     finally:
         if producer is not None and producer.is_alive():
             producer.stop()
         for node in nodes:
             if node.alive() and node.proc is not None:
                 node.proc.send_signal(signal.SIGCONT)
+            node.kill()
+
+
+def test_sigterm_ends_an_ha_node_with_0_as_a_backup_and_as_a_primary(tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
+    nodes = [Node(tmp_path, name, zookeeper).start() for name in ("gw-0", "gw-1")]
+    try:
+        primary = wait_ready(nodes)
+        backup = next(n for n in nodes if n is not primary)
+        for node in (backup, primary):
+            assert node.proc is not None
+            node.proc.send_signal(signal.SIGTERM)
+            assert node.proc.wait(WAIT_S) == 0, node.log_tail()
+    finally:
+        for node in nodes:
             node.kill()
