@@ -108,7 +108,8 @@ class PrimaryPart:
     def serving(self, server: Server) -> None:
         assert self.replicator is not None
         self.replicator.on_confirmed = server.durable_advanced
-        self.replicator.on_failed = server.durable_failed
+        # Written here, not confirmed: the client is told so, not "not stored".
+        self.replicator.on_failed = partial(server.durable_failed, stored=True)
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         assert self.replicator is not None

@@ -296,3 +296,25 @@ def test_sigterm_ends_an_ha_node_with_0_as_a_backup_and_as_a_primary(tmp_path: P
     finally:
         for node in nodes:
             node.kill()
+
+
+def test_a_receipt_no_backup_confirms_is_withdrawn_saying_the_message_is_stored_on_the_primary_only(
+        tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
+    node = Node(tmp_path, "gw-0", zookeeper)
+    node.config.write_text(node.config.read_text().replace("sync_timeout_s = 20", "sync_timeout_s = 1"))
+    node.start()
+    try:
+        wait_ready([node])  # alone it leads, and no backup will confirm (sync_replicas = 1)
+        producer = RawClient((HOST, node.stomp_port), timeout=30)
+        producer.connect()
+        producer.send_frame("SEND", {"destination": QUEUE, "persistent": "true", "receipt": "lonely"}, b"lonely")
+        error = producer.expect_error_and_close(timeout=WAIT_S)
+        producer.close()
+        assert error.headers["receipt-id"] == "lonely"
+        assert error.headers["message"] == "stored on the primary only: not confirmed by 1 in-sync backup within 1 s (0 in sync)"
+        assert error.body == (b"receipt lonely withdrawn: stored on the primary only, not confirmed by its backups "
+                              b"(it may still be delivered, or be lost in a failover)\n")
+        # As it says: the primary holds the message and delivers it.
+        assert drain(node, {"lonely"}) == ["lonely"]
+    finally:
+        node.kill()
