@@ -141,18 +141,15 @@ class StompSession:
             self._fail(reason, None)
 
     def storage_failed(self, first_lsn: int, last_lsn: int, reason: str, *, stored: bool = False) -> None:
-        """The store could not write these LSNs (or, ``stored``, an HA primary
-        wrote them but its backups did not confirm them): a receipt waiting on
-        one is withdrawn, and the client is told with an ERROR instead, which
-        names them: the first as its receipt-id (STOMP allows one), all in the
-        body, so a producer with many SENDs in flight knows which failed."""
+        """The store could not write these LSNs (``stored``: an HA primary wrote
+        them, its backups did not confirm them): a receipt waiting on one is
+        withdrawn, and the client is told with an ERROR instead, which names
+        them: the first as its receipt-id (STOMP allows one), all in the body,
+        so a producer with many SENDs in flight knows which failed."""
         withdrawn = self.outbox.drop_gated(first_lsn, last_lsn)
         if withdrawn and not self.closed:
             receipts = [r for r in withdrawn if r is not None]
-            # Stored on the primary only, a message is not lost: it may still
-            # be delivered (a resend may duplicate it), or lost in a failover.
-            fate = ("stored on the primary only, not confirmed by its backups (it may still be delivered, "
-                    "or be lost in a failover)" if stored else "not stored")
+            fate = "stored on the primary only (may yet be delivered, or lost in a failover)" if stored else "not stored"
             body = "".join(f"receipt {r} withdrawn: {fate}\n" for r in receipts).encode()
             more = f" (receipts {', '.join(receipts[:5])}{', ...' if len(receipts) > 5 else ''})" if len(receipts) > 1 else ""
             what = "stored on the primary only" if stored else "the store could not write this connection's messages"
