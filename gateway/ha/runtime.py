@@ -128,6 +128,7 @@ class HaNode:
         self.state = State.STARTING
         self.events: list[Event] = []
         self.changed = trio.Event()
+        self.looking = trio.CancelScope()  # the look at the lock in flight
         self.lock: PrimaryRecord | None = None
         self.epoch = 0  # the epoch this node leads in
         self.published: NodeRecord | None = None
@@ -139,7 +140,6 @@ class HaNode:
         self.backup_scope: trio.CancelScope | None = None
         self.backup_done: trio.Event | None = None
         self.running: app.Running | None = None
-        self.broker_done: trio.Event | None = None
         self.failovers = 0
 
     # -- news from kazoo and the stream, onto the loop -------------------------------
@@ -147,6 +147,11 @@ class HaNode:
     def notice(self, event: Event | None = None) -> None:
         if event is not None:
             self.events.append(event)
+            # An event is handled now, not after a look at the lock that may
+            # wait a whole session timeout for a ZooKeeper that is away: a
+            # primary's FENCE must stop its clients before its session can
+            # expire (the look is made again next round).
+            self.looking.cancel()
         self.changed.set()
 
     def refused(self, reason: str) -> None:
@@ -295,10 +300,14 @@ class HaNode:
 
     async def look(self) -> None:
         """Who holds the lock, as an event (nothing when ZooKeeper cannot say)."""
-        try:
-            lock = await trio.to_thread.run_sync(self.coordinator.primary)
-        except CoordinationError as exc:
-            self.log.warning("ha_lock_unknown", reason=str(exc))
+        with trio.CancelScope() as self.looking:
+            try:
+                # Abandoned when cancelled: a read, its answer no longer wanted.
+                lock = await trio.to_thread.run_sync(self.coordinator.primary, abandon_on_cancel=True)
+            except CoordinationError as exc:
+                self.log.warning("ha_lock_unknown", reason=str(exc))
+                return
+        if self.looking.cancelled_caught:
             return
         if lock is None:
             self.notice(Event.PRIMARY_GONE)
@@ -310,7 +319,8 @@ class HaNode:
         """Handle news until ``until()``; look at the lock at every notice and every POLL_S."""
         while not until():
             self.changed = trio.Event()
-            await self.look()
+            if not self.events:  # news first (a FENCE at once); the look comes next round
+                await self.look()
             while self.events and not until():
                 await self.handle(self.events.pop(0), nursery)
             if until():
@@ -337,7 +347,7 @@ class HaNode:
     async def as_primary(self) -> None:
         self.failovers += 1
         part = PrimaryPart(self.ha, self.history, self.log, lambda _node, reason: self.refused(reason))
-        broker_done = self.broker_done = trio.Event()
+        broker_done = trio.Event()
 
         async def broker(*, task_status: Any) -> None:
             try:

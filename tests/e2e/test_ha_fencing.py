@@ -332,3 +332,33 @@ def test_a_receipt_no_backup_confirms_is_withdrawn_saying_the_message_is_stored_
         assert drain(node, {"lonely"}) == ["lonely"]
     finally:
         node.kill()
+
+
+def test_a_primary_that_loses_zookeeper_fences_itself_at_once_keeps_rejoining_and_leads_again_once_it_is_back(
+        tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
+    node = Node(tmp_path, "gw-0", zookeeper).start()
+    try:
+        assert wait_ready([node]) is node and node.proc is not None
+        pid = node.proc.pid
+        client = RawClient((HOST, node.stomp_port), timeout=30)
+        client.connect()
+        zookeeper.kill()  # the connection drops: suspended at once
+        client.wait_closed(WAIT_S)
+        client.close()
+        # Fenced on the suspension itself, not after a look at the lock that
+        # waited for ZooKeeper a whole session timeout: by then the session
+        # could have expired and another node have taken over.
+        lines = node.log_path.read_text(errors="replace").splitlines()
+        fenced = next(i for i, line in enumerate(lines) if "ha_transition" in line and "on=fence" in line)
+        assert not [line for line in lines[:fenced] if "ha_lock_unknown" in line and "no answer" in line]
+        # Then (nothing heard for a session timeout) a fresh node that cannot
+        # reach ZooKeeper: tried again, not an exit for a supervisor to sort out.
+        wait_node(node, lambda: "ha_rejoin_failed" in node.log_path.read_text(errors="replace"),
+                  "a rejoin failing while ZooKeeper is away")
+        assert node.alive() and node.readyz() != 200
+        zookeeper.start()  # same port and data: the group and its epoch are still there
+        assert wait_ready([node]) is node and node.proc.pid == pid
+        node.proc.send_signal(signal.SIGTERM)
+        assert node.proc.wait(WAIT_S) == 0
+    finally:
+        node.kill()
