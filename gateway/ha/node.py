@@ -5,14 +5,17 @@ The runtime (gateway/ha/runtime.py) turns what it hears into events, calls
 come from the coordinator (whether another node holds the lock, or nobody;
 the session fenced, lost, back), from the replication stream (caught up, a
 gap, refused as stale, following ended), from the election (lock taken or
-not) and from the store (promoted).
+not), from the store (promoted) and from the runtime's timer (a fenced
+node that heard nothing for a session timeout: quiet).
 
 The rule for a primary whose standing is in doubt is the simplest safe one:
 it stops accepting and closes its clients at once (FENCED); once its session
 is lost, or it sees another holder of the lock, or a backup refuses it as
-stale, it exits, and the process supervisor restarts it as a backup (a
-restart is how a deposed primary rejoins).  A (pair) not in the table
-changes nothing.
+stale, it ends this node's run and the process starts a fresh node, which
+joins as a backup (a new session, the data folder reopened as a follower;
+catch-up sorts out records the new primary never had).  No supervisor is
+needed for a deposed primary to rejoin.  A (pair) not in the table changes
+nothing.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class Event(enum.StrEnum):
     FENCE = "fence"  # ZooKeeper session suspended
     LOST = "lost"  # ZooKeeper session expired
     RECONNECT = "reconnect"
+    QUIET = "quiet"  # fenced, its broker stopped, and no news for a session timeout
 
 
 class Action(enum.StrEnum):
@@ -53,7 +57,7 @@ class Action(enum.StrEnum):
     PROMOTE = "promote"  # close the follower, record the new epoch in the folder
     START_PRIMARY = "start_primary"  # open the store, recover, replication listener, clients, ready
     STOP_ACCEPTING = "stop_accepting"  # close the client listeners and every client at once
-    EXIT = "exit"  # leave the process (non-zero): the supervisor restarts it as a backup
+    RESTART_AS_BACKUP = "restart_as_backup"  # end this node's run: the process starts a fresh one, a backup
     REJOIN = "rejoin"  # a new session: create this node's record again
 
 
@@ -76,16 +80,17 @@ TABLE: dict[tuple[State, Event], Transition] = {
     (S.CANDIDATE, E.LEAD_TAKEN): Transition(S.CANDIDATE, (A.PROMOTE,)),
     (S.CANDIDATE, E.PROMOTED): Transition(S.PRIMARY, (A.START_PRIMARY,)),
     (S.PRIMARY, E.FENCE): Transition(S.FENCED, (A.STOP_ACCEPTING,)),
-    (S.PRIMARY, E.LOST): Transition(S.FENCED, (A.STOP_ACCEPTING, A.EXIT)),
-    (S.PRIMARY, E.PRIMARY_SEEN): Transition(S.FENCED, (A.STOP_ACCEPTING, A.EXIT)),
-    (S.PRIMARY, E.PRIMARY_GONE): Transition(S.FENCED, (A.STOP_ACCEPTING, A.EXIT)),
-    (S.PRIMARY, E.REFUSED_STALE): Transition(S.FENCED, (A.STOP_ACCEPTING, A.EXIT)),
+    (S.PRIMARY, E.LOST): Transition(S.FENCED, (A.STOP_ACCEPTING, A.RESTART_AS_BACKUP)),
+    (S.PRIMARY, E.PRIMARY_SEEN): Transition(S.FENCED, (A.STOP_ACCEPTING, A.RESTART_AS_BACKUP)),
+    (S.PRIMARY, E.PRIMARY_GONE): Transition(S.FENCED, (A.STOP_ACCEPTING, A.RESTART_AS_BACKUP)),
+    (S.PRIMARY, E.REFUSED_STALE): Transition(S.FENCED, (A.STOP_ACCEPTING, A.RESTART_AS_BACKUP)),
     # Fenced stays fenced: back or not, what clients it had are gone and a
-    # newer primary may exist; a restart sorts it out.
-    (S.FENCED, E.LOST): Transition(S.FENCED, (A.EXIT,)),
-    (S.FENCED, E.RECONNECT): Transition(S.FENCED, (A.EXIT,)),
-    (S.FENCED, E.PRIMARY_SEEN): Transition(S.FENCED, (A.EXIT,)),
-    (S.FENCED, E.PRIMARY_GONE): Transition(S.FENCED, (A.EXIT,)),
+    # newer primary may exist; a fresh node (a new session) sorts it out.
+    (S.FENCED, E.LOST): Transition(S.FENCED, (A.RESTART_AS_BACKUP,)),
+    (S.FENCED, E.RECONNECT): Transition(S.FENCED, (A.RESTART_AS_BACKUP,)),
+    (S.FENCED, E.PRIMARY_SEEN): Transition(S.FENCED, (A.RESTART_AS_BACKUP,)),
+    (S.FENCED, E.PRIMARY_GONE): Transition(S.FENCED, (A.RESTART_AS_BACKUP,)),
+    (S.FENCED, E.QUIET): Transition(S.FENCED, (A.RESTART_AS_BACKUP,)),  # ZooKeeper away: waiting is bounded
 }
 for _state in BACKUPS:
     TABLE[(_state, E.PRIMARY_SEEN)] = Transition(_state, (A.FOLLOW,))

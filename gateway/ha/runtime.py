@@ -16,8 +16,12 @@ listeners, ready.
 A primary whose ZooKeeper session is suspended stops accepting and closes
 its clients at once; once the session is lost (or back: either way another
 node may lead meanwhile), or another node holds the lock, or a backup
-refuses it as stale, the process exits with :data:`EXIT_DEPOSED` and its
-supervisor restarts it, as a backup.
+refuses it as stale, its node's run ends (the broker and its store closed,
+the session closed) and :func:`run` starts a fresh :class:`HaNode` in the
+same process after :data:`REJOIN_PAUSE_S`: a new session, the data folder
+reopened as a follower, which joins as a backup (catch-up copies it again if
+it holds records the new primary never had).  SIGINT or SIGTERM, at any
+moment of any node's run or of the pause, ends the process with 0.
 
 kazoo's callbacks reach the Trio loop through ``TrioToken.run_sync_soon``.
 """
@@ -52,8 +56,11 @@ from persistence.follower import Follower
 from persistence.journal import Batch
 from persistence.store import Store
 
-EXIT_DEPOSED = 3  # the supervisor restarts the process; it rejoins as a backup
-EXIT_NO_ZOOKEEPER = 1
+EXIT_NO_ZOOKEEPER = 1  # at the first start only: a fresh node after a deposal keeps trying
+# Between a deposed node's run and the next: the next one's first look at the
+# lock comes after the old session's end has reached the others, and a node
+# that keeps failing to rejoin (ZooKeeper away) tries at most this often.
+REJOIN_PAUSE_S = 1.0
 POLL_S = 0.5  # looking at the lock between notices; also the record's update pace
 
 
@@ -87,7 +94,8 @@ class PrimaryPart:
     def serving(self, server: Server) -> None:
         assert self.replicator is not None
         self.replicator.on_confirmed = server.durable_advanced
-        self.replicator.on_failed = server.durable_failed
+        # Written here, not confirmed: the client is told so, not "not stored".
+        self.replicator.on_failed = partial(server.durable_failed, stored=True)
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         assert self.replicator is not None
@@ -98,19 +106,22 @@ class PrimaryPart:
 class HaNode:
     """One node: its coordinator, its follower while a backup, the broker once primary."""
 
-    def __init__(self, config: Config, log: Any) -> None:
+    def __init__(self, config: Config, log: Any, *, incarnation: int = 1) -> None:
         assert config.ha is not None
         self.config, self.ha = config, config.ha
+        self.incarnation = incarnation  # this process's how-many-th node (a deposal starts the next)
         self.log = log.bind(node_id=self.ha.node_id)
         self.state = State.STARTING
         self.events: list[Event] = []
         self.changed = trio.Event()
+        self.looking = trio.CancelScope()  # the look at the lock in flight
         self.lock: PrimaryRecord | None = None
         self.epoch = 0  # the epoch this node leads in
         self.published: NodeRecord | None = None
         self.vacancy: int | None = None  # the vacancy this node's LSN is final for (election.py)
         self.published_at = -POLL_S
-        self.exit_code: int | None = None
+        self.ended = False  # deposed (or not joined again): the process starts a fresh node
+        self.stopping = False  # SIGINT or SIGTERM: the process ends once this run does
         self.following: str | None = None  # the advertise address followed
         self.backup_scope: trio.CancelScope | None = None
         self.backup_done: trio.Event | None = None
@@ -122,6 +133,11 @@ class HaNode:
     def notice(self, event: Event | None = None) -> None:
         if event is not None:
             self.events.append(event)
+            # An event is handled now, not after a look at the lock that may
+            # wait a whole session timeout for a ZooKeeper that is away: a
+            # primary's FENCE must stop its clients before its session can
+            # expire (the look is made again next round).
+            self.looking.cancel()
         self.changed.set()
 
     def refused(self, reason: str) -> None:
@@ -129,7 +145,9 @@ class HaNode:
 
     # -- the process -------------------------------------------------------------------
 
-    async def run(self) -> int:
+    async def run(self) -> int | None:
+        """This node's run: an exit code if the process should end with it
+        (0 after :meth:`stop`), None if a fresh node should rejoin (:attr:`ended`)."""
         token = trio.lowlevel.current_trio_token()
         callbacks = StateCallbacks(on_fence=partial(self.notice, Event.FENCE), on_lost=partial(self.notice, Event.LOST),
                                    on_reconnect=partial(self.notice, Event.RECONNECT))
@@ -140,36 +158,36 @@ class HaNode:
         try:
             await trio.to_thread.run_sync(self.coordinator.connect)
         except CoordinationError as exc:
-            self.log.error("ha_start_failed", reason=str(exc))
-            return EXIT_NO_ZOOKEEPER
+            if self.incarnation == 1:
+                self.log.error("ha_start_failed", reason=str(exc))
+                return EXIT_NO_ZOOKEEPER
+            # Rejoining: ZooKeeper may be what deposed it; keep trying.
+            self.log.warning("ha_rejoin_failed", reason=str(exc))
+            self.ended = True
+            return None
         try:
             Path(self.config.data_dir).mkdir(parents=True, exist_ok=True)
             self.follower = Follower.in_data_dir(self.config.data_dir, self.config.store, self.log.info)
             await trio.to_thread.run_sync(self.follower.open)
             await trio.to_thread.run_sync(self.coordinator.join, self.record(Role.BACKUP))
             self.coordinator.watch(self.notice)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.stop_on_signal, nursery.cancel_scope)
+            if not self.stopping:
                 await self.as_backup()
-                if self.exit_code is None:
-                    await self.as_primary()
-                nursery.cancel_scope.cancel()
+            if self.state == State.PRIMARY and not (self.stopping or self.ended):
+                await self.as_primary()
         finally:
             with trio.CancelScope(shield=True):
                 self.follower.close()  # (a no-op once promoted)
                 await trio.to_thread.run_sync(self.coordinator.close)
-        return self.exit_code or 0
+        return None if self.ended and not self.stopping else 0
 
-    async def stop_on_signal(self, scope: trio.CancelScope) -> None:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for signum in signals:
-                self.log.info("shutdown_requested", signal=signal.Signals(signum).name)
-                if self.running is not None:
-                    self.running.stop()  # the broker drains its clients; then the process ends
-                else:
-                    self.exit_code = 0
-                    scope.cancel()
-                return
+    def stop(self) -> None:
+        """SIGINT or SIGTERM: a primary's broker drains its clients; a backup
+        stops at once.  Either way the run ends and so does the process."""
+        self.stopping = True
+        if self.running is not None:
+            self.running.stop()
+        self.notice()
 
     def record(self, role: Role) -> NodeRecord:
         f = self.follower
@@ -230,14 +248,14 @@ class HaNode:
             if self.running is not None:
                 self.running.server.grace_s = 0  # closed at once, not drained
                 self.running.stop()
-        elif action is Action.EXIT:
-            self.act_exit()
+        elif action is Action.RESTART_AS_BACKUP:
+            self.end_run()
         # START_PRIMARY: as_backup's loop ends on the PRIMARY state.
 
-    def act_exit(self) -> None:
-        self.log.error("ha_deposed", detail="no longer primary; exiting so that a restart rejoins as a backup",
-                       exit_code=EXIT_DEPOSED)
-        self.exit_code = EXIT_DEPOSED
+    def end_run(self) -> None:
+        self.log.error("ha_deposed", detail="no longer primary; this node's run ends and a fresh one rejoins as a backup",
+                       epoch=self.epoch)
+        self.ended = True
         if self.running is not None:
             self.running.server.grace_s = 0
             self.running.stop()
@@ -266,10 +284,14 @@ class HaNode:
 
     async def look(self) -> None:
         """Who holds the lock, as an event (nothing when ZooKeeper cannot say)."""
-        try:
-            lock = await trio.to_thread.run_sync(self.coordinator.primary)
-        except CoordinationError as exc:
-            self.log.warning("ha_lock_unknown", reason=str(exc))
+        with trio.CancelScope() as self.looking:
+            try:
+                # Abandoned when cancelled: a read, its answer no longer wanted.
+                lock = await trio.to_thread.run_sync(self.coordinator.primary, abandon_on_cancel=True)
+            except CoordinationError as exc:
+                self.log.warning("ha_lock_unknown", reason=str(exc))
+                return
+        if self.looking.cancelled_caught:
             return
         if lock is None:
             self.notice(Event.PRIMARY_GONE)
@@ -281,7 +303,8 @@ class HaNode:
         """Handle news until ``until()``; look at the lock at every notice and every POLL_S."""
         while not until():
             self.changed = trio.Event()
-            await self.look()
+            if not self.events:  # news first (a FENCE at once); the look comes next round
+                await self.look()
             while self.events and not until():
                 await self.handle(self.events.pop(0), nursery)
             if until():
@@ -304,7 +327,7 @@ class HaNode:
                                                self.log, slots=AdminSlots(status, admin.max_connections),
                                                passwords=status.gate))
             self.log.info("ha_backup_started", admin_port=port, data_dir=self.config.data_dir)
-            await self.serve_events(nursery, lambda: self.state == State.PRIMARY or self.exit_code is not None)
+            await self.serve_events(nursery, lambda: self.state == State.PRIMARY or self.ended or self.stopping)
             await self.stop_following()
             nursery.cancel_scope.cancel()  # the admin port, reopened by the broker
 
@@ -321,18 +344,64 @@ class HaNode:
 
         async with trio.open_nursery() as nursery:
             self.running = await nursery.start(broker)
-            await self.serve_events(nursery, lambda: self.exit_code is not None or broker_done.is_set())
+            if self.stopping:  # a signal while the broker was starting
+                self.running.stop()
+            await self.serve_events(nursery, lambda: self.ended or broker_done.is_set())
             await broker_done.wait()
-            if self.state == State.FENCED and self.exit_code is None:
+            if self.state == State.FENCED and not (self.ended or self.stopping):
                 # Fenced, its clients gone: whether the session comes back or
-                # is lost, a restart is how it rejoins (bounded: ZooKeeper may be away).
+                # is lost, a fresh node is how it rejoins; bounded, as
+                # ZooKeeper may stay away.
                 with trio.move_on_after(self.ha.zookeeper_session_timeout_s):
-                    await self.serve_events(nursery, lambda: self.exit_code is not None)
-                if self.exit_code is None:
-                    self.act_exit()
+                    await self.serve_events(nursery, lambda: self.ended or self.stopping)
+                if not (self.ended or self.stopping):
+                    await self.handle(Event.QUIET, nursery)
             nursery.cancel_scope.cancel()
 
 
+class Process:
+    """An [ha] node's process: node after node (a deposed one's run ends and
+    a fresh one rejoins), until SIGINT or SIGTERM."""
+
+    def __init__(self, config: Config, log: Any) -> None:
+        self.config, self.log = config, log
+        self.node: HaNode | None = None
+        self.stopped = trio.Event()
+
+    async def run(self) -> int:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.stop_on_signal)
+            code = await self.nodes()
+            nursery.cancel_scope.cancel()
+        return code
+
+    async def nodes(self) -> int:
+        incarnation = 1
+        while True:
+            self.node = HaNode(self.config, self.log, incarnation=incarnation)
+            if self.stopped.is_set():
+                return 0
+            code = await self.node.run()
+            if code is not None:
+                return code
+            incarnation += 1
+            self.log.warning("ha_rejoining", node_id=self.node.ha.node_id, incarnation=incarnation,
+                             pause_s=REJOIN_PAUSE_S)
+            with trio.move_on_after(REJOIN_PAUSE_S):
+                await self.stopped.wait()
+
+    async def stop_on_signal(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        # Open for the whole process, not per node: a signal between two
+        # nodes, or while one joins, still ends the process with 0.
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            task_status.started()
+            async for signum in signals:
+                self.log.info("shutdown_requested", signal=signal.Signals(signum).name)
+                self.stopped.set()
+                if self.node is not None:
+                    self.node.stop()
+
+
 def run(config: Config, log: Any) -> int:
-    """Run an HA node in this (main) thread; its exit code."""
-    return trio.run(HaNode(config, log).run)
+    """Run an HA node's process in this (main) thread; its exit code."""
+    return trio.run(Process(config, log).run)

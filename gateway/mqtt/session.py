@@ -149,11 +149,12 @@ class MqttSession:
         self.will = None
         self.close(reason)
 
-    def storage_failed(self, first_lsn: int, last_lsn: int, reason: str) -> None:
+    def storage_failed(self, first_lsn: int, last_lsn: int, reason: str, *, stored: bool = False) -> None:
         # An ack that cannot be made durable must not be sent: close instead,
         # so the client resends (MQTT has no error packet).
         if self.outbox.drop_gated(first_lsn, last_lsn) and not self.closed:
-            self._fail(f"the store could not write this client's messages: {reason}", None)
+            what = "stored on the primary only" if stored else "the store could not write this client's messages"
+            self._fail(f"{what}: {reason}", None)
 
     def close(self, reason: str) -> None:
         """The connection is gone (or going): publish the will if it ended

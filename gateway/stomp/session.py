@@ -140,18 +140,20 @@ class StompSession:
         if not self.closed:
             self._fail(reason, None)
 
-    def storage_failed(self, first_lsn: int, last_lsn: int, reason: str) -> None:
-        """The store could not write these LSNs: a receipt waiting on one is
+    def storage_failed(self, first_lsn: int, last_lsn: int, reason: str, *, stored: bool = False) -> None:
+        """The store could not write these LSNs (``stored``: an HA primary wrote
+        them, its backups did not confirm them): a receipt waiting on one is
         withdrawn, and the client is told with an ERROR instead, which names
         them: the first as its receipt-id (STOMP allows one), all in the body,
         so a producer with many SENDs in flight knows which failed."""
         withdrawn = self.outbox.drop_gated(first_lsn, last_lsn)
         if withdrawn and not self.closed:
             receipts = [r for r in withdrawn if r is not None]
-            body = "".join(f"receipt {r} withdrawn: not stored\n" for r in receipts).encode()
+            fate = "stored on the primary only (may yet be delivered, or lost in a failover)" if stored else "not stored"
+            body = "".join(f"receipt {r} withdrawn: {fate}\n" for r in receipts).encode()
             more = f" (receipts {', '.join(receipts[:5])}{', ...' if len(receipts) > 5 else ''})" if len(receipts) > 1 else ""
-            self._fail(f"the store could not write this connection's messages: {reason}{more}", None,
-                       receipt=receipts[0] if receipts else None, body=body)
+            what = "stored on the primary only" if stored else "the store could not write this connection's messages"
+            self._fail(f"{what}: {reason}{more}", None, receipt=receipts[0] if receipts else None, body=body)
 
     def close(self, reason: str) -> None:
         """The connection is gone (or going): release everything it held."""

@@ -49,7 +49,7 @@ class Session(Protocol):
 
     def shutdown(self, reason: str) -> None: ...
 
-    def storage_failed(self, first_lsn: int, last_lsn: int, reason: str) -> None: ...
+    def storage_failed(self, first_lsn: int, last_lsn: int, reason: str, *, stored: bool = False) -> None: ...
 
     def close(self, reason: str) -> None: ...
 
@@ -285,10 +285,11 @@ class Server:
         for connection in gated:
             connection.wake_writer()
 
-    def durable_failed(self, first_lsn: int, last_lsn: int, reason: str) -> None:
-        """The store could not write this LSN range: whoever waits on it is told."""
+    def durable_failed(self, first_lsn: int, last_lsn: int, reason: str, *, stored: bool = False) -> None:
+        """The store could not write this LSN range (``stored``: an HA primary
+        wrote it, but its backups did not confirm it): whoever waits on it is told."""
         for connection in list(self.connections.values()):
-            connection.session.storage_failed(first_lsn, last_lsn, reason)
+            connection.session.storage_failed(first_lsn, last_lsn, reason, stored=stored)
             connection.wake_writer()
 
     def stop(self) -> None:

@@ -1,5 +1,6 @@
 """The node's role table (gateway/ha/node.py): the paths a node takes from
-start to backup, to primary through an election, and out when fenced."""
+start to backup, to primary through an election, and, when fenced, out of
+its run so that the process starts a fresh node that rejoins as a backup."""
 
 from __future__ import annotations
 
@@ -36,15 +37,36 @@ def test_the_first_node_of_an_empty_group_becomes_candidate() -> None:
     assert step(State.STARTING, Event.PRIMARY_GONE) == Transition(State.CANDIDATE, (Action.PUBLISH_LSN, Action.TRY_LEAD))
 
 
-def test_a_fenced_primary_stops_accepting_at_once_and_exits_once_lost() -> None:
+def test_a_fenced_primary_stops_accepting_at_once_and_restarts_as_a_backup_once_lost_or_back() -> None:
+    restart = Action.RESTART_AS_BACKUP
     assert run(State.PRIMARY, Event.FENCE) == (State.FENCED, [Action.STOP_ACCEPTING])
-    assert run(State.PRIMARY, Event.FENCE, Event.LOST) == (State.FENCED, [Action.STOP_ACCEPTING, Action.EXIT])
-    assert run(State.PRIMARY, Event.FENCE, Event.RECONNECT) == (State.FENCED, [Action.STOP_ACCEPTING, Action.EXIT])
+    assert run(State.PRIMARY, Event.FENCE, Event.LOST) == (State.FENCED, [Action.STOP_ACCEPTING, restart])
+    # Back, its session kept or not: another node may have led meanwhile.
+    assert run(State.PRIMARY, Event.FENCE, Event.RECONNECT) == (State.FENCED, [Action.STOP_ACCEPTING, restart])
+
+
+def test_a_fenced_primary_that_hears_nothing_restarts_as_a_backup_all_the_same() -> None:
+    # ZooKeeper away for a whole session timeout after the fence: waiting is bounded.
+    assert run(State.PRIMARY, Event.FENCE, Event.QUIET) == (State.FENCED, [Action.STOP_ACCEPTING, Action.RESTART_AS_BACKUP])
 
 
 @pytest.mark.parametrize("event", [Event.LOST, Event.PRIMARY_SEEN, Event.PRIMARY_GONE, Event.REFUSED_STALE])
-def test_a_primary_that_is_deposed_stops_accepting_and_exits(event: Event) -> None:
-    assert step(State.PRIMARY, event) == Transition(State.FENCED, (Action.STOP_ACCEPTING, Action.EXIT))
+def test_a_primary_that_is_deposed_stops_accepting_and_restarts_as_a_backup(event: Event) -> None:
+    assert step(State.PRIMARY, event) == Transition(State.FENCED, (Action.STOP_ACCEPTING, Action.RESTART_AS_BACKUP))
+
+
+@pytest.mark.parametrize("event", list(Event))
+def test_a_fenced_node_never_serves_again_in_the_same_run(event: Event) -> None:
+    # Only a fresh node (a new session, the folder reopened as a follower) leads again.
+    state, actions = step(State.FENCED, event)
+    assert state == State.FENCED
+    assert not {Action.START_PRIMARY, Action.PROMOTE, Action.TRY_LEAD, Action.FOLLOW} & set(actions)
+
+
+def test_quiet_means_nothing_to_a_node_that_is_not_fenced() -> None:
+    for state in State:
+        if state != State.FENCED:
+            assert step(state, Event.QUIET) == Transition(state, ())
 
 
 def test_a_primary_ignores_what_only_concerns_backups() -> None:
@@ -62,9 +84,10 @@ def test_a_backup_refused_as_stale_stops_following_and_waits_for_a_new_lock() ->
     assert step(State.BACKUP_SYNCING, Event.GAP) == Transition(State.BACKUP_SYNCING, ())
 
 
-def test_only_a_candidate_promotes_and_only_a_primary_or_fenced_node_exits_or_stops_accepting() -> None:
+def test_only_a_candidate_promotes_and_only_a_primary_or_fenced_node_restarts_or_stops_accepting() -> None:
     for (state, _event), transition in TABLE.items():
         if Action.PROMOTE in transition.actions or Action.START_PRIMARY in transition.actions:
             assert state == State.CANDIDATE
-        if Action.EXIT in transition.actions or Action.STOP_ACCEPTING in transition.actions:
+        if Action.RESTART_AS_BACKUP in transition.actions or Action.STOP_ACCEPTING in transition.actions:
             assert state in (State.PRIMARY, State.FENCED)
+            assert transition.state == State.FENCED  # never serving while its run ends

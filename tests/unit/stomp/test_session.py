@@ -215,6 +215,23 @@ def test_a_failed_store_write_withdraws_the_receipt_and_says_so() -> None:
     assert "disk full" in error.headers["message"] and error.body == b"receipt p1 withdrawn: not stored\n"
 
 
+def test_a_receipt_an_ha_primary_stored_but_its_backups_did_not_confirm_is_withdrawn_saying_so() -> None:
+    clock = FakeClock()
+    broker = Broker(clock, store=RecordingStore())
+    peer = Peer(broker, clock)
+    peer.connect()
+    peer.durable_lsn = 0
+    peer.send("SEND", {"destination": "/queue/a", "persistent": "true", "receipt": "p1"}, b"x")
+    lsn = peer.session.outbox.waiting_on()
+    assert lsn is not None
+    peer.session.storage_failed(lsn, lsn, "not confirmed by 1 in-sync backup within 10 s (0 in sync)", stored=True)
+    peer.durable_lsn = 1 << 62
+    [error] = peer.read()
+    assert type(error) is frames.Error and error.headers["receipt-id"] == "p1"
+    assert error.headers["message"] == "stored on the primary only: not confirmed by 1 in-sync backup within 10 s (0 in sync)"
+    assert b"not stored" not in error.body and error.body.startswith(b"receipt p1 withdrawn: stored on the primary only")
+
+
 # -- ack modes ---------------------------------------------------------------
 
 
