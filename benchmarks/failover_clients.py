@@ -1,0 +1,256 @@
+"""The failover benchmark's clients: producers and a consumer on raw STOMP
+sockets, one thread each, that reconnect through the node list (stdlib only).
+
+A producer sends receipted persistent SENDs with at most ``window`` receipts
+outstanding; after a reconnect it sends the unreceipted ones again (at least
+once, as a real client does) as new attempts.  A body names its message:
+``P<producer>-<seq>-<attempt>``, so each attempt is a message of its own to
+the broker and the tally can tell a producer's resend from a redelivery.
+
+The consumer subscribes ack:client-individual and ACKs each message with a
+receipt.  Its tally: every delivery of every message, which messages had an
+ACK receipted (a later delivery of one of those is the must-be-zero
+"acked then redelivered"), and other redeliveries.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+import time
+from collections import Counter
+
+import stompwire as sw
+from broker_process import HOST
+
+QUEUE = "/queue/failover"
+BODY_SIZE = 128
+BODY_RE = re.compile(rb"P(\d+)-(\d+)-(\d+);")
+CONNECT_WAIT_S = 3.0  # per node: CONNECT to CONNECTED
+IO_TIMEOUT_S = 0.2  # a recv's wait, so that a stop is seen soon
+
+
+def body(producer: int, seq: int, attempt: int) -> bytes:
+    head = b"P%d-%d-%d;" % (producer, seq, attempt)
+    return head + b"x" * (BODY_SIZE - len(head))
+
+
+class Link:
+    """One STOMP connection: frames in, bytes out; any failure is an OSError."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.sock = socket.create_connection((HOST, port), timeout=1.0)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.rest = b""
+        self.connected_at = time.monotonic()
+        self.first_receipt_at: float | None = None
+
+    def handshake(self) -> None:
+        self.sock.sendall(sw.CONNECT)
+        deadline = time.monotonic() + CONNECT_WAIT_S
+        while time.monotonic() < deadline:
+            for command, _, _ in self.read():
+                if command == "CONNECTED":
+                    self.connected_at = time.monotonic()
+                    return
+                raise OSError(f"{command} instead of CONNECTED")
+        raise OSError("no CONNECTED in time")
+
+    def read(self) -> list[tuple[str, dict[str, str], bytes]]:
+        """The frames that arrive within IO_TIMEOUT_S (maybe none)."""
+        self.sock.settimeout(IO_TIMEOUT_S)
+        try:
+            data = self.sock.recv(1 << 18)
+        except TimeoutError:
+            return []
+        if not data:
+            raise OSError("connection closed by the broker")
+        frames, self.rest = sw.parse_frames(self.rest + data)
+        for command, headers, payload in frames:
+            if command == "ERROR":
+                raise OSError(f"ERROR {headers.get('message')!r} {payload[:200]!r}")
+        return frames
+
+    def send(self, data: bytes) -> None:
+        self.sock.settimeout(10.0)
+        self.sock.sendall(data)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def connect_any(ports: list[int], stop: threading.Event, deadline: float) -> Link | None:
+    """Try each node's STOMP port in turn until one completes CONNECT (only the
+    primary listens); None on stop or at the deadline."""
+    while not stop.is_set() and time.monotonic() < deadline:
+        for port in ports:
+            try:
+                link = Link(port)
+            except OSError:
+                continue
+            try:
+                link.handshake()
+                return link
+            except OSError:
+                link.close()
+        time.sleep(0.05)
+    return None
+
+
+class Client(threading.Thread):
+    """What producers and the consumer share: the node list, a stop, the links made."""
+
+    def __init__(self, name: str, ports: list[int], deadline: float) -> None:
+        super().__init__(name=name, daemon=True)
+        self.ports = ports
+        self.deadline = deadline
+        self.stop = threading.Event()
+        self.links: list[Link] = []
+        self.errors: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+    def retarget(self, ports: list[int]) -> None:
+        self.ports = ports
+
+    def connect(self) -> Link | None:
+        link = connect_any(self.ports, self.stop, self.deadline)
+        if link is not None:
+            with self.lock:
+                self.links.append(link)
+        return link
+
+    def failed(self, exc: Exception) -> None:
+        self.errors[str(exc).split(" b'")[0][:120]] += 1
+
+
+class Producer(Client):
+    def __init__(self, index: int, ports: list[int], deadline: float, window: int) -> None:
+        super().__init__(f"producer-{index}", ports, deadline)
+        self.index = index
+        self.window = window
+        self.head = f"SEND\ndestination:{QUEUE}\npersistent:true\ncontent-length:{BODY_SIZE}\n".encode()
+        self.next_seq = 0
+        self.attempts: dict[int, int] = {}  # seq -> attempts so far
+        self.outstanding: dict[str, int] = {}  # receipt id -> seq, on the current link
+        self.unreceipted: list[int] = []  # seqs to send again
+        self.receipted: set[tuple[int, int, int]] = set()  # (producer, seq, attempt)
+        self.receipt_times: list[float] = []
+        self.draining = threading.Event()  # send nothing new; wait for what is outstanding
+
+    def frame(self, seq: int) -> bytes:
+        attempt = self.attempts.get(seq, 0) + 1
+        self.attempts[seq] = attempt
+        receipt = f"r{seq}-{attempt}"
+        self.outstanding[receipt] = seq
+        return self.head + f"receipt:{receipt}\n\n".encode() + body(self.index, seq, attempt) + b"\x00"
+
+    def fill(self, link: Link) -> None:
+        out = []
+        while len(self.outstanding) < self.window and (self.unreceipted or not self.draining.is_set()):
+            if self.unreceipted:
+                seq = self.unreceipted.pop(0)
+            else:
+                seq, self.next_seq = self.next_seq, self.next_seq + 1
+            out.append(self.frame(seq))
+        if out:
+            link.send(b"".join(out))
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            if self.draining.is_set() and not self.outstanding and not self.unreceipted:
+                return
+            link = self.connect()
+            if link is None:
+                return
+            try:
+                while not self.stop.is_set():
+                    self.fill(link)
+                    if self.draining.is_set() and not self.outstanding:
+                        return
+                    for command, headers, _ in link.read():
+                        seq = self.outstanding.pop(headers.get("receipt-id", ""), None) if command == "RECEIPT" else None
+                        if seq is not None:
+                            now = time.monotonic()
+                            if link.first_receipt_at is None:
+                                link.first_receipt_at = now
+                            self.receipted.add((self.index, seq, self.attempts[seq]))
+                            self.receipt_times.append(now)
+            except OSError as exc:
+                self.failed(exc)
+            finally:
+                link.close()
+                # Unknown fate: sent again on the next link, as a new attempt.
+                self.unreceipted[:0] = sorted(self.outstanding.values())
+                self.outstanding.clear()
+
+
+class Consumer(Client):
+    def __init__(self, ports: list[int], deadline: float) -> None:
+        super().__init__("consumer", ports, deadline)
+        self.deliveries: Counter[tuple[int, int, int]] = Counter()
+        self.acked: set[tuple[int, int, int]] = set()  # ACK receipted
+        self.acked_then_redelivered: list[tuple[int, int, int]] = []
+        self.redelivered = 0  # deliveries again of a message whose ACK was not receipted
+        self.last_delivery = time.monotonic()
+        self.acks = 0
+
+    def delivered(self, key: tuple[int, int, int]) -> None:
+        self.deliveries[key] += 1
+        self.last_delivery = time.monotonic()
+        if key in self.acked:
+            self.acked_then_redelivered.append(key)
+        elif self.deliveries[key] > 1:
+            self.redelivered += 1
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            link = self.connect()
+            if link is None:
+                return
+            pending: dict[str, tuple[int, int, int]] = {}  # ACK receipt id -> message
+            try:
+                link.send(f"SUBSCRIBE\nid:s\ndestination:{QUEUE}\nack:client-individual\n\n\x00".encode())
+                while not self.stop.is_set():
+                    acks = []
+                    for command, headers, payload in link.read():
+                        if command == "MESSAGE":
+                            match = BODY_RE.match(payload)
+                            if match is None:
+                                self.errors[f"a body not of this benchmark: {payload[:40]!r}"] += 1
+                                continue
+                            key = (int(match[1]), int(match[2]), int(match[3]))
+                            self.delivered(key)
+                            self.acks += 1
+                            receipt = f"a{self.acks}"
+                            pending[receipt] = key
+                            acks.append(f"ACK\nid:{headers.get('ack', '')}\nreceipt:{receipt}\n\n\x00".encode())
+                        elif command == "RECEIPT":
+                            key = pending.pop(headers.get("receipt-id", ""), None)
+                            if key is not None:
+                                self.acked.add(key)
+                    if acks:
+                        link.send(b"".join(acks))
+            except OSError as exc:
+                self.failed(exc)
+            finally:
+                link.close()
+
+
+def first_receipt_after(producers: list[Producer], moment: float) -> float | None:
+    """When the first receipt came on a link made after ``moment`` (the new primary's)."""
+    times = []
+    for producer in producers:
+        with producer.lock:
+            links = list(producer.links)
+        times += [link.first_receipt_at for link in links
+                  if link.connected_at > moment and link.first_receipt_at is not None]
+    return min(times, default=None)
+
+
+def receipted_between(producers: list[Producer], start: float, end: float) -> int:
+    return sum(1 for p in producers for t in list(p.receipt_times) if start <= t < end)
