@@ -268,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.producers} producers x window {args.window}, ZooKeeper session timeout {args.session_timeout:g} s",
           flush=True)
     folder = Path(tempfile.mkdtemp(prefix="gateway-failover-"))
+    print(f"data and logs in {folder} ({'kept' if args.keep else 'removed at the end'})", flush=True)
     result: dict = {"rounds_asked": args.rounds}
     try:
         result["cluster"] = run_cluster(args, folder)
