@@ -82,6 +82,7 @@ class Load:
     """The producers and the consumer against a node list."""
 
     def __init__(self, ports: list[int], args: argparse.Namespace, deadline: float) -> None:
+        self.began = time.monotonic()
         self.consumer = Consumer(ports, deadline)
         self.producers = [Producer(i, ports, deadline, args.window) for i in range(args.producers)]
 
@@ -157,7 +158,10 @@ class Load:
             "lost": len(lost),
             "lost_examples": [list(k) for k in lost[:10]],
             "acked_then_redelivered": len(self.consumer.acked_then_redelivered),
-            "acked_then_redelivered_examples": [list(k) for k in self.consumer.acked_then_redelivered[:10]],
+            "acked_then_redelivered_examples": [list(k) for k, _, _ in self.consumer.acked_then_redelivered[:10]],
+            # (ACK receipted at, from port, delivered again at, on port), times since the run began
+            "acked_then_redelivered_when": sorted({(round(a - self.began, 2), ap, round(d - self.began, 2), dp)
+                                                   for _, (a, ap), (d, dp) in self.consumer.acked_then_redelivered})[:20],
             "redelivered_unacked": self.consumer.redelivered,
             "resent_copies_delivered": sum(n - 1 for n in copies.values()),
             "acks_receipted": len(self.consumer.acked),
@@ -197,6 +201,7 @@ def run_cluster(args: argparse.Namespace, folder: Path) -> dict:
         cluster.wait_steady(WAIT_S)
         load = Load(cluster.stomp_ports, args, time.monotonic() + 24 * 3600)
         load.start()
+        result["stomp_ports"] = {n.node_id: n.stomp_port for n in cluster.nodes}
         load.wait_flowing(0.0, WAIT_S, cluster.supervise)
         time.sleep(1.0)  # past the first connections' start
         result["throughput"] = load.throughput(args.steady_seconds)
@@ -205,7 +210,7 @@ def run_cluster(args: argparse.Namespace, folder: Path) -> dict:
             time.sleep(rng.uniform(*args.pause))
             primary = cluster.wait_steady(WAIT_S)
             killed_at = time.monotonic()
-            round_: dict = {"round": index + 1, "killed": primary.node_id}
+            round_: dict = {"round": index + 1, "killed": primary.node_id, "killed_at": round(killed_at - load.began, 2)}
             round_["failover_s"] = fail_over(cluster, load, primary, args.session_timeout)
             new = cluster.wait_steady(WAIT_S)
             round_["steady_s"] = time.monotonic() - killed_at

@@ -202,17 +202,18 @@ class Consumer(Client):
     def __init__(self, ports: list[int], deadline: float) -> None:
         super().__init__("consumer", ports, deadline)
         self.deliveries: Counter[tuple[int, int, int]] = Counter()
-        self.acked: set[tuple[int, int, int]] = set()  # ACK receipted
-        self.acked_then_redelivered: list[tuple[int, int, int]] = []
+        self.acked: dict[tuple[int, int, int], tuple[float, int]] = {}  # ACK receipted: when, from which port
+        # (message, when its ACK's receipt came and from which port, when and where delivered again)
+        self.acked_then_redelivered: list[tuple[tuple[int, int, int], tuple[float, int], tuple[float, int]]] = []
         self.redelivered = 0  # deliveries again of a message whose ACK was not receipted
         self.last_delivery = time.monotonic()
         self.acks = 0
 
-    def delivered(self, key: tuple[int, int, int]) -> None:
+    def delivered(self, key: tuple[int, int, int], port: int) -> None:
         self.deliveries[key] += 1
         self.last_delivery = time.monotonic()
         if key in self.acked:
-            self.acked_then_redelivered.append(key)
+            self.acked_then_redelivered.append((key, self.acked[key], (self.last_delivery, port)))
         elif self.deliveries[key] > 1:
             self.redelivered += 1
 
@@ -233,7 +234,7 @@ class Consumer(Client):
                                 self.errors[f"a message not of this benchmark: {frame[:80]!r}"] += 1
                                 continue
                             key = (int(match[1]), int(match[2]), int(match[3]))
-                            self.delivered(key)
+                            self.delivered(key, link.port)
                             self.acks += 1
                             pending[self.acks] = key
                             acks.append(b"ACK\nid:%s\nreceipt:a%d\n\n\x00" % (ack[1], self.acks))
@@ -241,7 +242,7 @@ class Consumer(Client):
                             receipt = RECEIPT_RE.search(frame)
                             key = pending.pop(int(receipt[1]), None) if receipt else None
                             if key is not None:
-                                self.acked.add(key)
+                                self.acked[key] = (time.monotonic(), link.port)
                     if acks:
                         link.send(b"".join(acks))
             except OSError as exc:
