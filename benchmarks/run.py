@@ -17,6 +17,10 @@
     .venv/bin/python benchmarks/run.py --scenario spark-read [...]
         (a Spark count over the gateway data source: runs
         benchmarks/spark_read.py with the same arguments; see its --help)
+    .venv/bin/python benchmarks/run.py --scenario failover [...]
+        (high availability: a real ZooKeeper and 3 [ha] nodes, the primary
+        SIGKILLed round after round under receipted load: runs
+        benchmarks/failover.py with the same arguments; see its --help)
 
 Each scenario starts a fresh broker (``gateway serve``) on a free 127.0.0.1 port
 with a temporary data dir, runs the load generator (``loadgen.py``) in separate
@@ -71,6 +75,7 @@ ARCHIVE_SCENARIOS = ("archive-read", "archive-publish")  # in archive.py, not pa
 SPARK_SCENARIOS = ("spark-read",)  # in spark_read.py, not part of "all"
 MQTT_SCENARIOS = ("mqtt-qos0", "mqtt-qos1", "mqtt-fanout", "mqtt-latency", "mqtt-idle", "mqtt-all")  # in mqtt.py, not part of "all"
 TRANSPORT_SCENARIOS = ("transports",)  # in transports.py (TCP vs WebSocket), not part of "all"
+FAILOVER_SCENARIOS = ("failover",)  # in failover.py (ZooKeeper + 3 HA nodes, SIGKILLed primaries), not part of "all"
 # Scenario -> the module of benchmarks/ that runs it.
 DELEGATES = {
     **dict.fromkeys(PERSISTENCE_SCENARIOS, "persistent"),
@@ -78,6 +83,7 @@ DELEGATES = {
     **dict.fromkeys(SPARK_SCENARIOS, "spark_read"),
     **dict.fromkeys(MQTT_SCENARIOS, "mqtt"),
     **dict.fromkeys(TRANSPORT_SCENARIOS, "transports"),
+    **dict.fromkeys(FAILOVER_SCENARIOS, "failover"),
 }
 
 

@@ -136,7 +136,11 @@ class Backup:
                     return True
                 try:
                     await self._thread(f.write, step)
-                except OSError:
+                except BaseException:
+                    # The write failed, or never began: cancelled (told to stop
+                    # following) while waiting for a worker thread.  Either way
+                    # nothing of the step is acked; the follower must not stay
+                    # "writing" it, or its next batch, snapshot or close raises.
                     f.failed(step)
                     raise
                 await link.send(f.written(step))
