@@ -9,7 +9,6 @@ runner itself die; every wait is bounded; ``kill`` never raises.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import socket
@@ -26,7 +25,6 @@ GATEWAY = [sys.executable, "-m", "gateway"]  # the checkout's own code (run from
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")  # Debian's zookeeper package
 ZOOKEEPER_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
 TICK_MS = 200  # so that short session timeouts are allowed ([2, 20] ticks)
-LSN_RE = re.compile(r"^gateway_ha_lsn (\d+)$", re.MULTILINE)  # a backup's /metrics
 
 
 def zookeeper_unavailable() -> str | None:
@@ -157,15 +155,6 @@ sync_timeout_s = {sync_timeout_s}
         except OSError:
             return None
 
-    def lsn(self) -> int | None:
-        """A backup's last LSN, from its /metrics."""
-        try:
-            with urllib.request.urlopen(f"http://{HOST}:{self.admin_port}/metrics", timeout=1) as response:
-                match = LSN_RE.search(response.read().decode(errors="replace"))
-        except OSError:
-            return None
-        return int(match[1]) if match else None
-
 
 class Cluster:
     """N HA nodes on one ZooKeeper; a node that exits on its own is restarted,
@@ -208,24 +197,18 @@ class Cluster:
         return {n.node_id: n.readyz() for n in self.nodes}
 
     def wait_steady(self, timeout: float) -> HaNode:
-        """The primary, once exactly one node is ready, every other is a backup,
-        and the least advanced backup holds what the most advanced one held
-        when that was first so (caught up to the live edge: the backup a
-        primary's receipts wait for is at it)."""
+        """The primary, once exactly one node is ready and every other says it
+        is a backup in sync (/readyz: "not ready: backup_in_sync"): at the
+        live edge, counted toward the primary's sync_replicas."""
         deadline = time.monotonic() + timeout
         answers: dict[str, tuple[int, str] | None] = {}
-        target: int | None = None
         while time.monotonic() < deadline:
             answers = self.states()
             ready = [n for n in self.nodes if answers[n.node_id] is not None and answers[n.node_id][0] == 200]
-            backups = [n for n in self.nodes if answers[n.node_id] is not None and "backup" in answers[n.node_id][1]]
-            if len(ready) == 1 and len(backups) == self.size - 1:
-                lsns = [n.lsn() for n in backups]
-                if None not in lsns:
-                    if target is None:
-                        target = max(lsns)
-                    if min(lsns) >= target:
-                        return ready[0]
+            in_sync = [n for n in self.nodes
+                       if answers[n.node_id] is not None and "backup_in_sync" in answers[n.node_id][1]]
+            if len(ready) == 1 and len(in_sync) == self.size - 1:
+                return ready[0]
             time.sleep(0.1)
         raise ScenarioFailed(f"cluster not steady within {timeout} s: {answers}\n" + self.tails())
 
