@@ -360,7 +360,12 @@ class HaNode:
             # as every update wakes every node's watch.
             if (self.state in (State.BACKUP_SYNCING, State.BACKUP_IN_SYNC)
                     and trio.current_time() >= self.published_at + POLL_S):
-                await self.act(Action.PUBLISH_LSN, nursery)
+                try:
+                    await self.act(Action.PUBLISH_LSN, nursery)
+                except CoordinationError as exc:
+                    # The connection dropped under the update (a ZooKeeper
+                    # server restarted): tried again next round, as in handle.
+                    self.log.warning("ha_action_failed", action=Action.PUBLISH_LSN.value, reason=str(exc))
 
     async def as_backup(self) -> None:
         admin, group = self.config.admin, NodeStatus(self)
