@@ -1,5 +1,6 @@
 """HA nodes as the end-to-end tests run them: `gateway serve` processes with
-an [ha] table on loopback, against a real ZooKeeper (tests/zookeeper_helpers.py),
+an [ha] table on loopback, against a real ZooKeeper (tests/zookeeper_helpers.py, or an
+ensemble: tests/zookeeper_ensemble.py),
 each with its output in a log file, probed through its admin port the way
 Kubernetes does (/readyz, /metrics)."""
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from gateway.auth import hash_password
 from tests.processes import GATEWAY, HOST, free_port
+from tests.zookeeper_ensemble import ZooKeeperEnsemble
 from tests.zookeeper_helpers import ZooKeeperServer
 
 SESSION_TIMEOUT_S = 3
@@ -32,8 +34,9 @@ class Node:
     """One `gateway serve` with an [ha] table, its output in a log file.
     ``mqtt`` gives it an MQTT listener (a free port) besides STOMP."""
 
-    def __init__(self, tmp_path: Path, node_id: str, zookeeper: ZooKeeperServer, *, mqtt: bool = False,
-                 sync_timeout_s: float = 20, replicas: int = 3) -> None:
+    def __init__(self, tmp_path: Path, node_id: str, zookeeper: ZooKeeperServer | ZooKeeperEnsemble, *,
+                 mqtt: bool = False, sync_timeout_s: float = 20, replicas: int = 3,
+                 session_timeout_s: float = SESSION_TIMEOUT_S) -> None:
         self.node_id = node_id
         self.dir = tmp_path / node_id
         self.dir.mkdir()
@@ -56,7 +59,7 @@ replication_listen = "{HOST}:{self.replication_port}"
 advertise = "{HOST}:{self.replication_port}"
 replicas = {replicas}
 sync_replicas = 1
-zookeeper_session_timeout_s = {SESSION_TIMEOUT_S}
+zookeeper_session_timeout_s = {session_timeout_s:g}
 sync_timeout_s = {sync_timeout_s:g}
 """ + USERS)
         self.log_path = self.dir / "node.log"

@@ -38,6 +38,31 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def serves(hosts: str) -> bool:
+    """True when a client session to ``hosts`` can be opened and read the root
+    (a server of an ensemble only once it is part of a quorum)."""
+    from kazoo.client import KazooClient
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    client = KazooClient(hosts=hosts, timeout=2.0, connection_retry={"max_tries": 0})
+    try:
+        client.start(timeout=2.0)
+        client.get_children("/")
+        return True
+    except KazooTimeoutError:
+        return False
+    finally:
+        client.stop()
+        client.close()
+
+
+def java_command(main: str, config: Path, heap_mb: int = 128) -> list[str]:
+    """A ZooKeeper JVM, small and quick to start, running ``main`` on ``config``."""
+    assert JAVA is not None
+    return [JAVA, f"-Xmx{heap_mb}m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", str(ZOOKEEPER_JAR), main,
+            str(config)]
+
+
 class ZooKeeperServer:
     """One standalone ZooKeeper: ``start``, ``freeze``/``thaw``, ``kill``, ``restart``."""
 
@@ -74,29 +99,16 @@ class ZooKeeperServer:
         assert JAVA is not None
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [JAVA, "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-                 "-cp", str(ZOOKEEPER_JAR), SERVER_MAIN, str(self.config_path)],
+                java_command(SERVER_MAIN, self.config_path),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             )
         wait_for(self.serving, timeout=STARTUP_TIMEOUT_S, interval=0.1, what=f"ZooKeeper serving on {self.hosts}")
 
     def serving(self) -> bool:
         """True once a client session can be opened and read the root."""
-        from kazoo.client import KazooClient
-        from kazoo.handlers.threading import KazooTimeoutError
-
         if self.proc is None or self.proc.poll() is not None:
             raise AssertionError(f"ZooKeeper exited with {self.proc and self.proc.returncode}: {self.log_tail()}")
-        client = KazooClient(hosts=self.hosts, timeout=2.0, connection_retry={"max_tries": 0})
-        try:
-            client.start(timeout=2.0)
-            client.get_children("/")
-            return True
-        except KazooTimeoutError:
-            return False
-        finally:
-            client.stop()
-            client.close()
+        return serves(self.hosts)
 
     def freeze(self) -> None:
         """SIGSTOP: the server holds its sockets but answers nothing and expires nothing."""

@@ -19,18 +19,42 @@ ZooKeeper layout, under the connect string's chroot (``zk-0:2181/gateway``):
 - ``/primary``          EPHEMERAL, a `PrimaryRecord` as JSON: the lock.  Whoever
                         created it, while its session lives, is the primary.
 
-Fencing: kazoo pings every third of the session timeout T and declares the
-connection SUSPENDED when a ping goes unanswered for another third, i.e.
-after at most about 2/3 T of silence; the server expires the session only
-after a full T without hearing from it.  So ``on_fence`` (SUSPENDED) reaches
-the primary at least T/3 before any other node can see ``/primary`` vanish:
-the primary stops accepting then.  A process that is itself paused cannot
-fence itself in time; the epoch every replicated batch carries covers that.
+Fencing timing (T: the session timeout).  The server expires a session no
+earlier than T after the last request of it that it received (rounded up to
+a tick; an ensemble's leader hears of a follower's touches at most half a
+tick late, and ZooKeeper allows T only from 2 ticks, so that is <= T/4).  A
+request sent at time s and answered was received after s, so the session
+lives until at least s + T - T/4 by any server's clock.  :attr:`contact_at`
+is the latest such s (the monotonic time before sending a read that was
+answered: the primary looks at the lock every half second).
+
+kazoo's SUSPENDED says only that the connection dropped: a server of the
+ensemble stopped (the socket closes: at once, and kazoo reconnects to another
+within milliseconds with the same session), or pings went unanswered.  kazoo
+sends a ping after T/3 (less up to 0.4 s of jitter) without sending anything
+and drops the connection when it stays unanswered for about another T/3;
+but every request counts as a ping, so a request sent into a connection that
+died silently postpones the ping: SUSPENDED comes about 2/3 T after the last
+*send*, which may be later than 2/3 T after the last answer.  So the fence is
+timed from :attr:`contact_at`, not from SUSPENDED: a suspended primary holds
+its receipts and fences at ``contact_at + FENCE_AFTER * T`` (T/2) unless it
+is connected again before (:meth:`fence_deadline`).  That leaves at least T/4
+before the earliest expiry (T/2 less a leader's late touch, <= T/4) for the
+Trio loop's scheduling delay and the clocks' rates (both monotonic; parts per
+million); with the default T of 10 s a primary rides out a disconnection of
+about 4.5 s (its last answer is at most half a second old when the socket
+closes) and, when pings went unanswered for 2/3 T, fences at once.  A
+SUSPENDED that comes later than that, or a process that is itself paused,
+cannot fence in time; the epoch every replicated batch carries, the settled
+election and its quorum cover that (the README's fencing paragraph).  T must
+lie within the servers' [minSessionTimeout, maxSessionTimeout] (2 to 20
+ticks by default), or the server negotiates another one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +72,7 @@ MAX_NODES = 100  # records read from /nodes; a group this large is a mistake, no
 # Reconnect promptly (0.1 s, doubling to 1 s) for as long as it takes: while
 # the session may still live, every attempt is a chance to keep it.
 CONNECTION_RETRY = {"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 1.0}
+FENCE_AFTER = 0.5  # of T, after the last answered request: when a suspended primary fences (docstring)
 
 
 class CoordinationError(Exception):
@@ -72,7 +97,7 @@ def split_connect(connect: str) -> tuple[str, str]:
 class StateCallbacks:
     """What the caller is told about its ZooKeeper session, through ``deliver``."""
 
-    on_fence: Callback  # SUSPENDED: no contact for ~2/3 T; stop accepting at once
+    on_fence: Callback  # SUSPENDED: the connection dropped, the session may live; hold receipts, fence when due
     on_lost: Callback  # LOST: the session expired; the lock and /nodes record are gone
     on_reconnect: Callback  # CONNECTED again (after on_fence, or a new session after on_lost: join again)
 
@@ -100,6 +125,9 @@ class Coordinator:
         self.closing = False
         self.interrupted = False  # SUSPENDED or LOST seen since the last CONNECTED
         self.on_change: Callback | None = None
+        # Monotonic time before sending the last request ZooKeeper answered
+        # (written from worker threads; a lost race only makes it older: safe).
+        self.contact_at = time.monotonic()
         # No kazoo chroot: it wants the chroot to exist before connecting (and
         # warns otherwise); our paths carry the root instead.
         self.client = KazooClient(hosts=hosts, timeout=session_timeout_s, connection_retry=CONNECTION_RETRY)
@@ -111,7 +139,9 @@ class Coordinator:
         """Open the session (bounded by the request timeout) and make sure the layout exists."""
         try:
             self.client.start(timeout=self.request_timeout_s)
+            sent = time.monotonic()
             self.wait(self.client.ensure_path_async(self.nodes_path), "ensure_path")
+            self.answered(sent)
             try:
                 self.wait(self.client.create_async(self.epoch_path, election.format_epoch(0)), "create epoch")
             except NodeExistsError:
@@ -133,6 +163,13 @@ class Coordinator:
     def connected(self) -> bool:
         """Is the session connected now?  (If not, a read would only wait out its timeout.)"""
         return bool(self.client.connected)
+
+    def fence_deadline(self) -> float:
+        """The monotonic time by which a suspended primary must have fenced itself (module docstring)."""
+        return self.contact_at + FENCE_AFTER * self.session_timeout_s
+
+    def answered(self, sent: float) -> None:
+        self.contact_at = max(self.contact_at, sent)
 
     def session_id(self) -> int | None:
         client_id = self.client.client_id
@@ -243,12 +280,15 @@ class Coordinator:
 
     def primary(self) -> PrimaryRecord | None:
         """Who holds the lock, or None when nobody does (or its record is unreadable)."""
+        sent = time.monotonic()
         try:
             data, _stat = self.wait(self.client.get_async(self.primary_path), "primary")
         except NoNodeError:
+            self.answered(sent)
             return None
         except KazooException as exc:
             raise CoordinationError(f"primary: {exc!r}") from exc
+        self.answered(sent)
         try:
             return PrimaryRecord.from_json(data)
         except RecordError as exc:

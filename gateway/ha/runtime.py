@@ -13,8 +13,11 @@ broker (gateway/app.py) on that folder as the primary: the replication
 listener, receipts gated on the backups' confirmations, the client
 listeners, ready.
 
-A primary whose ZooKeeper session is suspended stops accepting and closes
-its clients at once; once the session is lost (or back: either way another
+A primary whose ZooKeeper connection is suspended keeps its clients but
+releases no receipt (:meth:`PrimaryPart.hold`) until it is connected again
+(the same session: it releases them) or its fence is due (the timing is
+gateway/ha/coordinator.py's): then it stops accepting and closes its
+clients.  Once the session is lost (or back: either way another
 node may lead meanwhile), or another node holds the lock, or a backup
 refuses it as stale, its node's run ends (the broker and its store closed,
 the session closed) and :func:`run` starts a fresh :class:`HaNode` in the
@@ -29,6 +32,7 @@ kazoo's callbacks reach the Trio loop through ``TrioToken.run_sync_soon``.
 from __future__ import annotations
 
 import signal
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -62,6 +66,7 @@ EXIT_NO_ZOOKEEPER = 1  # at the first start only: a fresh node after a deposal k
 # that keeps failing to rejoin (ZooKeeper away) tries at most this often.
 REJOIN_PAUSE_S = 1.0
 POLL_S = 0.5  # looking at the lock between notices; also the record's update pace
+LEADING = (State.PRIMARY, State.SUSPENDED)
 
 
 def split_host_port(address: str) -> tuple[str, int]:
@@ -77,6 +82,8 @@ class PrimaryPart:
         self.ha, self.history, self.log, self.on_refused = ha, history, log, on_refused
         self.replicator: Primary | None = None
         self.cluster = cluster  # what its admin port shows of the group
+        self.held: int | None = None  # the receipt gate, frozen while the ZooKeeper connection is suspended
+        self.server: Server | None = None
 
     def attach(self, store: Store) -> None:
         self.replicator = Primary(store, self.history, node_id=self.ha.node_id, sync_replicas=self.ha.sync_replicas,
@@ -89,10 +96,24 @@ class PrimaryPart:
 
     def receipt_lsn(self) -> int:
         assert self.replicator is not None
-        return self.replicator.receipt_lsn()
+        lsn = self.replicator.receipt_lsn()
+        return lsn if self.held is None else min(self.held, lsn)
+
+    def hold(self) -> None:
+        """Freeze the receipt gate where it is (its own guard with
+        ``sync_replicas = 0``, where no backup's confirmation gates it)."""
+        if self.replicator is not None and self.held is None:
+            self.held = self.replicator.receipt_lsn()
+
+    def release(self) -> None:
+        """Unfreeze the gate and wake the writers it held."""
+        self.held = None
+        if self.server is not None:
+            self.server.durable_advanced()
 
     def serving(self, server: Server) -> None:
         assert self.replicator is not None
+        self.server = server
         self.replicator.on_confirmed = server.durable_advanced
         # Written here, not confirmed: the client is told so, not "not stored".
         self.replicator.on_failed = partial(server.durable_failed, stored=True)
@@ -126,6 +147,8 @@ class HaNode:
         self.backup_scope: trio.CancelScope | None = None
         self.backup_done: trio.Event | None = None
         self.running: app.Running | None = None
+        self.part: PrimaryPart | None = None
+        self.fence_timer = trio.CancelScope()  # the armed FENCE_DUE, while suspended
         self.failovers = 0
 
     # -- news from kazoo and the stream, onto the loop -------------------------------
@@ -135,8 +158,9 @@ class HaNode:
             self.events.append(event)
             # An event is handled now, not after a look at the lock that may
             # wait a whole session timeout for a ZooKeeper that is away: a
-            # primary's FENCE must stop its clients before its session can
-            # expire (the look is made again next round).
+            # primary's FENCE must hold its receipts at once, and its
+            # FENCE_DUE stop its clients before its session can expire (the
+            # look is made again next round).
             self.looking.cancel()
         self.changed.set()
 
@@ -244,6 +268,18 @@ class HaNode:
             self.notice(Event.PROMOTED)
         elif action is Action.REJOIN:
             await thread(self.coordinator.join, self.record(Role.BACKUP))
+        elif action is Action.HOLD_RECEIPTS:
+            if self.part is not None:
+                self.part.hold()
+        elif action is Action.ARM_FENCE_TIMER:
+            self.fence_timer.cancel()
+            self.fence_timer = trio.CancelScope()
+            nursery.start_soon(self.fence_when_due, self.fence_timer, self.coordinator.fence_deadline())
+        elif action is Action.RELEASE_RECEIPTS:
+            self.fence_timer.cancel()
+            if self.part is not None:
+                self.part.release()
+            self.log.info("ha_resumed", detail="ZooKeeper connected again, same session: held receipts released")
         elif action is Action.STOP_ACCEPTING:
             if self.running is not None:
                 self.running.server.grace_s = 0  # closed at once, not drained
@@ -251,6 +287,15 @@ class HaNode:
         elif action is Action.RESTART_AS_BACKUP:
             self.end_run()
         # START_PRIMARY: as_backup's loop ends on the PRIMARY state.
+
+    async def fence_when_due(self, timer: trio.CancelScope, deadline: float) -> None:
+        """FENCE_DUE at ``deadline`` (time.monotonic), unless disarmed or re-armed meanwhile."""
+        with timer:
+            self.log.warning("ha_suspended", detail="ZooKeeper connection lost: receipts held until it is back",
+                             fence_in_s=round(max(0.0, deadline - time.monotonic()), 2))
+            await trio.sleep(max(0.0, deadline - time.monotonic()))
+            if timer is self.fence_timer:  # a stale timer never fences a later suspension
+                self.notice(Event.FENCE_DUE)
 
     def end_run(self) -> None:
         self.log.error("ha_deposed", detail="no longer primary; this node's run ends and a fresh one rejoins as a backup",
@@ -295,7 +340,7 @@ class HaNode:
             return
         if lock is None:
             self.notice(Event.PRIMARY_GONE)
-        elif lock.node_id != self.ha.node_id or (self.state == State.PRIMARY and lock.epoch != self.epoch):
+        elif lock.node_id != self.ha.node_id or (self.state in LEADING and lock.epoch != self.epoch):
             self.lock = lock
             self.notice(Event.PRIMARY_SEEN)
 
@@ -315,7 +360,12 @@ class HaNode:
             # as every update wakes every node's watch.
             if (self.state in (State.BACKUP_SYNCING, State.BACKUP_IN_SYNC)
                     and trio.current_time() >= self.published_at + POLL_S):
-                await self.act(Action.PUBLISH_LSN, nursery)
+                try:
+                    await self.act(Action.PUBLISH_LSN, nursery)
+                except CoordinationError as exc:
+                    # The connection dropped under the update (a ZooKeeper
+                    # server restarted): tried again next round, as in handle.
+                    self.log.warning("ha_action_failed", action=Action.PUBLISH_LSN.value, reason=str(exc))
 
     async def as_backup(self) -> None:
         admin, group = self.config.admin, NodeStatus(self)
@@ -333,7 +383,8 @@ class HaNode:
 
     async def as_primary(self) -> None:
         self.failovers += 1
-        part = PrimaryPart(self.ha, self.history, self.log, lambda _node, reason: self.refused(reason), NodeStatus(self))
+        self.part = part = PrimaryPart(self.ha, self.history, self.log, lambda _node, reason: self.refused(reason),
+                                       NodeStatus(self))
         broker_done = trio.Event()
 
         async def broker(*, task_status: Any) -> None:

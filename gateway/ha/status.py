@@ -20,7 +20,8 @@ from gateway.ha.node import State
 
 STATES = tuple(s.value for s in State)
 FOLLOWING = (State.BACKUP_SYNCING, State.BACKUP_IN_SYNC)  # the lock holder it knows of is current
-ROLES = {State.PRIMARY: "primary", State.FENCED: "fenced", State.BACKUP_SYNCING: "syncing"}  # others: "backup"
+ROLES = {State.PRIMARY: "primary", State.SUSPENDED: "primary", State.FENCED: "fenced",
+         State.BACKUP_SYNCING: "syncing"}  # others: "backup"
 # Batches remembered for lag figures: as many as the replication window may
 # hold, so a backup still served from the window has exact figures (one
 # behind the window is copying a snapshot and gets lower bounds).
@@ -79,7 +80,7 @@ class NodeStatus:
         if self.replicator is not None:
             primary = self.replicator
             return cluster.View(**common, epoch=primary.epoch, lsn=primary.last_lsn,
-                                primary=node.ha.node_id if state == State.PRIMARY else None,
+                                primary=node.ha.node_id if state in (State.PRIMARY, State.SUSPENDED) else None,
                                 backups=tuple(primary.lags()))
         follower = node.follower
         return cluster.View(**common, epoch=follower.epoch, lsn=follower.last_lsn,

@@ -165,6 +165,31 @@ def test_a_silent_zookeeper_fences_the_leader_before_its_session_can_expire(zook
     wait_for(lambda: len(holders(group)) == 1, timeout=WAIT_S, interval=0.02, what="one holder of the lock")
 
 
+def test_the_fence_is_due_half_a_session_after_the_last_read_zookeeper_answered(zookeeper, log, group) -> None:
+    """What a suspended primary's timer counts from: the send time of the last
+    answered read, which a read ZooKeeper does not answer leaves where it was."""
+    (a,) = started(zookeeper, log, group, {"a": 1})
+    sent = time.monotonic()
+    assert a.coordinator.primary() is None
+    contact = a.coordinator.contact_at
+    assert contact >= sent and a.coordinator.fence_deadline() == contact + SESSION_TIMEOUT_S / 2
+    zookeeper.freeze()
+    with pytest.raises(CoordinationError):
+        a.coordinator.primary()  # unanswered: waits out its request timeout
+    assert a.coordinator.contact_at == contact
+    zookeeper.thaw()
+    sent = time.monotonic()
+
+    def answered_again() -> bool:
+        try:
+            a.coordinator.primary()
+        except CoordinationError:
+            return False  # reconnecting (its session kept, or a new one)
+        return a.coordinator.contact_at >= sent
+
+    wait_for(answered_again, timeout=WAIT_S, interval=0.1, what="a read answered again")
+
+
 def test_a_node_behind_never_leads_while_a_node_ahead_lives(zookeeper, log, group) -> None:
     a, b, c = started(zookeeper, log, group, {"a": 5, "b": 9, "c": 7})
     # d holds the most but is still copying a snapshot: not eligible.

@@ -338,7 +338,7 @@ def test_a_receipt_no_backup_confirms_is_withdrawn_saying_the_message_is_stored_
         node.kill()
 
 
-def test_a_primary_that_loses_zookeeper_fences_itself_at_once_keeps_rejoining_and_leads_again_once_it_is_back(
+def test_a_primary_that_loses_zookeeper_fences_itself_before_its_session_could_expire_keeps_rejoining_and_leads_again(
         tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
     node = Node(tmp_path, "gw-0", zookeeper, replicas=2).start()  # its partner away: alone it may lead
     try:
@@ -349,11 +349,16 @@ def test_a_primary_that_loses_zookeeper_fences_itself_at_once_keeps_rejoining_an
         zookeeper.kill()  # the connection drops: suspended at once
         client.wait_closed(WAIT_S)
         client.close()
-        # Fenced on the suspension itself, not after a look at the lock that
+        # Suspended first (its session may live: a server of an ensemble may
+        # have gone), then fenced by its own timer, half a session timeout
+        # after ZooKeeper last answered it, not after a look at the lock that
         # waited for ZooKeeper a whole session timeout: by then the session
         # could have expired and another node have taken over.
         lines = node.log_path.read_text(errors="replace").splitlines()
-        fenced = next(i for i, line in enumerate(lines) if "ha_transition" in line and "on=fence" in line)
+        suspended = next(i for i, line in enumerate(lines) if "ha_transition" in line and "on=fence " in line)
+        assert "state=suspended" in lines[suspended]
+        fenced = next(i for i, line in enumerate(lines) if "ha_transition" in line and "on=fence_due" in line)
+        assert suspended < fenced and "state=fenced" in lines[fenced]
         assert not [line for line in lines[:fenced] if "ha_lock_unknown" in line and "no answer" in line]
         # Then (nothing heard for a session timeout) a fresh node that cannot
         # reach ZooKeeper: tried again, not an exit for a supervisor to sort out.

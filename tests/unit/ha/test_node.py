@@ -1,6 +1,7 @@
 """The node's role table (gateway/ha/node.py): the paths a node takes from
-start to backup, to primary through an election, and, when fenced, out of
-its run so that the process starts a fresh node that rejoins as a backup."""
+start to backup, to primary through an election, through a ZooKeeper
+disconnection with its receipts held, and, when fenced, out of its run so
+that the process starts a fresh node that rejoins as a backup."""
 
 from __future__ import annotations
 
@@ -37,17 +38,58 @@ def test_the_first_node_of_an_empty_group_becomes_candidate() -> None:
     assert step(State.STARTING, Event.PRIMARY_GONE) == Transition(State.CANDIDATE, (Action.PUBLISH_LSN, Action.TRY_LEAD))
 
 
-def test_a_fenced_primary_stops_accepting_at_once_and_restarts_as_a_backup_once_lost_or_back() -> None:
+def test_a_suspended_primary_holds_its_receipts_and_arms_its_fence_keeping_its_clients() -> None:
+    assert step(State.PRIMARY, Event.FENCE) == Transition(State.SUSPENDED, (Action.HOLD_RECEIPTS, Action.ARM_FENCE_TIMER))
+
+
+def test_a_suspended_primary_connected_again_with_its_session_releases_the_receipts_and_serves_on() -> None:
+    assert run(State.PRIMARY, Event.FENCE, Event.RECONNECT) == (
+        State.PRIMARY, [Action.HOLD_RECEIPTS, Action.ARM_FENCE_TIMER, Action.RELEASE_RECEIPTS])
+    # Again and again (a rolling restart of the ensemble: one suspension per server).
+    state, actions = run(State.PRIMARY, *[Event.FENCE, Event.RECONNECT] * 3)
+    assert state == State.PRIMARY and actions.count(Action.RELEASE_RECEIPTS) == 3
+    assert Action.STOP_ACCEPTING not in actions
+
+
+def test_a_suspended_primary_whose_fence_is_due_stops_accepting_and_restarts_as_a_backup_once_lost_or_back() -> None:
     restart = Action.RESTART_AS_BACKUP
-    assert run(State.PRIMARY, Event.FENCE) == (State.FENCED, [Action.STOP_ACCEPTING])
-    assert run(State.PRIMARY, Event.FENCE, Event.LOST) == (State.FENCED, [Action.STOP_ACCEPTING, restart])
-    # Back, its session kept or not: another node may have led meanwhile.
-    assert run(State.PRIMARY, Event.FENCE, Event.RECONNECT) == (State.FENCED, [Action.STOP_ACCEPTING, restart])
+    held = [Action.HOLD_RECEIPTS, Action.ARM_FENCE_TIMER]
+    assert run(State.PRIMARY, Event.FENCE, Event.FENCE_DUE) == (State.FENCED, [*held, Action.STOP_ACCEPTING])
+    assert run(State.PRIMARY, Event.FENCE, Event.FENCE_DUE, Event.LOST) == (
+        State.FENCED, [*held, Action.STOP_ACCEPTING, restart])
+    # Back after the fence, its session kept or not: another node may have led meanwhile.
+    assert run(State.PRIMARY, Event.FENCE, Event.FENCE_DUE, Event.RECONNECT) == (
+        State.FENCED, [*held, Action.STOP_ACCEPTING, restart])
 
 
 def test_a_fenced_primary_that_hears_nothing_restarts_as_a_backup_all_the_same() -> None:
     # ZooKeeper away for a whole session timeout after the fence: waiting is bounded.
-    assert run(State.PRIMARY, Event.FENCE, Event.QUIET) == (State.FENCED, [Action.STOP_ACCEPTING, Action.RESTART_AS_BACKUP])
+    assert run(State.PRIMARY, Event.FENCE, Event.FENCE_DUE, Event.QUIET) == (
+        State.FENCED, [Action.HOLD_RECEIPTS, Action.ARM_FENCE_TIMER, Action.STOP_ACCEPTING, Action.RESTART_AS_BACKUP])
+
+
+def test_a_fence_due_after_the_primary_is_back_changes_nothing() -> None:
+    # A timer from an earlier suspension, late: the runtime disarms it, and the table ignores it.
+    assert step(State.PRIMARY, Event.FENCE_DUE) == Transition(State.PRIMARY, ())
+    for state in State:
+        if state != State.SUSPENDED:
+            assert step(state, Event.FENCE_DUE) == Transition(state, ())
+
+
+@pytest.mark.parametrize("event", [Event.LOST, Event.PRIMARY_SEEN, Event.PRIMARY_GONE, Event.REFUSED_STALE])
+def test_a_suspended_primary_that_is_deposed_stops_accepting_and_restarts_as_a_backup_at_once(event: Event) -> None:
+    # No waiting for the timer: its session expired, or another node leads, or a backup follows a newer epoch.
+    assert step(State.SUSPENDED, event) == Transition(State.FENCED, (Action.STOP_ACCEPTING, Action.RESTART_AS_BACKUP))
+
+
+def test_a_suspended_primary_never_releases_receipts_except_when_connected_again() -> None:
+    for (state, event), transition in TABLE.items():
+        if Action.RELEASE_RECEIPTS in transition.actions:
+            assert (state, event, transition.state) == (State.SUSPENDED, Event.RECONNECT, State.PRIMARY)
+    for event in Event:
+        if event not in (Event.RECONNECT, Event.FENCE_DUE, Event.LOST, Event.PRIMARY_SEEN, Event.PRIMARY_GONE,
+                         Event.REFUSED_STALE):
+            assert step(State.SUSPENDED, event) == Transition(State.SUSPENDED, ())
 
 
 @pytest.mark.parametrize("event", [Event.LOST, Event.PRIMARY_SEEN, Event.PRIMARY_GONE, Event.REFUSED_STALE])
@@ -89,5 +131,7 @@ def test_only_a_candidate_promotes_and_only_a_primary_or_fenced_node_restarts_or
         if Action.PROMOTE in transition.actions or Action.START_PRIMARY in transition.actions:
             assert state == State.CANDIDATE
         if Action.RESTART_AS_BACKUP in transition.actions or Action.STOP_ACCEPTING in transition.actions:
-            assert state in (State.PRIMARY, State.FENCED)
+            assert state in (State.PRIMARY, State.SUSPENDED, State.FENCED)
             assert transition.state == State.FENCED  # never serving while its run ends
+        if Action.HOLD_RECEIPTS in transition.actions or Action.ARM_FENCE_TIMER in transition.actions:
+            assert (state, transition.state) == (State.PRIMARY, State.SUSPENDED)

@@ -82,3 +82,32 @@ async def test_the_window_of_recent_batches_is_bounded_but_keeps_the_newest(tmp_
         write(store, p, 1)
     assert p.window_held <= 2000
     store.close()
+
+
+async def test_a_suspended_primarys_receipt_gate_holds_where_it_was_until_released(tmp_path: Path) -> None:
+    """PrimaryPart.hold freezes the gate (with sync_replicas = 0 nothing else
+    would: the local disk alone releases); release unfreezes it and wakes the
+    server's held writers."""
+    import structlog
+
+    from gateway.config import HaSettings
+    from gateway.ha.runtime import PrimaryPart
+
+    store = primary(tmp_path)
+    receipts = Receipts()
+    ha = HaSettings(node_id="p", sync_replicas=0)
+    part = PrimaryPart(ha, H1, structlog.get_logger("test"), on_refused=None, cluster=type("Status", (), {})())
+    part.attach(store)
+    part.serving(receipts)  # type: ignore[arg-type]  # the server's durable_advanced / durable_failed
+    assert part.replicator is not None
+    before = write(store, part.replicator, 2)
+    assert part.receipt_lsn() == before
+    part.hold()
+    after = write(store, part.replicator, 3)
+    assert store.durable_lsn == after > before and part.receipt_lsn() == before  # written, not released
+    part.hold()  # a second hold keeps the first mark
+    assert part.receipt_lsn() == before
+    woken = receipts.advanced
+    part.release()
+    assert part.receipt_lsn() == after and receipts.advanced == woken + 1
+    store.close()
