@@ -61,6 +61,9 @@ from persistence.journal import Batch
 from persistence.store import Store
 
 EXIT_NO_ZOOKEEPER = 1  # at the first start only: a fresh node after a deposal keeps trying
+# What a fenced or deposed primary's clients are told as it closes them: not a
+# shutdown; the group goes on, with another primary (or this one, later).
+DEPOSED = "this node is no longer the primary: reconnect to the group"
 # Between a deposed node's run and the next: the next one's first look at the
 # lock comes after the old session's end has reached the others, and a node
 # that keeps failing to rejoin (ZooKeeper away) tries at most this often.
@@ -193,7 +196,15 @@ class HaNode:
             Path(self.config.data_dir).mkdir(parents=True, exist_ok=True)
             self.follower = Follower.in_data_dir(self.config.data_dir, self.config.store, self.log.info)
             await trio.to_thread.run_sync(self.follower.open)
-            await trio.to_thread.run_sync(self.coordinator.join, self.record(Role.BACKUP))
+            try:
+                await trio.to_thread.run_sync(self.coordinator.join, self.record(Role.BACKUP))
+            except CoordinationError as exc:
+                # ZooKeeper blinked between connecting and joining: as a failed
+                # connect, a fresh node tries again (the first start too, since
+                # ZooKeeper did answer once).
+                self.log.warning("ha_rejoin_failed", reason=str(exc))
+                self.ended = True
+                return None
             self.coordinator.watch(self.notice)
             if not self.stopping:
                 await self.as_backup()
@@ -282,8 +293,7 @@ class HaNode:
             self.log.info("ha_resumed", detail="ZooKeeper connected again, same session: held receipts released")
         elif action is Action.STOP_ACCEPTING:
             if self.running is not None:
-                self.running.server.grace_s = 0  # closed at once, not drained
-                self.running.stop()
+                self.running.server.stop(DEPOSED, grace_s=0)  # closed at once, not drained
         elif action is Action.RESTART_AS_BACKUP:
             self.end_run()
         # START_PRIMARY: as_backup's loop ends on the PRIMARY state.
@@ -302,8 +312,7 @@ class HaNode:
                        epoch=self.epoch)
         self.ended = True
         if self.running is not None:
-            self.running.server.grace_s = 0
-            self.running.stop()
+            self.running.server.stop(DEPOSED, grace_s=0)
 
     async def follow(self, advertise: str, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         host, port = split_host_port(advertise)

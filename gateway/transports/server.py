@@ -244,6 +244,7 @@ class Server:
     ) -> None:
         self.log = log
         self.grace_s = grace_s
+        self.stop_reason = "broker is shutting down"  # what clients are told when it stops
         self.limits = limits
         self.certificate_user = certificate_user
         # Connections served (not refused) by source host, and those being refused.
@@ -292,8 +293,13 @@ class Server:
             connection.session.storage_failed(first_lsn, last_lsn, reason, stored=stored)
             connection.wake_writer()
 
-    def stop(self) -> None:
+    def stop(self, reason: str = "broker is shutting down", *, grace_s: float | None = None) -> None:
+        """Close the listeners, tell every client ``reason``, drain within
+        ``grace_s`` (the configured grace by default; 0: closed at once)."""
         self.stopping = True
+        self.stop_reason = reason
+        if grace_s is not None:
+            self.grace_s = grace_s
         self._stop.set()
 
     async def run(self, specs: list[ListenerSpec], *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -308,7 +314,7 @@ class Server:
                 listeners.cancel_scope.cancel()
             self.log.info("listeners_closed", connections=len(self.connections))
             for connection in list(self.connections.values()):
-                connection.shutdown("broker is shutting down")
+                connection.shutdown(self.stop_reason)
             with trio.move_on_after(self.grace_s):
                 await self._idle.wait()
             handlers.cancel_scope.cancel()
@@ -391,7 +397,7 @@ class Server:
             log.exception("connection_failed")
             session.close("internal error")
         finally:
-            session.close("broker is shutting down")
+            session.close(self.stop_reason)
             del self.connections[conn_id]
             if refused is None:
                 if self.by_host[host] == 1:

@@ -347,7 +347,9 @@ def test_a_primary_that_loses_zookeeper_fences_itself_before_its_session_could_e
         client = RawClient((HOST, node.stomp_port), timeout=30)
         client.connect()
         zookeeper.kill()  # the connection drops: suspended at once
-        client.wait_closed(WAIT_S)
+        # Told why, so that it reconnects through its node list rather than wait for a restart.
+        (error,) = [f for f in client.wait_closed(WAIT_S) if f.command == "ERROR"]
+        assert error.headers["message"] == "this node is no longer the primary: reconnect to the group"
         client.close()
         # Suspended first (its session may live: a server of an ensemble may
         # have gone), then fenced by its own timer, half a session timeout
