@@ -2,7 +2,8 @@
 primary (bounded attempts with backoff), says Hello with its follower's state
 (persistence/follower.py), checks the primary's Hello (an older epoch than it
 accepted is refused: the fencing rule), applies Batch frames (the disk part in
-a worker thread, as the committer's write) and acks each, installs snapshots
+a worker thread, as the committer's write) and acks each, keeping the last
+ones applied (:class:`Recent`: a promoted backup's first window), installs snapshots
 (persistence/catchup.py) and answers Pings.
 
 It tells whether it is at the live edge, as the primary counts it toward
@@ -22,6 +23,7 @@ from typing import Any
 import trio
 
 from gateway.ha.link import IDLE_TIMEOUT_S, LINK_ERRORS, Link, LinkDead, ignore
+from gateway.ha.window import Recent
 from persistence import replication as r
 from persistence.catchup import Refusal
 from persistence.follower import Follower
@@ -44,7 +46,7 @@ class Backup:
         on_refused: Callable[[str], None] = ignore, on_caught_up: Callable[[], None] = ignore,
         on_behind: Callable[[], None] = ignore, connect_attempts: int = CONNECT_ATTEMPTS,
         backoff_s: float = BACKOFF_S, idle_timeout_s: float = IDLE_TIMEOUT_S,
-        threads: trio.CapacityLimiter | None = None, log: Any = ignore,
+        threads: trio.CapacityLimiter | None = None, recent: Recent | None = None, log: Any = ignore,
     ) -> None:
         self.follower = follower
         self.node_id = node_id
@@ -61,6 +63,9 @@ class Backup:
         self.connected = False
         self.in_sync = False  # the primary counts this backup toward sync_replicas
         self.snapshots = 0  # installed
+        # The batches applied last, for this node's window should it lead
+        # (gateway/ha/window.py); the node's own, kept across its links.
+        self.recent = Recent() if recent is None else recent
 
     async def run(self) -> str:
         """Follow until stopped; returns why it stopped."""
@@ -143,7 +148,9 @@ class Backup:
                     # "writing" it, or its next batch, snapshot or close raises.
                     f.failed(step)
                     raise
-                await link.send(f.written(step))
+                ack = f.written(step)
+                self.recent.add(frame)
+                await link.send(ack)
             elif isinstance(frame, r.InSync):
                 if frame.epoch == f.epoch and frame.lsn <= f.last_lsn and not self.in_sync:
                     self.in_sync = True
@@ -152,6 +159,7 @@ class Backup:
             elif isinstance(frame, r.SnapshotBegin | r.FileChunk | r.SnapshotEnd):
                 if isinstance(frame, r.SnapshotBegin):
                     self._behind()
+                    self.recent.clear()  # the folder is about to be replaced
                 await self._snapshot_frame(link, frame)
             elif isinstance(frame, r.Ping):
                 await link.send(r.Pong(frame.token))

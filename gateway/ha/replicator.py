@@ -15,7 +15,10 @@ then one task sends frames and one reads Acks.
   it (the next LSN to send), so memory does not grow with the number of
   backups nor with how far one lags.  A backup whose cursor falls behind the
   window (too slow, or away too long) is cut to a snapshot, read from disk in
-  chunks; a briefly disconnected one resumes by tail from the window.
+  chunks; a briefly disconnected one resumes by tail from the window.  A
+  new primary's window starts with the batches it applied last as a backup
+  (:meth:`Primary.seed`, gateway/ha/window.py), so a failover too leaves the
+  backups a little behind on the tail.
 - **Flow control.**  At most ``unacked_bytes`` of Batch frames are sent and
   not yet acked per backup; past that the sender waits for Acks.  So a slow
   backup's lag shows up as a cursor falling behind the window (then a
@@ -44,7 +47,7 @@ from __future__ import annotations
 
 import collections
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +56,7 @@ import trio
 from gateway.admin.cluster import Lag
 from gateway.ha.link import IDLE_TIMEOUT_S, LINK_ERRORS, Link, LinkDead, ignore
 from gateway.ha.status import Marks
+from gateway.ha.window import WINDOW_BATCHES, WINDOW_BYTES, seeding, size_of
 from persistence import epochs
 from persistence import replication as r
 from persistence.catchup import Answer, SnapshotSource, plan
@@ -62,12 +66,6 @@ from persistence.store import Store
 
 __all__ = ["Peer", "Primary"]
 
-# The primary's window of recent batches.  32 MiB holds a few seconds of a
-# busy broker's journal (the store's own group-commit batches are far smaller),
-# which covers a backup restart or a short network blip; a backup further
-# behind than that is cheaper to copy from disk than to keep in memory.
-WINDOW_BYTES = 32 * 2**20
-WINDOW_BATCHES = 8192  # per-frame overhead bound, for many tiny batches
 # Batch frames sent to one backup and not yet acked: enough to keep a fast
 # link busy while the backup fsyncs the previous batches.
 UNACKED_BYTES = 4 * 2**20
@@ -150,6 +148,23 @@ class Primary:
         self._sync_lot = trio.lowlevel.ParkingLot()
         self._snapshot_requests: list[SnapshotRequest] = []
         self.marks = Marks(self.last_lsn, trio.current_time(), window_batches)  # for lags()
+
+    def seed(self, frames: Sequence[r.Batch]) -> None:
+        """Before the first publish: start the window with the batches this
+        node applied last as a backup (gateway/ha/window.py), so that a peer
+        whose history agrees with ours and is a little behind resumes by tail."""
+        kept, why = seeding(frames, self.last_lsn, self.epoch, max_bytes=self.window_bytes,
+                            max_batches=self.window_batches)
+        if self._window or not kept:
+            self.log("replication_window_empty", reason=why or "batches were published before")
+            return
+        for frame in kept:
+            self._window.append(frame)
+            self._by_first[frame.first_lsn] = frame
+            self.window_held += size_of(frame)
+        self.window_peak = max(self.window_peak, self.window_held)
+        self.log("replication_window_seeded", first_lsn=kept[0].first_lsn, last_lsn=self.last_lsn,
+                 batches=len(kept), bytes=self.window_held)
 
     # -- what the broker asks --------------------------------------------------------
 

@@ -53,6 +53,7 @@ from gateway.ha.node import Action, Event, State, step
 from gateway.ha.backup import Backup
 from gateway.ha.replicator import Primary
 from gateway.ha.status import NodeStatus
+from gateway.ha.window import Recent
 from gateway.transports.server import Limits, Server
 from persistence import epochs
 from persistence.epochs import History
@@ -81,8 +82,10 @@ class PrimaryPart:
     """The broker's :class:`app.PrimaryRole`: a :class:`Primary` over the
     store the broker opened, its receipt hooks set to the broker's server."""
 
-    def __init__(self, ha: HaSettings, history: History, log: Any, on_refused: Any, cluster: NodeStatus) -> None:
+    def __init__(self, ha: HaSettings, history: History, log: Any, on_refused: Any, cluster: NodeStatus,
+                 recent: Recent | None = None) -> None:
         self.ha, self.history, self.log, self.on_refused = ha, history, log, on_refused
+        self.recent = Recent() if recent is None else recent  # the batches it applied last as a backup: its window's start
         self.replicator: Primary | None = None
         self.cluster = cluster  # what its admin port shows of the group
         self.held: int | None = None  # the receipt gate, frozen while the ZooKeeper connection is suspended
@@ -91,6 +94,8 @@ class PrimaryPart:
     def attach(self, store: Store) -> None:
         self.replicator = Primary(store, self.history, node_id=self.ha.node_id, sync_replicas=self.ha.sync_replicas,
                                   sync_timeout_s=self.ha.sync_timeout_s, on_refused=self.on_refused, log=self.log.info)
+        self.replicator.seed(self.recent.frames())
+        self.recent.clear()  # the window holds them now
         self.cluster.replicator = self.replicator
 
     def publish(self, batch: Batch) -> None:
@@ -153,6 +158,7 @@ class HaNode:
         self.part: PrimaryPart | None = None
         self.fence_timer = trio.CancelScope()  # the armed FENCE_DUE, while suspended
         self.failovers = 0
+        self.recent = Recent()  # the batches applied last (gateway/ha/window.py), kept across links
 
     # -- news from kazoo and the stream, onto the loop -------------------------------
 
@@ -317,7 +323,8 @@ class HaNode:
     async def follow(self, advertise: str, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         host, port = split_host_port(advertise)
         backup = Backup(self.follower, self.ha.node_id, host, port, on_refused=self.refused, log=self.log.info,
-                        on_caught_up=partial(self.notice, Event.CAUGHT_UP), on_behind=partial(self.notice, Event.GAP))
+                        on_caught_up=partial(self.notice, Event.CAUGHT_UP), on_behind=partial(self.notice, Event.GAP),
+                        recent=self.recent)
         done = trio.Event()
         self.following, self.backup_done = advertise, done
         with trio.CancelScope() as self.backup_scope:
@@ -393,7 +400,7 @@ class HaNode:
     async def as_primary(self) -> None:
         self.failovers += 1
         self.part = part = PrimaryPart(self.ha, self.history, self.log, lambda _node, reason: self.refused(reason),
-                                       NodeStatus(self))
+                                       NodeStatus(self), self.recent)
         broker_done = trio.Event()
 
         async def broker(*, task_status: Any) -> None:
