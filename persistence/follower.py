@@ -333,13 +333,14 @@ class Follower(Maintenance):
             raise RuntimeError("reload while a batch is being written")
         if not self.index_behind:
             return
-        lsn = self.last_lsn
+        lsn, syncs = self.last_lsn, self._journal.syncs
         self._journal.close()
         if self.archive is not None:
             self.archive.close()
             self.archive = Archive(self.archive.directory, segment_bytes=self.archive.segment_bytes, log=self._log)
         self._reset()
         self._load()
+        self._journal.syncs = syncs  # a count of this process's, as the store's
         self.index_behind = False
         if self.last_lsn != lsn:  # what it wrote and acked is on disk: recovery must find it all
             raise RuntimeError(f"the folder recovers to lsn {self.last_lsn}, {lsn} was written")
