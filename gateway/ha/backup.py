@@ -34,10 +34,11 @@ from persistence.follower import Follower
 CONNECT_ATTEMPTS = 10
 BACKOFF_S = 0.1
 BACKOFF_MAX_S = 2.0
-# Frames read ahead of the writer; the primary's unacked_bytes bounds their bytes.
-READ_AHEAD_FRAMES = 256
-# Batch frames written with one fdatasync at most (those queued when a write begins).
-GROUP_FRAMES = 64
+# Frames read ahead of the writer.  Batch frames are bounded in bytes by the
+# primary's unacked_bytes too, but a snapshot's FileChunks (1 MiB each) are
+# not acked one by one: this bound keeps them to a few MiB here, the rest
+# waiting in TCP's buffers as before.
+READ_AHEAD_FRAMES = 8
 
 
 class Stop(Exception):
@@ -171,7 +172,7 @@ class Backup:
                 if frame.epoch < f.epoch:
                     await self._refuse(link, f"stale epoch {frame.epoch}: epoch {f.epoch} is accepted here", stop=True)
                 group = [frame]
-                while len(group) < GROUP_FRAMES:  # what arrived while the last write ran
+                while True:  # what arrived while the last write ran (at most the read-ahead)
                     try:
                         held = frames.receive_nowait()
                     except trio.WouldBlock:
