@@ -7,19 +7,31 @@ A Batch frame goes through three steps, the committer protocol's
 (persistence/store.py), so the blocking part runs in a worker thread while
 the bookkeeping stays on the main thread:
 
-- :meth:`Follower.receive` (main thread) checks it: the epoch (an older one
-  than the highest accepted is refused; a newer one is accepted and saved to
-  the epoch history, fsynced, before anything of it is written or acked), the
-  continuity (``first_lsn`` is our last LSN + 1, else "gap"), the positions
-  (the first record starts where our journal ends, or a new segment starts),
-  and every record's frame and checksum, one LSN per record.  Nothing is
-  written for a refused batch.
+- :meth:`Follower.receive` (main thread) checks one or several consecutive
+  Batch frames of one epoch (a backup's group commit: what arrived while the
+  last write ran goes to disk with one fdatasync and one Ack): the epoch (an
+  older one than the highest accepted is refused; a newer one is accepted and
+  saved to the epoch history, fsynced, before anything of it is written or
+  acked), the continuity (``first_lsn`` is our last LSN + 1, else "gap"), the
+  positions (the first record starts where our journal ends, or a new segment
+  starts), and every record's frame and checksum, one LSN per record.
+  Nothing is written for a refused batch.
 - :meth:`Follower.write` (worker thread) saves a new epoch, copies the bytes
   to their (segment, offset) positions, fdatasyncs, then writes the archive
   segments and a prepared checkpoint, as the store's worker does.
-- :meth:`Follower.written` (main thread) replays the records into the index
-  and the topic archive with recovery's own code (recovery.replay_runs) and
-  returns the Ack to send.
+- :meth:`Follower.written` (main thread) accounts for the bytes and returns
+  the Ack to send.
+
+The records are not replayed into an index while following: the journal is
+the truth, and the folder is a valid store without it (recovery replays the
+journal after the last checkpoint, and puts topic-archive records back into
+their segments).  Promotion reopens the folder as a Store, a restart's
+recovery, which builds its own index; the follower's would only be thrown
+away.  Replaying every record as it came cost a backup as much CPU per
+message as the primary's whole work, CPU it took from the primary on a
+shared machine.  The index is rebuilt from the folder (the same recovery,
+:meth:`Follower.reload`) when one is needed: a checkpoint, garbage
+collection, stats.
 
 It never appends records of its own and never compacts (compaction's copies
 come from the primary as ordinary records); it checkpoints and deletes its own
@@ -63,7 +75,7 @@ Log = Any
 class Step:
     """One accepted batch on its way to disk (the follower's committer batch)."""
 
-    frame: BatchFrame
+    frame: BatchFrame  # the received frames as one (their runs in order)
     batch: Batch  # the journal's view: the runs at their positions, a checkpoint to write after
     history: History | None  # a new epoch's history, saved before the journal write
     archive: Any  # archive segment writes of records replayed earlier
@@ -110,6 +122,7 @@ class Follower(Maintenance):
         self._compacting: list[int] | None = None
         self._compacted: set[int] = set()
         self._pending_archive: Any = None
+        self.index_behind = False  # records were written since the index was built
         self.appended_lsn = self.durable_lsn = 0
 
     # -- opening and closing ---------------------------------------------------
@@ -163,7 +176,8 @@ class Follower(Maintenance):
             raise RuntimeError("flush while a batch is being written")
         if self._prepared is None and self._pending_archive is None:
             return
-        step = Step(BatchFrame(self.epoch, self.last_lsn + 1, self.last_lsn, ()), Batch(self.last_lsn + 1, self.last_lsn, []), None, None)
+        step = Step(BatchFrame(self.epoch, self.last_lsn + 1, self.last_lsn, ()), Batch(self.last_lsn + 1, self.last_lsn, []),
+                    None, None)
         self._take(step)
         self.write(step)
         self.written(step)
@@ -220,24 +234,35 @@ class Follower(Maintenance):
 
     # -- applying batches --------------------------------------------------------
 
-    def receive(self, frame: BatchFrame) -> Step:
-        """Main thread: check ``frame`` (raises :class:`Refusal`) and detach
-        the step a worker writes."""
+    def receive(self, *frames: BatchFrame) -> Step:
+        """Main thread: check ``frames`` (consecutive, of one epoch; raises
+        :class:`Refusal`) and detach the step a worker writes."""
         if self._inflight is not None:
             raise RuntimeError("receive while a batch is being written")
         if self._receiver is not None or self.needs_snapshot:
             raise Refusal("a snapshot is needed before batches")
-        if frame.epoch < self.epoch:
-            raise Refusal(f"stale epoch {frame.epoch}: epoch {self.epoch} is accepted here")
-        if frame.first_lsn != self.last_lsn + 1:
-            raise Refusal(f"gap: expected lsn {self.last_lsn + 1}, got {frame.first_lsn}")
-        if not frame.runs or frame.last_lsn < frame.first_lsn:
-            raise Refusal("bad batch: no records")
-        self._check_runs(frame)
+        if not frames:
+            raise ValueError("no frames")
+        epoch = frames[0].epoch
+        if epoch < self.epoch:
+            raise Refusal(f"stale epoch {epoch}: epoch {self.epoch} is accepted here")
+        seg, end = self._journal.active_segment, self._journal.end_location
+        expected = self.last_lsn + 1
+        for frame in frames:
+            if frame.epoch != epoch:
+                raise ValueError("frames of several epochs in one step")
+            if frame.first_lsn != expected:
+                raise Refusal(f"gap: expected lsn {expected}, got {frame.first_lsn}")
+            if not frame.runs or frame.last_lsn < frame.first_lsn:
+                raise Refusal("bad batch: no records")
+            seg, end = self._check_runs(frame, seg, end)
+            expected = frame.last_lsn + 1
         history = None
-        if frame.epoch > self.epoch:
-            history = epochs.extended(self.history, frame.epoch, frame.first_lsn)
-        step = Step(frame, Batch(frame.first_lsn, frame.last_lsn, list(frame.runs)), history, None)
+        if epoch > self.epoch:
+            history = epochs.extended(self.history, epoch, frames[0].first_lsn)
+        runs = frames[0].runs if len(frames) == 1 else tuple(run for frame in frames for run in frame.runs)
+        whole = BatchFrame(epoch, frames[0].first_lsn, frames[-1].last_lsn, runs)
+        step = Step(whole, Batch(whole.first_lsn, whole.last_lsn, list(runs)), history, None)
         self._take(step)
         return step
 
@@ -247,8 +272,9 @@ class Follower(Maintenance):
             step.batch.checkpoint, self._prepared = self._prepared, None
         self._inflight = step
 
-    def _check_runs(self, frame: BatchFrame) -> None:
-        seg, end = self._journal.active_segment, self._journal.end_location
+    def _check_runs(self, frame: BatchFrame, seg: int, end: int) -> tuple[int, int]:
+        """Check ``frame``'s runs against a journal ending at ``end`` (in
+        segment ``seg``); where it ends."""
         count = 0
         for run_seg, offset, data in frame.runs:
             at = make_location(run_seg, offset)
@@ -265,6 +291,7 @@ class Follower(Maintenance):
             seg, end = run_seg, make_location(run_seg, offset + len(data))
         if count != frame.last_lsn - frame.first_lsn + 1:
             raise Refusal(f"bad batch: {count} records for lsn {frame.first_lsn}..{frame.last_lsn}")
+        return seg, end
 
     def write(self, step: Step) -> None:
         """Worker thread: a new epoch's history, then the journal bytes at
@@ -281,8 +308,7 @@ class Follower(Maintenance):
             checkpoints.write(self.directory, step.batch.checkpoint)
 
     def written(self, step: Step) -> Ack:
-        """Main thread: the step is on disk; replay it into the index and
-        archive, and the Ack to send."""
+        """Main thread: the step is on disk; the Ack to send."""
         self._inflight = None
         if step.archive is not None and self.archive is not None:
             self.archive.written(step.archive)
@@ -295,13 +321,41 @@ class Follower(Maintenance):
         frame = step.frame
         if frame.runs:
             self._journal.extend(frame.runs, frame.last_lsn)
-            recovery.replay_runs(self._journal, self._index, frame.runs, self._on_corrupt, self._on_unknown)
-            self._index.forward.clear()  # nobody here holds a location to forward
-            self._index.origin.clear()
-            if self.archive is not None:
-                self._pending_archive = self.archive.take_writes()
+            self.index_behind = True
             self.last_lsn = self.appended_lsn = self.durable_lsn = frame.last_lsn
         return Ack(self.epoch, self.last_lsn)
+
+    def reload(self) -> None:
+        """Main thread, between steps (blocking): rebuild the index from the
+        folder as a restart does (the last checkpoint, the journal after it;
+        topic-archive records back into their segments)."""
+        if self._inflight is not None:
+            raise RuntimeError("reload while a batch is being written")
+        if not self.index_behind:
+            return
+        lsn, syncs = self.last_lsn, self._journal.syncs
+        self._journal.close()
+        if self.archive is not None:
+            self.archive.close()
+            self.archive = Archive(self.archive.directory, segment_bytes=self.archive.segment_bytes, log=self._log)
+        self._reset()
+        self._load()
+        self._journal.syncs = syncs  # a count of this process's, as the store's
+        self.index_behind = False
+        if self.last_lsn != lsn:  # what it wrote and acked is on disk: recovery must find it all
+            raise RuntimeError(f"the folder recovers to lsn {self.last_lsn}, {lsn} was written")
+
+    def checkpoint(self) -> None:
+        self.reload()
+        super().checkpoint()
+
+    def stats(self) -> dict[str, Any]:
+        self.reload()
+        return super().stats()
+
+    def collect_garbage(self) -> list[str]:
+        self.reload()
+        return super().collect_garbage()
 
     def failed(self, step: Step) -> None:
         """Main thread: the worker's write raised; nothing of the step is
@@ -314,9 +368,9 @@ class Follower(Maintenance):
         if step.batch.checkpoint is not None:
             self._want_checkpoint = True
 
-    def apply(self, frame: BatchFrame) -> Ack:
+    def apply(self, *frames: BatchFrame) -> Ack:
         """receive, write and written in one (blocking: tests and tools)."""
-        step = self.receive(frame)
+        step = self.receive(*frames)
         try:
             self.write(step)
         except OSError:

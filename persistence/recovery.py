@@ -84,25 +84,6 @@ def replay(
     return replayed
 
 
-def replay_runs(journal: Journal, index: Index, runs: Iterable[tuple[int, int, bytes]], on_corrupt: OnCorrupt,
-                on_unknown: OnUnknown) -> int:
-    """:func:`replay` of records already in memory (a backup's copy of the
-    primary's batch, just written at these positions): ``runs`` of ``(segment,
-    offset, frames)``, which the caller has validated."""
-    replayed = 0
-    for seg, offset, data in runs:
-        view = memoryview(data)
-        base = seg << OFFSET_BITS
-        p = 0
-        while p < len(data):
-            rtype, length = records.parse_frame(data, p, len(data))
-            start = p + records.HEADER_BYTES
-            _apply(journal, index, base | (offset + p), rtype, view[start : start + length], on_corrupt, on_unknown)
-            replayed += 1
-            p = start + length
-    return replayed
-
-
 def _apply(journal: Journal, index: Index, location: int, rtype: int, payload: memoryview, on_corrupt: OnCorrupt,
            on_unknown: OnUnknown) -> None:
     """One record into the index.  A record that passes its checksum but does

@@ -354,11 +354,14 @@ class HaNode:
                 return
         if self.looking.cancelled_caught:
             return
+        # Queued, not noticed: serve_events handles it right after this look,
+        # and a notice would wake its wait at once for another look, a busy
+        # loop of reads (a following backup sees the primary at every look).
         if lock is None:
-            self.notice(Event.PRIMARY_GONE)
+            self.events.append(Event.PRIMARY_GONE)
         elif lock.node_id != self.ha.node_id or (self.state in LEADING and lock.epoch != self.epoch):
             self.lock = lock
-            self.notice(Event.PRIMARY_SEEN)
+            self.events.append(Event.PRIMARY_SEEN)
 
     async def serve_events(self, nursery: trio.Nursery, until: Any) -> None:
         """Handle news until ``until()``; look at the lock at every notice and every POLL_S."""

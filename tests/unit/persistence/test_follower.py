@@ -214,3 +214,61 @@ def test_a_follower_never_compacts(tmp_path: Path) -> None:
     f = follower(tmp_path / "f")
     assert f.compact_step(min_dead_ratio=0.0) is False
     f.close()
+
+
+def test_consecutive_batches_go_to_disk_as_one_step_with_one_sync_and_one_ack(tmp_path: Path) -> None:
+    p = primary(tmp_path / "p")
+    f = follower(tmp_path / "f")
+    frames = []
+    for round_ in range(3):
+        everything(p, n=5, tag=str(round_))
+        frames += commit(p)
+    assert len(frames) >= 3
+    syncs = f.stats()["fsyncs"]
+    assert f.apply(*frames) == r.Ack(1, frames[-1].last_lsn)
+    # One fdatasync at the end, and one per segment left behind (synced before the next gets data).
+    segments = {seg for frame in frames for seg, _offset, _data in frame.runs}
+    assert f.stats()["fsyncs"] == syncs + len(segments) < syncs + len(frames) + len(segments) - 1
+    f.close()
+    p.close()
+    assert folder_state(tmp_path / "f") == folder_state(tmp_path / "p")
+
+
+def test_a_gap_inside_a_group_refuses_the_whole_group_and_writes_nothing(tmp_path: Path) -> None:
+    p = primary(tmp_path / "p")
+    f = follower(tmp_path / "f")
+    frames = []
+    for round_ in range(3):
+        everything(p, n=3, tag=str(round_))
+        frames += commit(p)
+    before = {name: (tmp_path / "f" / "store" / name).read_bytes() for name in os.listdir(tmp_path / "f" / "store")
+              if name.endswith(".log")}
+    with pytest.raises(Refusal, match=f"gap: expected lsn {frames[1].first_lsn}, got {frames[2].first_lsn}"):
+        f.apply(frames[0], frames[2])
+    assert f.last_lsn == 0
+    after = {name: (tmp_path / "f" / "store" / name).read_bytes() for name in os.listdir(tmp_path / "f" / "store")
+             if name.endswith(".log")}
+    assert after == before
+    assert f.apply(*frames).lsn == frames[-1].last_lsn  # the same frames, in order, then go through
+    f.close()
+    p.close()
+
+
+def test_the_index_is_built_from_the_folder_only_when_needed(tmp_path: Path) -> None:
+    p = primary(tmp_path / "p")
+    f = follower(tmp_path / "f")
+    everything(p, n=10)
+    ship(commit(p), f)
+    assert f.index_behind  # nothing replayed per batch
+    stats = f.stats()  # rebuilt here, as a restart's recovery would
+    assert not f.index_behind
+    assert stats["live_messages"] == p.stats()["live_messages"] > 0
+    assert stats["subscriptions"] == p.stats()["subscriptions"]
+    everything(p, n=4, tag="more")
+    ship(commit(p), f)
+    f.checkpoint()  # from a rebuilt index: it describes everything written
+    f.flush()
+    assert not f.index_behind
+    f.close()
+    p.close()
+    assert folder_state(tmp_path / "f") == folder_state(tmp_path / "p")
