@@ -35,9 +35,10 @@ collection, stats.
 
 It never appends records of its own and never compacts (compaction's copies
 come from the primary as ordinary records); it checkpoints and deletes its own
-dead segments with the store's upkeep (:class:`Maintenance`): a checkpoint
-prepared by :meth:`checkpoint` is written by the next batch's worker step, or
-by :meth:`flush`.
+dead segments with the store's upkeep (:class:`Maintenance`), every
+checkpoint's worth of journal bytes (:meth:`upkeep`, which the Backup runs
+between writes): a checkpoint prepared by :meth:`checkpoint` is written by the
+next batch's worker step, or by :meth:`flush`.
 
 Catch-up by snapshot (persistence/catchup.py): :meth:`begin_snapshot` marks
 the folder incomplete and wipes it, :meth:`file_chunk` writes the primary's
@@ -179,7 +180,11 @@ class Follower(Maintenance):
         step = Step(BatchFrame(self.epoch, self.last_lsn + 1, self.last_lsn, ()), Batch(self.last_lsn + 1, self.last_lsn, []),
                     None, None)
         self._take(step)
-        self.write(step)
+        try:
+            self.write(step)
+        except BaseException:
+            self.failed(step)  # not left "being written": the next flush prepares it again
+            raise
         self.written(step)
 
     def _release(self) -> None:
@@ -356,6 +361,20 @@ class Follower(Maintenance):
     def collect_garbage(self) -> list[str]:
         self.reload()
         return super().collect_garbage()
+
+    def upkeep(self) -> list[str]:
+        """Between steps (blocking; the Backup runs it in a worker thread, as
+        it does a write): when a checkpoint is due, rebuild the index, write
+        the checkpoint at once and delete the segments it leaves dead; the
+        names deleted.  Without it a backup's journal would grow for ever and
+        a promotion's recovery would replay all of it.  Readers on the main
+        thread meanwhile see ``last_lsn`` and ``history`` unchanged (a reload
+        keeps both)."""
+        if not self.checkpoint_due():
+            return []
+        self.checkpoint()
+        self.flush()
+        return self.collect_garbage()
 
     def failed(self, step: Step) -> None:
         """Main thread: the worker's write raised; nothing of the step is

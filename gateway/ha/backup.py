@@ -226,6 +226,17 @@ class Backup:
         for frame in group:
             self.recent.add(frame)
         await link.send(ack)
+        if f.checkpoint_due():
+            # Its own checkpoint and dead segments, between writes (the
+            # read-ahead goes on meanwhile): what bounds its disk and a
+            # promotion's replay.
+            try:
+                deleted = await self._thread(f.upkeep)
+            except OSError as exc:  # tried again once due again; the batches go on
+                self.log("checkpoint_failed", reason=exc.strerror or str(exc))
+            else:
+                if deleted:
+                    self.log("store_segments_deleted", segments=len(deleted))
         return True
 
     async def _snapshot_frame(self, link: Link, frame: r.SnapshotBegin | r.FileChunk | r.SnapshotEnd) -> None:

@@ -36,6 +36,9 @@ class HeldFollower(Follower):
         self.writes: list[tuple[int, int]] = []
 
     def write(self, step) -> None:
+        if not step.frame.runs:  # a checkpoint of its upkeep (an empty step): not a batch
+            super().write(step)
+            return
         self.writes.append((step.frame.first_lsn, step.frame.last_lsn))
         if len(self.writes) == 1:
             self.writing.set()

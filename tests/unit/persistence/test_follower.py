@@ -272,3 +272,28 @@ def test_the_index_is_built_from_the_folder_only_when_needed(tmp_path: Path) -> 
     f.close()
     p.close()
     assert folder_state(tmp_path / "f") == folder_state(tmp_path / "p")
+
+
+def test_upkeep_checkpoints_when_due_and_deletes_the_backups_dead_segments(tmp_path: Path) -> None:
+    # A backup's own upkeep, between writes: without it its journal would grow
+    # for ever and a promotion would replay all of it.
+    p = primary(tmp_path / "p", segment_bytes=1024)
+    f = follower(tmp_path / "f")
+    assert f.upkeep() == []  # nothing written: nothing due
+    for i in range(80):
+        p.add_message(message(f"m{i}", body=b"y" * 30), ["/queue/a"])
+    ship(commit(p), f)
+    for i in range(80):
+        p.ack("/queue/a", f"m{i}")
+    ship(commit(p), f)
+    before = list_segments(tmp_path / "f" / "store")
+    assert f.checkpoint_due()
+    deleted = f.upkeep()
+    assert deleted and len(list_segments(tmp_path / "f" / "store")) < len(before)
+    assert not f.checkpoint_due()
+    # What it keeps still recovers to the primary's state, and it follows on.
+    p.add_message(message("late"), ["/queue/a"])
+    ship(commit(p), f)
+    f.close()
+    p.close()
+    assert folder_state(tmp_path / "f") == folder_state(tmp_path / "p")
