@@ -65,6 +65,7 @@ EXIT_NO_ZOOKEEPER = 1  # at the first start only: a fresh node after a deposal k
 # What a fenced or deposed primary's clients are told as it closes them: not a
 # shutdown; the group goes on, with another primary (or this one, later).
 DEPOSED = "this node is no longer the primary: reconnect to the group"
+DEPOSED_FLUSH_S = 0.5  # for those ERROR frames to go out; then the connections are cut
 # Between a deposed node's run and the next: the next one's first look at the
 # lock comes after the old session's end has reached the others, and a node
 # that keeps failing to rejoin (ZooKeeper away) tries at most this often.
@@ -298,8 +299,7 @@ class HaNode:
                 self.part.release()
             self.log.info("ha_resumed", detail="ZooKeeper connected again, same session: held receipts released")
         elif action is Action.STOP_ACCEPTING:
-            if self.running is not None:
-                self.running.server.stop(DEPOSED, grace_s=0)  # closed at once, not drained
+            self.close_clients()
         elif action is Action.RESTART_AS_BACKUP:
             self.end_run()
         # START_PRIMARY: as_backup's loop ends on the PRIMARY state.
@@ -317,8 +317,16 @@ class HaNode:
         self.log.error("ha_deposed", detail="no longer primary; this node's run ends and a fresh one rejoins as a backup",
                        epoch=self.epoch)
         self.ended = True
+        self.close_clients()
+
+    def close_clients(self) -> None:
+        """Stop accepting and close every client, telling it why.  Receipts are
+        held first, so the moment its ERROR frames take to go out (not a drain)
+        releases none."""
+        if self.part is not None:
+            self.part.hold()
         if self.running is not None:
-            self.running.server.stop(DEPOSED, grace_s=0)
+            self.running.server.stop(DEPOSED, grace_s=DEPOSED_FLUSH_S)
 
     async def follow(self, advertise: str, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         host, port = split_host_port(advertise)
