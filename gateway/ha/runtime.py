@@ -14,7 +14,7 @@ listener, receipts gated on the backups' confirmations, the client
 listeners, ready.
 
 A primary whose ZooKeeper connection is suspended keeps its clients but
-releases no receipt (:meth:`PrimaryPart.hold`) until it is connected again
+releases no receipt (:meth:`PrimaryPart.hold`, gateway/ha/primary_role.py) until it is connected again
 (the same session: it releases them) or its fence is due (the timing is
 gateway/ha/coordinator.py's): then it stops accepting and closes its
 clients.  Once the session is lost (or back: either way another
@@ -45,21 +45,18 @@ from gateway.admin.api import load_users
 from gateway.admin.server import AdminSlots, serve_admin
 from gateway.admin.standby import StandbyApi
 from gateway.auth import Gatekeeper
-from gateway.config import Config, HaSettings
+from gateway.config import Config
 from gateway.ha.coordinator import CoordinationError, Coordinator, StateCallbacks
 from gateway.ha import election
 from gateway.ha.election import NodeRecord, PrimaryRecord, Role
 from gateway.ha.node import Action, Event, State, step
 from gateway.ha.backup import Backup
-from gateway.ha.replicator import Primary
+from gateway.ha.primary_role import PrimaryPart, split_host_port
 from gateway.ha.status import NodeStatus
 from gateway.ha.window import Recent
-from gateway.transports.server import Limits, Server
+from gateway.transports.server import Limits
 from persistence import epochs
-from persistence.epochs import History
 from persistence.follower import Follower
-from persistence.journal import Batch
-from persistence.store import Store
 
 EXIT_NO_ZOOKEEPER = 1  # at the first start only: a fresh node after a deposal keeps trying
 # What a fenced or deposed primary's clients are told as it closes them: not a
@@ -72,65 +69,6 @@ DEPOSED_FLUSH_S = 0.5  # for those ERROR frames to go out; then the connections 
 REJOIN_PAUSE_S = 1.0
 POLL_S = 0.5  # looking at the lock between notices; also the record's update pace
 LEADING = (State.PRIMARY, State.SUSPENDED)
-
-
-def split_host_port(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host, int(port)
-
-
-class PrimaryPart:
-    """The broker's :class:`app.PrimaryRole`: a :class:`Primary` over the
-    store the broker opened, its receipt hooks set to the broker's server."""
-
-    def __init__(self, ha: HaSettings, history: History, log: Any, on_refused: Any, cluster: NodeStatus,
-                 recent: Recent | None = None) -> None:
-        self.ha, self.history, self.log, self.on_refused = ha, history, log, on_refused
-        self.recent = Recent() if recent is None else recent  # the batches it applied last as a backup: its window's start
-        self.replicator: Primary | None = None
-        self.cluster = cluster  # what its admin port shows of the group
-        self.held: int | None = None  # the receipt gate, frozen while the ZooKeeper connection is suspended
-        self.server: Server | None = None
-
-    def attach(self, store: Store) -> None:
-        self.replicator = Primary(store, self.history, node_id=self.ha.node_id, sync_replicas=self.ha.sync_replicas,
-                                  sync_timeout_s=self.ha.sync_timeout_s, on_refused=self.on_refused, log=self.log.info)
-        self.replicator.seed(self.recent.frames())
-        self.recent.clear()  # the window holds them now
-        self.cluster.replicator = self.replicator
-
-    def publish(self, batch: Batch) -> None:
-        assert self.replicator is not None
-        self.replicator.publish(batch)
-
-    def receipt_lsn(self) -> int:
-        assert self.replicator is not None
-        lsn = self.replicator.receipt_lsn()
-        return lsn if self.held is None else min(self.held, lsn)
-
-    def hold(self) -> None:
-        """Freeze the receipt gate where it is (its own guard with
-        ``sync_replicas = 0``, where no backup's confirmation gates it)."""
-        if self.replicator is not None and self.held is None:
-            self.held = self.replicator.receipt_lsn()
-
-    def release(self) -> None:
-        """Unfreeze the gate and wake the writers it held."""
-        self.held = None
-        if self.server is not None:
-            self.server.durable_advanced()
-
-    def serving(self, server: Server) -> None:
-        assert self.replicator is not None
-        self.server = server
-        self.replicator.on_confirmed = server.durable_advanced
-        # Written here, not confirmed: the client is told so, not "not stored".
-        self.replicator.on_failed = partial(server.durable_failed, stored=True)
-
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        assert self.replicator is not None
-        host, port = split_host_port(self.ha.replication_listen)
-        await self.replicator.run(host, port, task_status=task_status)
 
 
 class HaNode:

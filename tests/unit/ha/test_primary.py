@@ -91,7 +91,7 @@ async def test_a_suspended_primarys_receipt_gate_holds_where_it_was_until_releas
     import structlog
 
     from gateway.config import HaSettings
-    from gateway.ha.runtime import PrimaryPart
+    from gateway.ha.primary_role import PrimaryPart
 
     store = primary(tmp_path)
     receipts = Receipts()
