@@ -72,8 +72,7 @@ def _check_name(name: str) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=4096)
-def _parse(text: str) -> Address | str:
+def _parse_uncached(text: str) -> Address | str:
     for kind in Kind:
         if text.startswith(kind.value):
             name = text[len(kind.value) :]
@@ -82,18 +81,24 @@ def _parse(text: str) -> Address | str:
     return "destination must start with /queue/, /topic/, /temp-queue/ or /temp-topic/"
 
 
+CACHE_ENTRIES = 4096
+CACHED_CHARS = 512
+_parse = functools.lru_cache(maxsize=CACHE_ENTRIES)(_parse_uncached)
+
+
 def parse(text: str) -> Address | str:
     """An :class:`Address`, or the reason ``text`` is not a valid destination.
 
     Returns rather than raises: a malformed name is ordinary input, and the
-    caller decides how to tell the client.  Results are cached (bounded).
+    caller decides how to tell the client.  Results are cached, bounded in
+    entries and in the length of a name kept (a client may send a long one).
     """
-    return _parse(text)
+    return _parse(text) if len(text) <= CACHED_CHARS else _parse_uncached(text)
 
 
 def topic(name: str) -> Address | str:
     """The topic with a dot-separated ``name`` (used by protocols without prefixes)."""
-    return _parse(Kind.TOPIC.value + name)
+    return parse(Kind.TOPIC.value + name)
 
 
 # A temporary destination is private to the connection that names it: each

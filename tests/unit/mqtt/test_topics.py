@@ -40,6 +40,15 @@ def test_every_topic_name_round_trips(levels: list[str]) -> None:
     assert topics.from_address(address) == topic
 
 
+def test_a_topic_too_long_to_cache_maps_and_round_trips_as_a_cached_one_does() -> None:
+    # Mapping is cached for topics up to CACHED_CHARS (the same Address each
+    # time); a longer one (a topic may be 64 KiB) is mapped each time, the same way.
+    long = "spBv1.0/" + "x" * topics.CACHED_CHARS + "/a.b"
+    address = topics.to_address(long)
+    assert isinstance(address, names.Address) and topics.from_address(address) == long
+    assert topics.to_address(long) == address and topics.to_address("spBv1.0/a.b") is topics.to_address("spBv1.0/a.b")
+
+
 @pytest.mark.parametrize(
     ("mqtt", "core"),
     [("plant/+/temp", "/topic/plant.*.temp"), ("plant/#", "/topic/plant.>"), ("#", "/topic/>"), ("+/x", "/topic/*.x")],
