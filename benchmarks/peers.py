@@ -213,7 +213,7 @@ def fmt_us(x: float) -> str:
 
 def cell(kind: str, med: dict[str, float], runs: list[dict], missing: str | None) -> str:
     if missing:
-        return "-"
+        return "-" if "does not speak" in missing else "missing"
     if not med:
         why = next((r["result"].get("error") or f"lost {r['result'].get('lost')}" for r in runs), "no run")
         return f"failed ({why[:60]})"
@@ -249,6 +249,17 @@ def table(summary: dict, names: list[str], scenarios: list[str]) -> str:
             row += [ratio(kind, summary[s]["gateway"]["median"], summary[s][p]["median"]) for p in peers]
         rows.append("| " + " | ".join(row) + " |")
     return "\n".join(rows)
+
+
+def strict(value):
+    """``value`` with NaN floats as null, so the JSON file is standard JSON."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: strict(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [strict(v) for v in value]
+    return value
 
 
 def machine() -> dict:
@@ -324,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                "brokers": {n: {"missing": absent[n], "version": "" if absent[n] else b.version()}
                            for n, b in brokers.items()},
                "summary": summary, "runs": records}
-        Path(args.json).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        Path(args.json).write_text(json.dumps(strict(doc), indent=2, default=str) + "\n")
         print(f"\nresults written to {args.json}")
     if interrupted:
         return 130

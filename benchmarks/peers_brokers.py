@@ -34,6 +34,9 @@ GATEWAY_CMD = ("{python} -m gateway serve --bind 127.0.0.1 --stomp-port {stomp_p
 
 MOSQUITTO_CONF = """\
 listener {mqtt_port} 127.0.0.1
+# started as root it would switch to user mosquitto, which clears the exec shim's
+# parent-death signal; as any other user this line does nothing
+user root
 allow_anonymous true
 persistence false
 # no cap on a subscriber's queued QoS 1 messages (the default 1000 drops beyond it)
