@@ -177,6 +177,7 @@ def good(kind: str, r: dict) -> bool:
 def one_run(binary: Path, broker: PeerBroker, scenario: str, args: argparse.Namespace) -> dict:
     kind = SCENARIOS[scenario][3]
     record: dict = {"scenario": scenario, "broker": broker.name}
+    r: dict = {"ok": 0, "error": "interrupted"}
     try:
         broker.start(args.start_timeout)
         record["broker_command"] = broker.command
@@ -191,6 +192,8 @@ def one_run(binary: Path, broker: PeerBroker, scenario: str, args: argparse.Name
     except ScenarioFailed as exc:
         r = {"ok": 0, "error": str(exc)}
     finally:
+        if not good(kind, r):
+            record["broker_log_tail"] = broker.log_tail(20)  # read before stop() removes the folder
         broker.stop()
     record.update(result=r, good=good(kind, r), metrics=metrics(kind, r) if r.get("ok") else {})
     return record
