@@ -14,8 +14,9 @@ CPU and RSS from /proc), and stops it.  Brokers: gateway from this checkout
 (``python -m gateway serve``), Debian's Mosquitto (MQTT scenarios only;
 ``persistence false``, no cap on queued QoS 1 messages) and Debian's ActiveMQ
 5.17 (``java -jar /usr/share/activemq/bin/activemq.jar`` with a KahaDB store,
-STOMP and MQTT connectors, libmqtt-client-java's jars on its classpath, 512 MiB
-heap).  Install the peers with ``apt-get install -y mosquitto activemq
+STOMP and MQTT connectors, libmqtt-client-java's jars on its classpath, a 1 GiB
+heap and a 256 MB memory limit: with Debian's 512 MiB and no limit it runs out of heap in
+m1).  Install the peers with ``apt-get install -y mosquitto activemq
 libmqtt-client-java``; one that is absent is reported as missing with the
 reason.  Never a system service: stop any the install started.
 
@@ -80,6 +81,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--gateway-cmd", metavar="CMD",
                         help="gateway's command; {python} {stomp_port} {mqtt_port} {data_dir} are substituted")
     parser.add_argument("--activemq-nio", action="store_true", help="ActiveMQ's stomp+nio / mqtt+nio connectors")
+    parser.add_argument("--activemq-heap", default="1G", metavar="SIZE", help="ActiveMQ's -Xms/-Xmx (default 1G)")
     parser.add_argument("--start-timeout", type=float, default=60.0, metavar="S",
                         help="a broker must accept connections within S s (default 60)")
     parser.add_argument("--run-timeout", type=float, default=240.0, metavar="S",
@@ -117,7 +119,7 @@ def build_brokerbench(args: argparse.Namespace, tmp: Path) -> Path:
 
 def make_brokers(args: argparse.Namespace) -> dict[str, PeerBroker]:
     made = {"gateway": lambda: Gateway(args.gateway_cmd), "mosquitto": Mosquitto,
-            "activemq": lambda: ActiveMQ(nio=args.activemq_nio)}
+            "activemq": lambda: ActiveMQ(nio=args.activemq_nio, heap=args.activemq_heap)}
     return {name: made[name]() for name in args.broker_list}
 
 

@@ -54,6 +54,9 @@ ACTIVEMQ_XML = """\
   <broker xmlns="http://activemq.apache.org/schema/core" useJmx="false" brokerName="bench"
           dataDirectory="{data_dir}" schedulerSupport="false">
     <persistenceAdapter><kahaDB directory="{data_dir}/kahadb"/></persistenceAdapter>
+    <!-- an explicit memory limit well under the heap, so producer flow control holds a flood
+         back before the heap runs out (with 512 MiB and the default m1 ran out of heap) -->
+    <systemUsage><systemUsage><memoryUsage><memoryUsage limit="{memory_limit}"/></memoryUsage></systemUsage></systemUsage>
     <transportConnectors>
       <transportConnector name="stomp" uri="{stomp_scheme}://127.0.0.1:{stomp_port}"/>
 {mqtt_connector}    </transportConnectors>
@@ -209,12 +212,13 @@ class Mosquitto(PeerBroker):
 class ActiveMQ(PeerBroker):
     name = "activemq"
 
-    def __init__(self, nio: bool = False, heap: str = "512M") -> None:
+    def __init__(self, nio: bool = False, heap: str = "1G", memory_limit: str = "256 mb") -> None:
         super().__init__()
         self.java = shutil.which("java") or ""
         self.jar = ACTIVEMQ_HOME / "bin" / "activemq.jar"
         self.nio = nio
         self.heap = heap
+        self.memory_limit = memory_limit
         self.mqtt_jars = [JAVA_LIB / j for j in ACTIVEMQ_MQTT_JARS]
         self.mqtt_reason = ""
         if not (ACTIVEMQ_HOME / "lib" / "activemq-mqtt.jar").exists():
@@ -254,7 +258,7 @@ class ActiveMQ(PeerBroker):
                 (lib / jar.name).symlink_to(jar)
             mqtt = f'      <transportConnector name="mqtt" uri="{self.scheme("mqtt")}://127.0.0.1:{self.mqtt_port}"/>\n'
         (conf / "activemq.xml").write_text(ACTIVEMQ_XML.format(
-            data_dir=data, stomp_scheme=self.scheme("stomp"), stomp_port=self.stomp_port, mqtt_connector=mqtt))
+            data_dir=data, memory_limit=self.memory_limit, stomp_scheme=self.scheme("stomp"), stomp_port=self.stomp_port, mqtt_connector=mqtt))
         (conf / "log4j2.properties").write_text(
             "rootLogger.level=WARN\nrootLogger.appenderRef.console.ref=Console\n"
             "appender.console.type=Console\nappender.console.name=Console\n"
