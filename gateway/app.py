@@ -8,7 +8,6 @@ import os
 import time
 from functools import partial
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import trio
@@ -238,16 +237,7 @@ class _Wiring:
         # With users, durable state is owned: anonymous clients hold none.
         self.broker.secured = bool(gatekeeper.users)
         self.password_threads = trio.CapacityLimiter(PASSWORD_THREADS)
-        checks_send, self.checks_receive = trio.open_memory_channel[tasks.Check](VERIFY_BACKLOG)
-
-        def verifier(passcode: str, stored: str, done: Callable[[bool], None]) -> bool:
-            try:
-                checks_send.send_nowait((passcode, stored, done))
-            except trio.WouldBlock:
-                return False
-            return True
-
-        gatekeeper.verifier = verifier
+        self.checks_receive = tasks.password_checks(gatekeeper, VERIFY_BACKLOG)
         if gatekeeper.users and gatekeeper.anonymous:
             self.log.warning("anonymous_access_enabled", users=len(gatekeeper.users))
 

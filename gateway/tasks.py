@@ -47,7 +47,24 @@ class Replicator(Protocol):
     def publish(self, batch: Batch) -> None: ...
 
 
-async def verify_passwords(checks: trio.MemoryReceiveChannel[Check], threads: trio.CapacityLimiter) -> None:
+def password_checks(gate: auth.Gatekeeper, backlog: int) -> trio.MemoryReceiveChannel[Check]:
+    """Make ``gate`` hand its password checks to a channel of ``backlog``
+    (past it a login is answered "busy") for :func:`verify_passwords`."""
+    send, receive = trio.open_memory_channel[Check](backlog)
+
+    def verifier(passcode: str, stored: str, done: Callable[[bool], None]) -> bool:
+        try:
+            send.send_nowait((passcode, stored, done))
+        except trio.WouldBlock:
+            return False
+        return True
+
+    gate.verifier = verifier
+    return receive
+
+
+async def verify_passwords(checks: trio.MemoryReceiveChannel[Check], threads: trio.CapacityLimiter | None) -> None:
+    """The hashes (PBKDF2, slow on purpose) in worker threads, never on the event loop."""
     async for passcode, stored, done in checks:
         done(await trio.to_thread.run_sync(auth.verify_password, passcode, stored, limiter=threads))
 

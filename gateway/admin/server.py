@@ -10,7 +10,8 @@ from typing import Any
 import h11
 import trio
 
-from gateway.auth import Gatekeeper, VerificationPending, verify_password
+from gateway import tasks
+from gateway.auth import Gatekeeper, VerificationPending
 from gateway.transports.server import close_stream, peer_address, peer_host
 from gateway.admin.api import AdminApi, AdminSettings
 from gateway.admin.http import SECURITY_HEADERS, Request, Response, error
@@ -103,27 +104,11 @@ async def serve_admin(
     served = _Port(api, settings, log, upgrades, threads, slots or AdminSlots(api.server, settings.max_connections))
     async with trio.open_nursery() as nursery:
         if passwords is not None:
-            nursery.start_soon(_check_passwords, passwords, threads)
+            # A backup's port, with no broker to check them: its own, one at a time.
+            nursery.start_soon(tasks.verify_passwords, tasks.password_checks(passwords, PASSWORD_BACKLOG), threads)
         # (trio's accept loop waits and retries on EMFILE rather than spinning or
         # ending; the slots keep this port from being the one that causes it.)
         await trio.serve_listeners(lambda stream: _guarded(served, stream), listeners)
-
-
-async def _check_passwords(gate: Gatekeeper, threads: trio.CapacityLimiter | None) -> None:
-    """Be ``gate``'s verifier: its hashes (PBKDF2, slow on purpose) in a
-    worker thread, one at a time, never on the event loop."""
-    send, receive = trio.open_memory_channel[tuple[str, str, Any]](PASSWORD_BACKLOG)
-
-    def verifier(passcode: str, stored: str, done: Any) -> bool:
-        try:
-            send.send_nowait((passcode, stored, done))
-        except trio.WouldBlock:
-            return False
-        return True
-
-    gate.verifier = verifier
-    async for passcode, stored, done in receive:
-        done(await trio.to_thread.run_sync(verify_password, passcode, stored, limiter=threads))
 
 
 async def _guarded(port: _Port, stream: trio.abc.Stream) -> None:
