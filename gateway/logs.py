@@ -27,4 +27,6 @@ def configure(log_format: str = "console", level: str = "info") -> Any:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
-    return structlog.get_logger("gateway")
+    # Assembled now, not on each use: the server binds one logger per
+    # connection, and binding a lazy proxy builds a logger anew every time.
+    return structlog.get_logger("gateway").bind()

@@ -9,7 +9,6 @@ transition table, as h2 moves a stream's state.  Sans-IO.
 from __future__ import annotations
 
 import enum
-import itertools
 from typing import Any
 
 from gateway.mqtt import packets
@@ -58,7 +57,7 @@ class SessionState:
     QoS 2 ids not yet released, so a resent PUBLISH is not routed twice (also
     noted in the store, so across a restart too)."""
 
-    __slots__ = ("outbound", "ids_by_message", "inbound_qos2", "_ids", "owner")
+    __slots__ = ("outbound", "ids_by_message", "inbound_qos2", "_last_id", "owner")
 
     def __init__(self) -> None:
         # Who may resume it (core.durables.owner_of).  None: restored from an
@@ -69,12 +68,16 @@ class SessionState:
         # connection ended, by message id: the resend keeps its id.
         self.ids_by_message: dict[str, int] = {}
         self.inbound_qos2: set[int] = set()
-        self._ids = itertools.cycle(range(1, MAX_PACKET_ID + 1))
+        # The last packet id given; ids go round 1..MAX_PACKET_ID.  (Not an
+        # itertools.cycle: that keeps every id it yielded, 2.5 MiB a session.)
+        self._last_id = 0
 
     def next_packet_id(self) -> int:
+        packet_id = self._last_id
         for _ in range(MAX_PACKET_ID):
-            packet_id = next(self._ids)
+            packet_id = packet_id % MAX_PACKET_ID + 1
             if packet_id not in self.outbound:
+                self._last_id = packet_id
                 return packet_id
         raise RuntimeError("no free packet identifier")  # bounded by max_inflight long before
 
