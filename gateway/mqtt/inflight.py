@@ -14,6 +14,7 @@ from typing import Any
 from gateway.mqtt import packets
 
 MAX_PACKET_ID = 65535
+NO_IDS: frozenset[int] = frozenset()  # shared by the sessions that hold none
 
 
 class Stage(enum.Enum):
@@ -67,10 +68,17 @@ class SessionState:
         # Packet ids of messages sent but not acknowledged when the last
         # connection ended, by message id: the resend keeps its id.
         self.ids_by_message: dict[str, int] = {}
-        self.inbound_qos2: set[int] = set()
+        # Made at the first one (most sessions never see QoS 2): see receive_qos2.
+        self.inbound_qos2: set[int] | frozenset[int] = NO_IDS
         # The last packet id given; ids go round 1..MAX_PACKET_ID.  (Not an
         # itertools.cycle: that keeps every id it yielded, 2.5 MiB a session.)
         self._last_id = 0
+
+    def receive_qos2(self, packet_id: int) -> None:
+        """The client sent a QoS 2 PUBLISH with ``packet_id``: held until its PUBREL."""
+        if self.inbound_qos2 is NO_IDS:
+            self.inbound_qos2 = set()
+        self.inbound_qos2.add(packet_id)  # type: ignore[union-attr]
 
     def next_packet_id(self) -> int:
         packet_id = self._last_id

@@ -320,7 +320,7 @@ class MqttSession:
         if packet.qos == 1:
             self.outbox.append(self.codec.send(packets.PubAck(packet.packet_id)), lsn)
         elif packet.qos == 2:
-            state.inbound_qos2.add(packet.packet_id)
+            state.receive_qos2(packet.packet_id)
             if not self.clean_session:  # the PUBREC promises it across a restart too
                 owner = OWNER_MARK + owner_of(client.principal).encode()
                 lsn = max(lsn, self.broker.store.note(QOS2_NOTES, qos2_note(self.client_id, packet.packet_id), owner))
@@ -343,7 +343,7 @@ class MqttSession:
     def _on_pubrel(self, packet: packets.PubRel) -> None:
         lsn = 0
         if packet.packet_id in self.session.inbound_qos2:
-            self.session.inbound_qos2.discard(packet.packet_id)
+            self.session.inbound_qos2.discard(packet.packet_id)  # type: ignore[union-attr]
             if not self.clean_session:
                 lsn = self.broker.store.note(QOS2_NOTES, qos2_note(self.client_id, packet.packet_id), None)
         self.outbox.append(self.codec.send(packets.PubComp(packet.packet_id)), lsn)
