@@ -1,14 +1,19 @@
-"""Where an idle MQTT connection's memory goes: a broker run in this process
-under tracemalloc, N idle connections held by the native load generator
-(brokerbench m5), and the allocations made between "ready" and "N
-connected" grouped by file:line and by owner (Trio, the standard library,
-structlog, gateway, core).
+"""Where an idle MQTT connection's memory and connect time go: a broker run
+in this process, N idle connections held by the native load generator
+(brokerbench m5), then
+
+* CPU per connect while they arrive, and how much of it the cyclic garbage
+  collector took (by generation); ``--tuned`` first sets the collector up as
+  ``gateway serve`` does (app.tune_collector);
+* the objects the collector tracks, per connection, by type;
+* under tracemalloc (``--depth 0`` turns it off, for timing), the
+  allocations made between "ready" and "N connected", per connection, by the
+  allocating line's owner (Trio, stdlib, structlog, gateway, core), by the
+  innermost gateway/core line on the traceback (so a Trio object made for
+  one of our calls is charged to that call), and by Trio file.
 
     PYTHONPATH=. python benchmarks/idle_memory.py --conns 2000 --mqtt-port 62301
-
-Each allocation is charged to the innermost frame of gateway or core code on
-its traceback ("caller"), and to the innermost frame of all ("site"), so a
-Trio object made for one of our calls is seen both ways.
+    PYTHONPATH=. python benchmarks/idle_memory.py --conns 5000 --depth 0 --tuned
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ import tempfile
 import time
 import tracemalloc
 from collections import Counter, defaultdict
-
 
 import trio
 
@@ -47,9 +51,12 @@ class GcTimer:
             self.count[info["generation"]] += 1
 
 
+OWNERS = (("trio/", "trio"), ("<attrs generated methods trio", "trio"), ("/outcome/", "trio"), ("/sniffio/", "trio"),
+          ("/structlog/", "structlog"), ("/gateway/", "gateway"), ("/core/", "core"))
+
+
 def owner(filename: str) -> str:
-    for mark, name in (("/trio/", "trio"), ("trio/", "trio"), ("<attrs generated methods trio", "trio"), ("/structlog/", "structlog"), ("/outcome/", "trio"),
-                       ("/sniffio/", "trio"), ("/gateway/", "gateway"), ("/core/", "core")):
+    for mark, name in OWNERS:
         if mark in filename:
             return name
     return "stdlib" if "/lib/python" in filename else "other"
@@ -124,21 +131,20 @@ async def main(args: argparse.Namespace) -> None:
         gc.collect()
         before = tracemalloc.take_snapshot() if tracemalloc.is_tracing() else None
         types_before = _type_counts()
-        if args.freeze:
-            gc.freeze()
-        if args.threshold:
-            gc.set_threshold(args.threshold)
+        if args.tuned:
+            app.tune_collector()
         timer = GcTimer()
         gc.callbacks.append(timer)
         cpu = time.process_time()
-        bench = subprocess.Popen([BROKERBENCH, "m5", "--mqtt-port", str(args.mqtt_port), "--conns", str(args.conns),
+        bench = subprocess.Popen([args.brokerbench, "m5", "--mqtt-port", str(args.mqtt_port), "--conns", str(args.conns),
                                   "--hold", str(args.hold), "--pid", str(os.getpid())], stdout=subprocess.PIPE)
         while sum(1 for c in running.server.connections.values() if c.io.client is not None) < args.conns:
             await trio.sleep(0.05)
         cpu = time.process_time() - cpu
         gc.callbacks.remove(timer)
         print(f"connect phase: {cpu / args.conns * 1e6:.0f} us CPU per connection, of which gc "
-              f"{sum(timer.seconds) / args.conns * 1e6:.0f} us (collections by generation {timer.count}, seconds {[round(x, 3) for x in timer.seconds]})")
+              f"{sum(timer.seconds) / args.conns * 1e6:.0f} us (collections by generation {timer.count}, "
+              f"seconds {[round(x, 3) for x in timer.seconds]})")
         await trio.sleep(0.5)
         gc.collect()
         grown = _type_counts()
@@ -153,15 +159,15 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--conns", type=int, default=2000)
-    parser.add_argument("--hold", type=float, default=6)
-    parser.add_argument("--mqtt-port", type=int, default=62301)
-    parser.add_argument("--top", type=int, default=30)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--conns", type=int, default=2000, help="idle connections to hold")
+    parser.add_argument("--hold", type=float, default=6, help="seconds brokerbench holds them")
+    parser.add_argument("--mqtt-port", type=int, default=62301, help="also uses the port below (STOMP) and above (admin)")
+    parser.add_argument("--top", type=int, default=30, help="lines per table")
     parser.add_argument("--log-level", default="warning")
-    parser.add_argument("--depth", type=int, default=30)
-    parser.add_argument("--freeze", action="store_true")
-    parser.add_argument("--threshold", type=int, default=0)
+    parser.add_argument("--depth", type=int, default=30, help="tracemalloc frames kept; 0: no tracemalloc")
+    parser.add_argument("--tuned", action="store_true", help="the collector as gateway serve sets it up")
+    parser.add_argument("--brokerbench", default=BROKERBENCH)
     arguments = parser.parse_args()
     if arguments.depth:
         tracemalloc.start(arguments.depth)
