@@ -73,8 +73,10 @@ class Core(Protocol):
 
 
 class Client:
-    """One connected client's view of the broker: its subscriptions,
-    transactions and temporary destinations, all released by :meth:`close`."""
+    """One connected client's view of the broker: its subscriptions, transactions and
+    temporary destinations, all released by :meth:`close`.  Slotted: one per connection."""
+    __slots__ = ("broker", "sink", "number", "client_id", "principal", "_decisions", "subscriptions", "transactions",
+                 "temporaries", "transaction_bytes", "blocked_on", "last_lsn", "retain_refusal", "held_until", "closed")
 
     def __init__(
         self, broker: Core, sink: Sink, number: int, client_id: str | None, principal: Principal = ANONYMOUS_PRINCIPAL

@@ -4,6 +4,7 @@ committer and maintenance tasks, and signal handling."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import time
 from functools import partial
@@ -42,6 +43,7 @@ ADMIN_THREADS = 4
 # File descriptors beyond the connections: the store's segments, the
 # listeners, the archive's open files, logs.
 FILE_HEADROOM = 256
+GC_YOUNG_ALLOCATIONS = 10_000  # see tune_collector
 
 
 def _report(log: Any, event: str, **fields: Any) -> None:
@@ -368,6 +370,20 @@ def _raise_file_limit(config: Config, log: Any) -> None:
 
 def run(config: Config, log: Any) -> None:
     """Run the broker in this (main) thread until a signal stops it."""
+    tune_collector()
     trio.run(serve, config, log)
+
+
+def tune_collector() -> None:
+    """The broker process's cyclic garbage collector: what start-up made
+    (modules, settings) is never scanned again, and young collections run
+    every GC_YOUNG_ALLOCATIONS container allocations instead of 700.  Each
+    connection holds about a hundred tracked objects, so with the defaults a
+    connect storm spends as long in the collector as in the broker (full
+    scans of every connection, hundreds of ms each at 5,000 connections).
+    Memory stays bounded: garbage is freed by reference counting as before;
+    only cycles wait a little longer."""
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_ALLOCATIONS, *gc.get_threshold()[1:])
 
 

@@ -67,7 +67,14 @@ class AccessDenied(Exception):
         self.kind = kind
 
 
-@dataclasses.dataclass(frozen=True)
+def spent_door(login: str | None, passcode: str | None) -> Principal:
+    """What a session keeps as its door once its CONNECT got in (the codec
+    refuses a second one before it): the real one, with the transport it
+    holds, is let go rather than kept for the connection's life."""
+    raise AccessDenied("already connected")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Transport:
     """What the server knows about a connection before it speaks."""
 

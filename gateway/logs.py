@@ -8,6 +8,49 @@ from typing import Any
 
 import structlog
 
+# What structlog's console renderer lays out by column, or appends after the
+# line; a line with any of them is left to it (see ConsoleLines).
+_COLUMN_OR_TAIL_KEYS = frozenset(("stack", "exception", "exc_info", "logger", "logger_name"))
+# A str value holding one of these is shown by its repr.
+_QUOTED_IF = frozenset(" \t=\r\n\"'")
+_ABSENT = object()
+EVENT_WIDTH = 30  # the event column, padded (structlog's default)
+
+
+class ConsoleLines:
+    """structlog's ConsoleRenderer without colours, byte for byte, with the
+    common line made directly: "timestamp [level] event key=value ..." with
+    its keys sorted.  The connection events (one INFO line each) are most of
+    what a busy broker logs, and the general renderer takes about 11 us a line
+    against about 2.5 here.  Lines with an exception, a stack or a logger name
+    go to the general renderer."""
+
+    def __init__(self) -> None:
+        self.general = structlog.dev.ConsoleRenderer(colors=False, pad_event_to=EVENT_WIDTH)
+        self.level_width = len(max(structlog.dev.ConsoleRenderer.get_default_level_styles(colors=False), key=len))
+
+    def __call__(self, logger: Any, name: str, event_dict: dict[str, Any]) -> str:
+        level = event_dict.get("level", _ABSENT)
+        if not _COLUMN_OR_TAIL_KEYS.isdisjoint(event_dict) or not (level is _ABSENT or isinstance(level, str)):
+            return self.general(logger, name, event_dict)
+        timestamp = event_dict.pop("timestamp", _ABSENT)
+        event_dict.pop("level", None)
+        event = event_dict.pop("event", _ABSENT)
+        parts = []
+        if timestamp is not _ABSENT:
+            parts.append(str(timestamp))
+        if level is not _ABSENT:
+            parts.append(f"[{level:<{self.level_width}}]")
+        if event is not _ABSENT:
+            parts.append(f"{event!s:<{EVENT_WIDTH}}")
+        for key in sorted(event_dict):
+            value = event_dict[key]
+            if isinstance(value, str) and _QUOTED_IF.isdisjoint(value):
+                parts.append(f"{key}={value}")
+            else:
+                parts.append(f"{key}={value!r}")
+        return " ".join(part for part in parts if part).rstrip(" ")
+
 
 def configure(log_format: str = "console", level: str = "info") -> Any:
     """Configure structlog once for the process and return the root logger."""
@@ -15,7 +58,7 @@ def configure(log_format: str = "console", level: str = "info") -> Any:
     if log_format == "json":
         renderer = structlog.processors.JSONRenderer()
     else:
-        renderer = structlog.dev.ConsoleRenderer(colors=False)
+        renderer = ConsoleLines()
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
@@ -27,4 +70,6 @@ def configure(log_format: str = "console", level: str = "info") -> Any:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
-    return structlog.get_logger("gateway")
+    # Assembled now, not on each use: the server binds one logger per
+    # connection, and binding a lazy proxy builds a logger anew every time.
+    return structlog.get_logger("gateway").bind()

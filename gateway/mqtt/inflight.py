@@ -9,12 +9,12 @@ transition table, as h2 moves a stream's state.  Sans-IO.
 from __future__ import annotations
 
 import enum
-import itertools
 from typing import Any
 
 from gateway.mqtt import packets
 
 MAX_PACKET_ID = 65535
+NO_IDS: frozenset[int] = frozenset()  # shared by the sessions that hold none
 
 
 class Stage(enum.Enum):
@@ -58,7 +58,7 @@ class SessionState:
     QoS 2 ids not yet released, so a resent PUBLISH is not routed twice (also
     noted in the store, so across a restart too)."""
 
-    __slots__ = ("outbound", "ids_by_message", "inbound_qos2", "_ids", "owner")
+    __slots__ = ("outbound", "ids_by_message", "inbound_qos2", "_last_id", "owner")
 
     def __init__(self) -> None:
         # Who may resume it (core.durables.owner_of).  None: restored from an
@@ -68,13 +68,24 @@ class SessionState:
         # Packet ids of messages sent but not acknowledged when the last
         # connection ended, by message id: the resend keeps its id.
         self.ids_by_message: dict[str, int] = {}
-        self.inbound_qos2: set[int] = set()
-        self._ids = itertools.cycle(range(1, MAX_PACKET_ID + 1))
+        # Made at the first one (most sessions never see QoS 2): see receive_qos2.
+        self.inbound_qos2: set[int] | frozenset[int] = NO_IDS
+        # The last packet id given; ids go round 1..MAX_PACKET_ID.  (Not an
+        # itertools.cycle: that keeps every id it yielded, 2.5 MiB a session.)
+        self._last_id = 0
+
+    def receive_qos2(self, packet_id: int) -> None:
+        """The client sent a QoS 2 PUBLISH with ``packet_id``: held until its PUBREL."""
+        if self.inbound_qos2 is NO_IDS:
+            self.inbound_qos2 = set()
+        self.inbound_qos2.add(packet_id)  # type: ignore[union-attr]
 
     def next_packet_id(self) -> int:
+        packet_id = self._last_id
         for _ in range(MAX_PACKET_ID):
-            packet_id = next(self._ids)
+            packet_id = packet_id % MAX_PACKET_ID + 1
             if packet_id not in self.outbound:
+                self._last_id = packet_id
                 return packet_id
         raise RuntimeError("no free packet identifier")  # bounded by max_inflight long before
 

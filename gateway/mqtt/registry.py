@@ -53,7 +53,7 @@ class Registry:
             client_id, _, packet_id = key.rpartition("\x00")
             if client_id and packet_id.isdigit():
                 state = self.states.setdefault(client_id, SessionState())
-                state.inbound_qos2.add(int(packet_id))
+                state.receive_qos2(int(packet_id))
                 if value.startswith(OWNER_MARK):
                     state.owner = value[len(OWNER_MARK) :].decode("utf-8", "replace")
         for client_id, state in self.states.items():

@@ -17,7 +17,6 @@ transitions: :mod:`gateway.mqtt.inflight`).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable
 from typing import Any
@@ -31,38 +30,17 @@ from core.messages import Message
 from core.names import Address
 from core.ports import Clock
 from core.subscriptions import AckMode, Subscription
-from gateway.auth import AccessDenied, VerificationPending
+from gateway.auth import AccessDenied, VerificationPending, spent_door
 from gateway.mqtt import codec, packets, topics
 from gateway.mqtt.inflight import FIRST_STAGE, InFlight, SessionState
 from gateway.mqtt.registry import OWNER_MARK, OWNER_PREFIX, QOS2_NOTES, Registry, qos2_note
-from gateway.session.skeleton import Dialect, Skeleton, State
+from gateway.mqtt.settings import MqttSettings
+from gateway.session.skeleton import Dialect, Rows, Skeleton, State
 
 __all__ = ["OWNER_PREFIX", "QOS2_NOTES", "MqttSession", "MqttSettings", "Registry"]  # what app.py wires
 
-# Denied publishes are logged once per topic, for at most this many topics.
-DENIED_LOGGED = 64
-
-
-@dataclasses.dataclass(frozen=True)
-class MqttSettings:
-    max_packet_bytes: int = 4 * 1024 * 1024
-    # Until CONNECT succeeds a peer is unknown: it gets a tighter limit.
-    preconnect_max_packet_bytes: int = 64 * 1024
-    connect_timeout_s: float = 10.0
-    # A client silent for keep-alive times this is dropped [MQTT-3.1.2-24].
-    keepalive_grace: float = 1.5
-    # QoS 1/2 messages on their way to a client, unacknowledged, at most.
-    max_inflight: int = 32
-    # What a persistent session may hold; past it the oldest are dropped, counted.
-    max_queued_messages: int = 1000
-    # Persistent sessions (clean session 0) kept for one logged-in user, and
-    # for all clients together: each is state kept until cleaned, so a client
-    # cycling through client ids must not grow the broker without bound.  One
-    # more gets CONNACK 0x05 (0 = no limit).  Anonymous clients of an open
-    # broker have only the broker-wide bound (they are a whole fleet).
-    max_persistent_sessions_per_user: int = 1000
-    max_persistent_sessions: int = 100_000
-    outbox_high_water_bytes: int = 1024 * 1024
+DENIED_LOGGED = 64  # topics whose denied publishes are logged (once each)
+ERRORS = (codec.ProtocolError, CoreError)  # what handlers raise about the peer (one tuple for all)
 
 
 class _Sub:
@@ -77,6 +55,11 @@ class _Sub:
 
 class MqttSession:
     """One MQTT connection's protocol state; also the core's Sink for it."""
+
+    # Slotted, and what few connections need made on first use: idle ones come by the thousand.
+    __slots__ = ("broker", "clock", "settings", "registry", "conn_id", "log", "admit", "_denied_logged",
+                 "_retain_refused_logged", "codec", "client", "client_id", "clean_session", "session", "will", "_subs",
+                 "skeleton", "outbox")
 
     def __init__(
         self,
@@ -95,8 +78,8 @@ class MqttSession:
         self.registry = registry
         self.conn_id = conn_id
         self.log = log
-        self.admit = admit
-        self._denied_logged: set[str] = set()
+        self.admit = admit  # until CONNECT is answered: see _on_connect
+        self._denied_logged: set[str] | None = None
         self._retain_refused_logged = False
         self.codec = codec.MqttConnection(codec.Role.SERVER, max_packet_bytes=settings.preconnect_max_packet_bytes)
         self.client: Client | None = None  # set once, at CONNECT
@@ -105,25 +88,12 @@ class MqttSession:
         self.session = SessionState()
         self.will: packets.Will | None = None
         self._subs: dict[str, _Sub] = {}  # by topic filter; the core's tokens
-        # The transition table: CONNECT first and only once [MQTT-3.1.0-1, -2].
-        connected = {
-            packets.Publish: self._on_publish,
-            packets.PubAck: self._on_puback,
-            packets.PubRec: self._on_pubrec,
-            packets.PubRel: self._on_pubrel,
-            packets.PubComp: self._on_puback,
-            packets.Subscribe: self._on_subscribe,
-            packets.Unsubscribe: self._on_unsubscribe,
-            packets.PingReq: self._on_pingreq,
-            packets.Disconnect: self._on_disconnect,
-        }
         dialect = Dialect(
-            handlers={State.AWAITING_CONNECT: {packets.Connect: self._on_connect}, State.CONNECTED: connected,
-                      State.CLOSED: {}},
+            handlers=Rows(self._row),
             reject=self._unexpected,
-            errors=(codec.ProtocolError, CoreError),
+            errors=ERRORS,
             on_error=self._on_error,
-            fail=lambda reason: self._fail(reason, None),
+            fail=self._fail,
             on_eof=self._peer_closed,
             silence="keep-alive",
             room=self._inflight_room,
@@ -211,6 +181,26 @@ class MqttSession:
 
     # -- packets -----------------------------------------------------------
 
+    def _row(self, state: State) -> dict[type, Callable[[Any], None]]:
+        """The transition table's row for ``state``, built when the session
+        enters it: CONNECT first and only once [MQTT-3.1.0-1, -2]."""
+        if state is State.AWAITING_CONNECT:
+            return {packets.Connect: self._on_connect}
+        if state is State.CLOSED:
+            return {}
+        puback = self._on_puback  # one bound method for both
+        return {
+            packets.Publish: self._on_publish,
+            packets.PubAck: puback,
+            packets.PubRec: self._on_pubrec,
+            packets.PubRel: self._on_pubrel,
+            packets.PubComp: puback,
+            packets.Subscribe: self._on_subscribe,
+            packets.Unsubscribe: self._on_unsubscribe,
+            packets.PingReq: self._on_pingreq,
+            packets.Disconnect: self._on_disconnect,
+        }
+
     def _on_connect(self, packet: packets.Connect) -> None:
         password = packet.password.decode("utf-8", "replace") if packet.password is not None else None
         try:
@@ -231,6 +221,7 @@ class MqttSession:
                 code = packets.NOT_AUTHORIZED
             self._refuse(code, exc.reason)
             return
+        self.admit = spent_door  # asked once: let go of what it knew of the transport
         client_id = packet.client_id
         if not client_id:
             if not packet.clean_session:
@@ -317,8 +308,10 @@ class MqttSession:
             # [MQTT-3.3.5-2]: 3.1.1 has no way to tell a publisher no; the
             # publish is acknowledged as usual and dropped.  Logged once per
             # topic, so a device retrying in a loop cannot flood the log.
-            if packet.topic not in self._denied_logged and len(self._denied_logged) < DENIED_LOGGED:
-                self._denied_logged.add(packet.topic)
+            logged = self._denied_logged if self._denied_logged is not None else set()
+            if packet.topic not in logged and len(logged) < DENIED_LOGGED:
+                logged.add(packet.topic)
+                self._denied_logged = logged
                 self.log.warning("publish_denied", topic=packet.topic[:200], reason=exc.reason)
             lsn = 0
         else:
@@ -327,7 +320,7 @@ class MqttSession:
         if packet.qos == 1:
             self.outbox.append(self.codec.send(packets.PubAck(packet.packet_id)), lsn)
         elif packet.qos == 2:
-            state.inbound_qos2.add(packet.packet_id)
+            state.receive_qos2(packet.packet_id)
             if not self.clean_session:  # the PUBREC promises it across a restart too
                 owner = OWNER_MARK + owner_of(client.principal).encode()
                 lsn = max(lsn, self.broker.store.note(QOS2_NOTES, qos2_note(self.client_id, packet.packet_id), owner))
@@ -350,7 +343,7 @@ class MqttSession:
     def _on_pubrel(self, packet: packets.PubRel) -> None:
         lsn = 0
         if packet.packet_id in self.session.inbound_qos2:
-            self.session.inbound_qos2.discard(packet.packet_id)
+            self.session.inbound_qos2.discard(packet.packet_id)  # type: ignore[union-attr]
             if not self.clean_session:
                 lsn = self.broker.store.note(QOS2_NOTES, qos2_note(self.client_id, packet.packet_id), None)
         self.outbox.append(self.codec.send(packets.PubComp(packet.packet_id)), lsn)
@@ -486,7 +479,7 @@ class MqttSession:
         self.outbox.append(self.codec.send(packets.ConnAck(False, code)))
         self._fail(reason, None)
 
-    def _fail(self, reason: str, packet: Any) -> None:
+    def _fail(self, reason: str, packet: Any = None) -> None:
         """Log once and close: MQTT 3.1.1 has no error packet, the close is the answer."""
         self.log.warning("packet_rejected", packet=type(packet).__name__ if packet is not None else None, reason=reason)
         self.close(reason)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 # One send_all carries at most this much: large enough to amortise the syscall
 # and the task switch over hundreds of messages, small enough to keep latency.
 DRAIN_BYTES = 256 * 1024
+NO_GATES = ()  # what an outbox that never held a gated entry has instead of a deque
 
 
 class Outbox:
@@ -23,8 +24,9 @@ class Outbox:
         self._chunks: list[bytes] = []
         self._nbytes = 0
         self._base = 0  # absolute index of _chunks[0]
-        # (absolute chunk index, lsn, what it promises: a receipt id, or None)
-        self._gates: deque[tuple[int, int, str | None]] = deque()
+        # (absolute chunk index, lsn, what it promises: a receipt id, or None);
+        # an empty deque is 600 bytes, so one is made at the first gated entry.
+        self._gates: deque[tuple[int, int, str | None]] | tuple[()] = NO_GATES
         self.high_water = high_water
         self.wakeup = wakeup
         self.sent_bytes = 0
@@ -44,7 +46,9 @@ class Outbox:
         """Queue bytes; with ``lsn`` they leave only once that LSN is durable.
         ``promise`` names them (a receipt id) should the write fail."""
         if lsn:
-            self._gates.append((self._base + len(self._chunks), lsn, promise))
+            if self._gates is NO_GATES:
+                self._gates = deque()
+            self._gates.append((self._base + len(self._chunks), lsn, promise))  # type: ignore[union-attr]
         if not self._chunks and self.wakeup is not None:
             self.wakeup()
         self._chunks.append(data)
@@ -63,7 +67,7 @@ class Outbox:
         limit = len(chunks)
         gates = self._gates
         while gates and gates[0][1] <= durable_lsn:
-            gates.popleft()
+            gates.popleft()  # type: ignore[union-attr]
         if gates:
             limit = gates[0][0] - self._base
         taken = 0

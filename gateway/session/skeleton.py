@@ -71,6 +71,26 @@ class Dialect:
     room: Callable[[], bool] = lambda: True
 
 
+class Rows(Mapping[State, Mapping[type, Callable[[Any], None]]]):
+    """A transition table whose rows are built by ``build(state)`` when the
+    skeleton enters that state (it reads a row only then), so an idle
+    connection holds the one row it is in, not the whole table."""
+
+    __slots__ = ("build",)
+
+    def __init__(self, build: Callable[[State], Mapping[type, Callable[[Any], None]]]) -> None:
+        self.build = build
+
+    def __getitem__(self, state: State) -> Mapping[type, Callable[[Any], None]]:
+        return self.build(state)
+
+    def __iter__(self) -> Iterator[State]:
+        return iter(State)
+
+    def __len__(self) -> int:
+        return len(State)
+
+
 class Skeleton:
     """One connection's lifecycle, whatever its protocol."""
 

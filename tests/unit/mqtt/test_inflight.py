@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.mqtt import packets
-from gateway.mqtt.inflight import InFlight, SessionState, Stage
+from gateway.mqtt.inflight import MAX_PACKET_ID, InFlight, SessionState, Stage
 
 ACKS = (packets.PubAck, packets.PubRec, packets.PubComp)
 # What each (stage, packet) does: (next stage or None if forgotten, core ack now);
@@ -61,3 +61,19 @@ def test_packet_ids_skip_those_in_flight() -> None:
     first = state.next_packet_id()
     state.outbound[first + 1] = InFlight("t", "x", Stage.AWAITING_PUBACK)
     assert state.next_packet_id() == first + 2
+
+
+def test_packet_ids_go_round_from_the_last_to_the_first_skipping_those_in_flight() -> None:
+    state = SessionState()
+    state.outbound[1] = InFlight("t", "x", Stage.AWAITING_PUBACK)  # still unacknowledged at the wrap
+    ids = [state.next_packet_id() for _ in range(MAX_PACKET_ID)]
+    assert ids[0] == 2 and ids[MAX_PACKET_ID - 2] == MAX_PACKET_ID
+    assert ids[MAX_PACKET_ID - 1] == 2  # 1 is still in flight: skipped, never 0
+    assert sorted(set(ids)) == list(range(2, MAX_PACKET_ID + 1))
+
+
+def test_with_every_packet_id_in_flight_none_is_given() -> None:
+    state = SessionState()
+    state.outbound = {packet_id: InFlight("t", str(packet_id), Stage.AWAITING_PUBACK) for packet_id in range(1, MAX_PACKET_ID + 1)}
+    with pytest.raises(RuntimeError):
+        state.next_packet_id()

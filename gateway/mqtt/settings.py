@@ -1,0 +1,27 @@
+"""An MQTT listener's settings (the config file's [mqtt] table)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class MqttSettings:
+    max_packet_bytes: int = 4 * 1024 * 1024
+    # Until CONNECT succeeds a peer is unknown: it gets a tighter limit.
+    preconnect_max_packet_bytes: int = 64 * 1024
+    connect_timeout_s: float = 10.0
+    # A client silent for keep-alive times this is dropped [MQTT-3.1.2-24].
+    keepalive_grace: float = 1.5
+    # QoS 1/2 messages on their way to a client, unacknowledged, at most.
+    max_inflight: int = 32
+    # What a persistent session may hold; past it the oldest are dropped, counted.
+    max_queued_messages: int = 1000
+    # Persistent sessions (clean session 0) kept for one logged-in user, and
+    # for all clients together: each is state kept until cleaned, so a client
+    # cycling through client ids must not grow the broker without bound.  One
+    # more gets CONNACK 0x05 (0 = no limit).  Anonymous clients of an open
+    # broker have only the broker-wide bound (they are a whole fleet).
+    max_persistent_sessions_per_user: int = 1000
+    max_persistent_sessions: int = 100_000
+    outbox_high_water_bytes: int = 1024 * 1024
