@@ -83,10 +83,10 @@ class Pass:
         if not dirty:
             return
         self.dirty = []
-        wrote = False
+        resumed = False
         for connection in dirty:
-            wrote = connection.write_now() or wrote
-        if wrote and after_output is not None:
+            resumed = connection.write_now() or resumed
+        if resumed and after_output is not None:
             after_output()  # deliveries it resumed may have acked stored messages
 
 
@@ -165,7 +165,7 @@ class Connection:
     def write_now(self) -> bool:
         """At the end of a pass: put the outbox on the socket if it takes it
         whole; else leave it (or the rest) to the writer task.  True if
-        bytes went out."""
+        writing it resumed deliveries (which may have acked stored messages)."""
         if not self._writer_parked or self._fd < 0 or self.io.closed:
             self.wake_writer()  # the writer sends (or flushes and closes) itself
             return False
@@ -185,29 +185,39 @@ class Connection:
             self._unsent = data[sent:]
             self.wake_writer()
             return False
-        self._drained()
+        resumed = self._drained()
         if outbox:
             self.wake_writer()  # more than one batch, or gated behind a receipt
-        return True
+        return resumed
 
-    def _drained(self) -> None:
-        self.io.on_drained()
-        if not self.io.outbox.full:
+    def _drained(self) -> bool:
+        """After a write: the session's bookkeeping, and reading resumes if
+        it waited for room.  True if deliveries were paused (and may resume)."""
+        io = self.io
+        paused = io.paused
+        io.on_drained()
+        if not io.outbox.full and self._reader_lot:
             self._reader_lot.unpark_all()
+        return paused
 
     def _after_session_call(self) -> None:
         """Re-arm the timer and, once the session is closed, bound the rest."""
         if self._after_input is not None:
             self._after_input()
-        if self._timer_scope is not None:
+        scope = self._timer_scope
+        if scope is not None:
+            # Only ever earlier: the timer that wakes at the older deadline
+            # finds a later one itself (an early wake per heart-beat interval
+            # costs less than setting a scope's deadline on every pass).
             deadline = self.io.next_deadline()
-            self._timer_scope.deadline = math.inf if deadline is None else deadline
+            if deadline is not None and deadline < scope.deadline:
+                scope.deadline = deadline
         if self.io.closed:
             self.wake_writer()
             self._reader_lot.unpark_all()
             if self._nursery is not None:
-                scope = self._nursery.cancel_scope
-                scope.deadline = min(scope.deadline, trio.current_time() + CLOSING_TIMEOUT_S)
+                bound = self._nursery.cancel_scope
+                bound.deadline = min(bound.deadline, trio.current_time() + CLOSING_TIMEOUT_S)
 
     async def _reader(self) -> None:
         session = self.session
