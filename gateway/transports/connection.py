@@ -1,10 +1,11 @@
 """One accepted connection: its tasks over a protocol-agnostic session, and
 the write at the end of each pass.
 
-A connection is one nursery holding three tasks: a reader that feeds the
-session whatever bytes arrive, a writer that drains the session's outbox with
-one ``send_all`` per batch when the socket cannot take it at once, and a
-timer that fires the session's deadlines (heart-beats, login timeout).
+A connection is one nursery holding a reader that feeds the session
+whatever bytes arrive, a timer that fires the session's deadlines
+(heart-beats, login timeout), and a writer that drains the session's outbox
+with one ``send_all`` per batch when the socket cannot take it at once (over
+a plain socket it exists only while it has such work).
 
 Whatever a pass produces (a reader's bytes handled, a deadline fired, a
 batch written, the store's fsync) is written once per connection at the end
@@ -120,9 +121,11 @@ class Connection:
         # A plain TCP socket is read and written on its file descriptor (no
         # Stream wrappers, no checkpoint per call); -1: use the stream.
         self._fd = stream.socket.fileno() if type(stream) is trio.SocketStream else -1
-        # True while the writer task is parked with nothing of its own to
-        # send: only then may a pass write to the socket itself.
-        self._writer_parked = False
+        # True while no writer task has anything of its own to send: only
+        # then may a pass write to the socket itself.  On a plain socket the
+        # writer task exists only while it has work (an idle connection is
+        # two tasks, not three); over other streams it parks when idle.
+        self._writer_idle = False
         self._unsent = b""  # what a pass's write left for the writer task
         self._writer_lot = trio.lowlevel.ParkingLot()
         self._reader_lot = trio.lowlevel.ParkingLot()
@@ -137,21 +140,30 @@ class Connection:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._reader)
-                nursery.start_soon(self._writer)
                 nursery.start_soon(self._timer)
+                if self._fd < 0:
+                    nursery.start_soon(self._writer)
+                else:
+                    self._writer_idle = True
+                    if self.io.outbox or self.io.closed:
+                        self.wake_writer()
         finally:
             # The socket is closed after this; nothing may write to its fd.
             self._fd = -1
-            self._writer_parked = False
+            self._writer_idle = False
 
     def shutdown(self, reason: str) -> None:
         self.session.shutdown(reason)
         self._after_session_call()
 
     def wake_writer(self) -> None:
-        if self._writer_parked:
-            self._writer_parked = False
-            self._writer_lot.unpark_all()
+        if self._writer_idle:
+            self._writer_idle = False
+            if self._fd < 0:
+                self._writer_lot.unpark_all()
+            else:
+                assert self._nursery is not None
+                self._nursery.start_soon(self._writer)
 
     def _output_ready(self) -> None:
         """The outbox went from empty to not: write it at the end of the
@@ -166,7 +178,7 @@ class Connection:
         """At the end of a pass: put the outbox on the socket if it takes it
         whole; else leave it (or the rest) to the writer task.  True if
         writing it resumed deliveries (which may have acked stored messages)."""
-        if not self._writer_parked or self._fd < 0 or self.io.closed:
+        if not self._writer_idle or self._fd < 0 or self.io.closed:
             self.wake_writer()  # the writer sends (or flushes and closes) itself
             return False
         outbox = self.io.outbox
@@ -296,7 +308,9 @@ class Connection:
                     break
                 if outbox:
                     self._gated.add(self)  # held for the store: wake me when it writes
-                self._writer_parked = True
+                self._writer_idle = True
+                if self._fd >= 0:
+                    return  # passes write from here on; wake_writer starts another
                 await self._writer_lot.park()
                 continue
             try:
