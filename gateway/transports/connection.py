@@ -2,10 +2,11 @@
 the write at the end of each pass.
 
 A connection is one nursery holding a reader that feeds the session
-whatever bytes arrive, a timer that fires the session's deadlines
-(heart-beats, login timeout), and a writer that drains the session's outbox
-with one ``send_all`` per batch when the socket cannot take it at once (over
-a plain socket it exists only while it has such work).
+whatever bytes arrive and a writer that drains the session's outbox with one
+``send_all`` per batch when the socket cannot take it at once (over a plain
+socket it exists only while it has such work).  The session's deadlines
+(heart-beats, keepalive, login timeout) are fired by the server's one
+:class:`Timers` task, so an idle plain connection is one task.
 
 Whatever a pass produces (a reader's bytes handled, a deadline fired, a
 batch written, the store's fsync) is written once per connection at the end
@@ -18,6 +19,8 @@ closes, or the stream is not a plain socket (TLS, WebSocket).
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import os
 import time
@@ -91,6 +94,47 @@ class Pass:
             after_output()  # deliveries it resumed may have acked stored messages
 
 
+class Timers:
+    """Every connection's next deadline (login, heart-beat, keepalive) in one
+    heap, fired by one task (:meth:`run`), so a connection needs no timer
+    task of its own.  A connection's deadline only ever moves earlier here;
+    at an entry's time the connection looks again and re-arms for later."""
+
+    __slots__ = ("_heap", "_order", "_scope", "_ended")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Connection]] = []
+        self._order = itertools.count()  # equal deadlines never compare connections
+        self._scope: trio.CancelScope | None = None
+        self._ended = 0  # connections gone since the heap was last swept
+
+    def arm(self, connection: Connection, deadline: float) -> None:
+        heapq.heappush(self._heap, (deadline, next(self._order), connection))
+        scope = self._scope
+        if scope is not None and deadline < scope.deadline:
+            scope.deadline = deadline
+
+    def forget(self) -> None:
+        """A connection ended: once the ended outnumber half the heap, drop
+        their entries (a closed connection's session is not kept alive
+        until its old keepalive deadline)."""
+        self._ended += 1
+        if self._ended * 2 > len(self._heap):
+            self._heap = [entry for entry in self._heap if not entry[2].ended]
+            heapq.heapify(self._heap)
+            self._ended = 0
+
+    async def run(self) -> None:
+        while True:
+            now = trio.current_time()
+            while self._heap and self._heap[0][0] <= now:
+                deadline, _, connection = heapq.heappop(self._heap)
+                connection.deadline_passed(deadline, now)
+            with trio.CancelScope(deadline=self._heap[0][0] if self._heap else math.inf) as self._scope:
+                await trio.sleep_forever()
+            self._scope = None
+
+
 class Connection:
     """One accepted socket and its session."""
 
@@ -103,6 +147,7 @@ class Connection:
         gated: set[Connection] | None = None,
         after_input: Callable[[], None] | None = None,
         writes: Pass | None = None,
+        timers: Timers | None = None,
     ) -> None:
         self.stream = stream
         self.session = session
@@ -130,7 +175,11 @@ class Connection:
         self._writer_lot = trio.lowlevel.ParkingLot()
         self._reader_lot = trio.lowlevel.ParkingLot()
         self._reader_done = trio.Event()
-        self._timer_scope: trio.CancelScope | None = None
+        # Without the server's timers (a test's lone connection), its own.
+        self._own_timers = timers is None
+        self._timers = Timers() if timers is None else timers
+        self._armed = math.inf  # the earliest deadline this connection has in the heap
+        self.ended = False
         self._nursery: trio.Nursery | None = None
         self.io.outbox.wakeup = self._output_ready
         self.io.gate.wake_reader = self._reader_lot.unpark_all
@@ -140,7 +189,9 @@ class Connection:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._reader)
-                nursery.start_soon(self._timer)
+                if self._own_timers:
+                    nursery.start_soon(self._timers.run)
+                self._rearm()
                 if self._fd < 0:
                     nursery.start_soon(self._writer)
                 else:
@@ -151,6 +202,8 @@ class Connection:
             # The socket is closed after this; nothing may write to its fd.
             self._fd = -1
             self._writer_idle = False
+            self.ended = True
+            self._timers.forget()
 
     def shutdown(self, reason: str) -> None:
         self.session.shutdown(reason)
@@ -216,14 +269,7 @@ class Connection:
         """Re-arm the timer and, once the session is closed, bound the rest."""
         if self._after_input is not None:
             self._after_input()
-        scope = self._timer_scope
-        if scope is not None:
-            # Only ever earlier: the timer that wakes at the older deadline
-            # finds a later one itself (an early wake per heart-beat interval
-            # costs less than setting a scope's deadline on every pass).
-            deadline = self.io.next_deadline()
-            if deadline is not None and deadline < scope.deadline:
-                scope.deadline = deadline
+        self._rearm()
         if self.io.closed:
             self.wake_writer()
             self._reader_lot.unpark_all()
@@ -340,19 +386,25 @@ class Connection:
         assert self._nursery is not None
         self._nursery.cancel_scope.cancel()
 
-    async def _timer(self) -> None:
-        io = self.io
+    def _rearm(self) -> None:
+        # Only ever earlier: at the older deadline the connection finds a
+        # later one itself (an early look per heart-beat interval costs less
+        # than moving a timer on every pass).
+        deadline = self.io.next_deadline()
+        if deadline is not None and deadline < self._armed:
+            self._armed = deadline
+            self._timers.arm(self, deadline)
+
+    def deadline_passed(self, deadline: float, now: float) -> None:
+        """An entry of ours in the timers' heap is due."""
+        if deadline != self._armed or self.ended or self.io.closed:
+            return  # superseded by an earlier one, or nothing left to time
+        self._armed = math.inf
         writes = self._pass
-        while not io.closed:
-            deadline = io.next_deadline()
-            with trio.CancelScope(deadline=math.inf if deadline is None else deadline) as scope:
-                self._timer_scope = scope
-                await trio.sleep_forever()
-            self._timer_scope = None
-            opened = writes.begin()
-            try:
-                io.on_deadline(trio.current_time())
-                self._after_session_call()
-            finally:
-                if opened:
-                    writes.end(self._after_input)
+        opened = writes.begin()
+        try:
+            self.io.on_deadline(now)
+            self._after_session_call()
+        finally:
+            if opened:
+                writes.end(self._after_input)

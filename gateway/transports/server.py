@@ -19,7 +19,7 @@ from typing import Any
 import trio
 
 from gateway.auth import Transport
-from gateway.transports.connection import Connection, Pass, Session
+from gateway.transports.connection import Connection, Pass, Session, Timers
 
 # How long closing a stream may take (a TLS close_notify to a stuck peer).
 CLOSE_NOTIFY_S = 1.0
@@ -89,6 +89,7 @@ class Server:
         self._idle.set()
         self._gated: set[Connection] = set()
         self._pass = Pass()  # output of the pass running now, written at its end
+        self._timers = Timers()  # every connection's deadlines, one task
         self.after_input: Callable[[], None] | None = None
         # Totals of connections already gone (live ones are added on demand).
         self.closed_bytes_in = 0
@@ -142,6 +143,7 @@ class Server:
     async def run(self, specs: list[ListenerSpec], *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Bind every listener, report ``{name: port}``, serve until :meth:`stop`, then drain."""
         async with trio.open_nursery() as handlers:  # owns every connection task
+            handlers.start_soon(self._timers.run)
             async with trio.open_nursery() as listeners:  # owns the accept loops
                 ports = {}
                 for spec in specs:
@@ -215,7 +217,7 @@ class Server:
             certificate_user=self._certificate_user(tls, log),
         )
         session = factory(conn_id, log, transport)
-        connection = Connection(stream, session, log, self._durable_lsn, self._gated, self.after_input, self._pass)
+        connection = Connection(stream, session, log, self._durable_lsn, self._gated, self.after_input, self._pass, self._timers)
         connection.protocol = name
         connection.peer = peer
         self.accepted[name] = self.accepted.get(name, 0) + 1
