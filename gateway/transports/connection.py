@@ -53,6 +53,14 @@ class Session(Protocol):
     # The server sets ``skeleton.outbox.wakeup`` and ``skeleton.gate.wake_reader``.
     skeleton: Skeleton
 
+    def failed(self) -> None:
+        """A bug met outside this connection's own tasks (a shared pass or
+        timer): log it, close the session, end the connection."""
+        self.log.exception("connection_failed")
+        self.session.close("internal error")
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
     def shutdown(self, reason: str) -> None: ...
 
     def storage_failed(self, first_lsn: int, last_lsn: int, reason: str, *, stored: bool = False) -> None: ...
@@ -89,7 +97,10 @@ class Pass:
         self.dirty = []
         resumed = False
         for connection in dirty:
-            resumed = connection.write_now() or resumed
+            try:
+                resumed = connection.write_now() or resumed
+            except Exception:
+                connection.failed()  # a bug met by that connection costs it, not this pass's owner
         if resumed and after_output is not None:
             after_output()  # deliveries it resumed may have acked stored messages
 
@@ -129,7 +140,10 @@ class Timers:
             now = trio.current_time()
             while self._heap and self._heap[0][0] <= now:
                 deadline, _, connection = heapq.heappop(self._heap)
-                connection.deadline_passed(deadline, now)
+                try:
+                    connection.deadline_passed(deadline, now)
+                except Exception:
+                    connection.failed()  # costs that connection, never every connection's timers
             with trio.CancelScope(deadline=self._heap[0][0] if self._heap else math.inf) as self._scope:
                 await trio.sleep_forever()
             self._scope = None
@@ -168,8 +182,8 @@ class Connection:
         self._fd = stream.socket.fileno() if type(stream) is trio.SocketStream else -1
         # True while no writer task has anything of its own to send: only
         # then may a pass write to the socket itself.  On a plain socket the
-        # writer task exists only while it has work (an idle connection is
-        # two tasks, not three); over other streams it parks when idle.
+        # writer task exists only while it has work; over other streams it
+        # parks when idle.
         self._writer_idle = False
         self._unsent = b""  # what a pass's write left for the writer task
         self._writer_lot = trio.lowlevel.ParkingLot()
@@ -204,6 +218,14 @@ class Connection:
             self._writer_idle = False
             self.ended = True
             self._timers.forget()
+
+    def failed(self) -> None:
+        """A bug met outside this connection's own tasks (a shared pass or
+        timer): log it, close the session, end the connection."""
+        self.log.exception("connection_failed")
+        self.session.close("internal error")
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
 
     def shutdown(self, reason: str) -> None:
         self.session.shutdown(reason)
