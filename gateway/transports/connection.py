@@ -138,8 +138,12 @@ class Timers:
     async def run(self) -> None:
         while True:
             now = trio.current_time()
+            due = []
             while self._heap and self._heap[0][0] <= now:
-                deadline, _, connection = heapq.heappop(self._heap)
+                due.append(heapq.heappop(self._heap))
+            # What firing re-arms waits for the next round (after a yield),
+            # even if already due: no connection can spin this loop.
+            for deadline, _, connection in due:
                 try:
                     connection.deadline_passed(deadline, now)
                 except Exception:
