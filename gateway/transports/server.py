@@ -1,57 +1,28 @@
 """Listeners and connections: the only place (with the admin server) that owns
 sockets and tasks.
 
-Each connection is one nursery holding three tasks over a protocol-agnostic
-session: a reader that feeds the session whatever bytes arrive, a writer that
-drains the session's outbox with one ``send_all`` per batch, and a timer that
-fires the session's deadlines (heart-beats, login timeout).  The same loop
-serves every protocol whose session has the shape of :class:`Session`.
+The server accepts sockets (plain, TLS, WebSocket) and runs each as a
+:class:`~gateway.transports.connection.Connection` over a protocol-agnostic
+session; the same loop serves every protocol whose session has the shape of
+:class:`~gateway.transports.connection.Session`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import ssl
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
 from gateway.auth import Transport
-from gateway.session.skeleton import Skeleton
+from gateway.transports.connection import Connection, Pass, Session, Timers
 
-# One receive_some may return this much: enough to parse hundreds of small
-# frames per wake-up, so per-message cost is not dominated by task switches.
-RECEIVE_BYTES = 256 * 1024
-# After an ERROR or DISCONNECT the connection has this long to flush its
-# outbox and see the peer's EOF; a peer that neither reads nor closes cannot
-# keep the connection (and its memory) alive past it.
-CLOSING_TIMEOUT_S = 5.0
-# After sending our last bytes and EOF, how long we keep reading (and
-# discarding) so that unread input does not make the kernel answer with a
-# reset that destroys the ERROR frame before the client reads it.
-LINGER_S = 1.0
 # How long closing a stream may take (a TLS close_notify to a stuck peer).
 CLOSE_NOTIFY_S = 1.0
-
-
-class Session(Protocol):
-    """What the server needs from a protocol session (STOMP, MQTT): its
-    skeleton, which takes the bytes read, holds the outbox to write and names
-    the next deadline, and the protocol's own word when the broker stops, the
-    store fails or the connection is lost."""
-
-    # The server sets ``skeleton.outbox.wakeup`` and ``skeleton.gate.wake_reader``.
-    skeleton: Skeleton
-
-    def shutdown(self, reason: str) -> None: ...
-
-    def storage_failed(self, first_lsn: int, last_lsn: int, reason: str, *, stored: bool = False) -> None: ...
-
-    def close(self, reason: str) -> None: ...
 
 
 class TrioClock:
@@ -89,147 +60,6 @@ class Limits:
     tls_handshake_timeout_s: float = 10.0
 
 
-class Connection:
-    """One accepted socket and its session."""
-
-    def __init__(
-        self,
-        stream: trio.abc.Stream,
-        session: Session,
-        log: Any,
-        durable_lsn: Callable[[], int],
-        gated: set[Connection] | None = None,
-        after_input: Callable[[], None] | None = None,
-    ) -> None:
-        self.stream = stream
-        self.session = session
-        self.io = session.skeleton
-        self.log = log
-        self.protocol = ""
-        self.peer = ""
-        self.opened_ms = int(time.time() * 1000)
-        self.bytes_in = 0
-        self._durable_lsn = durable_lsn
-        # Connections whose writer waits for the store (shared, server-wide),
-        # and what to call once a session has acted (to start a store write).
-        self._gated = gated if gated is not None else set()
-        self._after_input = after_input
-        self._writer_lot = trio.lowlevel.ParkingLot()
-        self._reader_lot = trio.lowlevel.ParkingLot()
-        self._reader_done = trio.Event()
-        self._timer_scope: trio.CancelScope | None = None
-        self._nursery: trio.Nursery | None = None
-        self.io.outbox.wakeup = self._writer_lot.unpark_all
-        self.io.gate.wake_reader = self._reader_lot.unpark_all
-
-    async def run(self) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            nursery.start_soon(self._reader)
-            nursery.start_soon(self._writer)
-            nursery.start_soon(self._timer)
-
-    def shutdown(self, reason: str) -> None:
-        self.session.shutdown(reason)
-        self._after_session_call()
-
-    def wake_writer(self) -> None:
-        self._writer_lot.unpark_all()
-
-    def _after_session_call(self) -> None:
-        """Re-arm the timer and, once the session is closed, bound the rest."""
-        if self._after_input is not None:
-            self._after_input()
-        if self._timer_scope is not None:
-            deadline = self.io.next_deadline()
-            self._timer_scope.deadline = math.inf if deadline is None else deadline
-        if self.io.closed:
-            self._writer_lot.unpark_all()
-            self._reader_lot.unpark_all()
-            if self._nursery is not None:
-                scope = self._nursery.cancel_scope
-                scope.deadline = min(scope.deadline, trio.current_time() + CLOSING_TIMEOUT_S)
-
-    async def _reader(self) -> None:
-        session = self.session
-        io = self.io
-        stream = self.stream
-        try:
-            while True:
-                # Back-pressure: while our own replies are not being read, or
-                # the core holds this producer back, stop reading.
-                while not io.wants_input and not io.closed:
-                    await self._reader_lot.park()
-                    io.resume_input()
-                    self._after_session_call()
-                try:
-                    data = await stream.receive_some(RECEIVE_BYTES)
-                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    session.close(f"connection lost: {exc.__cause__ or exc}")
-                    self._after_session_call()
-                    return
-                self.bytes_in += len(data)
-                if io.closed:
-                    if not data:
-                        return
-                    continue  # lingering: discard input after we closed
-                io.receive_data(data)
-                self._after_session_call()
-                if not data:
-                    return
-        finally:
-            self._reader_done.set()
-
-    async def _writer(self) -> None:
-        session = self.session
-        io = self.io
-        outbox = io.outbox
-        stream = self.stream
-        while True:
-            data = outbox.drain(self._durable_lsn())
-            if not data:
-                if io.closed and not outbox:
-                    break
-                if outbox:
-                    self._gated.add(self)  # held for the store: wake me when it writes
-                await self._writer_lot.park()
-                continue
-            try:
-                await stream.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                session.close(f"connection lost: {exc.__cause__ or exc}")
-                self._after_session_call()
-                break
-            io.on_drained()
-            if self._after_input is not None:
-                self._after_input()  # deliveries it resumed may have acked stored messages
-            if not outbox.full:
-                self._reader_lot.unpark_all()
-        # Closed and flushed: send EOF, give the peer a moment to read it and
-        # close its side, then end the connection.
-        if not self._reader_done.is_set():
-            try:
-                if isinstance(stream, trio.abc.HalfCloseableStream):
-                    await stream.send_eof()
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass  # the peer is already gone; nothing left to tell it
-            with trio.move_on_after(LINGER_S):
-                await self._reader_done.wait()
-        assert self._nursery is not None
-        self._nursery.cancel_scope.cancel()
-
-    async def _timer(self) -> None:
-        io = self.io
-        while not io.closed:
-            deadline = io.next_deadline()
-            with trio.CancelScope(deadline=math.inf if deadline is None else deadline) as scope:
-                self._timer_scope = scope
-                await trio.sleep_forever()
-            self._timer_scope = None
-            io.on_deadline(trio.current_time())
-            self._after_session_call()
-
-
 class Server:
     """Runs listeners and every connection they accept; drains on :meth:`stop`."""
 
@@ -258,6 +88,8 @@ class Server:
         self._idle = trio.Event()
         self._idle.set()
         self._gated: set[Connection] = set()
+        self._pass = Pass()  # output of the pass running now, written at its end
+        self._timers = Timers()  # every connection's deadlines, one task
         self.after_input: Callable[[], None] | None = None
         # Totals of connections already gone (live ones are added on demand).
         self.closed_bytes_in = 0
@@ -279,12 +111,18 @@ class Server:
         )
 
     def durable_advanced(self) -> None:
-        """The store made more LSNs durable: wake the writers it held."""
+        """The store made more LSNs durable: write what it held (receipts,
+        PUBACKs), each connection's in one send, in this pass."""
         # In place: every connection holds this very set.
         gated = list(self._gated)
         self._gated.clear()
-        for connection in gated:
-            connection.wake_writer()
+        writes = self._pass
+        opened = writes.begin()
+        try:
+            writes.dirty.extend(gated)
+        finally:
+            if opened:
+                writes.end(self.after_input)
 
     def durable_failed(self, first_lsn: int, last_lsn: int, reason: str, *, stored: bool = False) -> None:
         """The store could not write this LSN range (``stored``: an HA primary
@@ -305,6 +143,7 @@ class Server:
     async def run(self, specs: list[ListenerSpec], *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Bind every listener, report ``{name: port}``, serve until :meth:`stop`, then drain."""
         async with trio.open_nursery() as handlers:  # owns every connection task
+            handlers.start_soon(self._timers.run)
             async with trio.open_nursery() as listeners:  # owns the accept loops
                 ports = {}
                 for spec in specs:
@@ -378,7 +217,7 @@ class Server:
             certificate_user=self._certificate_user(tls, log),
         )
         session = factory(conn_id, log, transport)
-        connection = Connection(stream, session, log, self._durable_lsn, self._gated, self.after_input)
+        connection = Connection(stream, session, log, self._durable_lsn, self._gated, self.after_input, self._pass, self._timers)
         connection.protocol = name
         connection.peer = peer
         self.accepted[name] = self.accepted.get(name, 0) + 1

@@ -8,6 +8,7 @@ import trio
 import trio.testing
 
 from core.broker import Broker
+from gateway.transports.connection import Timers
 from gateway.transports.server import Connection, TrioClock
 from gateway.stomp import codec, frames
 from gateway.stomp.session import StompSession, StompSettings
@@ -47,7 +48,7 @@ async def run_and_close(connection: Connection) -> None:
         await connection.stream.aclose()
 
 
-def make_connection(stream: trio.abc.Stream, **settings: float) -> tuple[Connection, StompSession]:
+def make_connection(stream: trio.abc.Stream, timers: Timers | None = None, **settings: float) -> tuple[Connection, StompSession]:
     clock = TrioClock()
     session = StompSession(
         Broker(clock),
@@ -56,7 +57,7 @@ def make_connection(stream: trio.abc.Stream, **settings: float) -> tuple[Connect
         conn_id="c1",
         log=structlog.get_logger().bind(conn_id="c1"),
     )
-    return Connection(stream, session, session.log, lambda: 0), session
+    return Connection(stream, session, session.log, lambda: 0, timers=timers), session
 
 
 async def test_broker_sends_heartbeats_at_the_agreed_rate(autojump_clock: trio.testing.MockClock) -> None:
@@ -141,3 +142,40 @@ async def test_error_is_flushed_before_close(autojump_clock: trio.testing.MockCl
         assert [type(f) for f in peer.frames] == [frames.Connected, frames.Error]
         assert "unknown command" in peer.frames[1].headers["message"]
         assert session.close_reason is not None
+
+
+class BrokenBeat:
+    """A heart-beat whose check meets a bug, as a session's might."""
+
+    interval_s = 0.5
+    data = b"\n"
+
+    def __init__(self, at: float) -> None:
+        self.last_sent = at
+
+    def deadline(self) -> float:
+        return self.last_sent + self.interval_s
+
+    def due(self, now: float) -> bool:
+        raise RuntimeError("bug")
+
+
+async def test_a_bug_at_one_connections_deadline_costs_that_connection_only(autojump_clock: trio.testing.MockClock) -> None:
+    timers = Timers()  # shared, as the server's: one task fires both connections' deadlines
+    ends = [trio.testing.memory_stream_pair() for _ in range(2)]
+    (broken, broken_session), (fine, _) = [make_connection(server_end, timers, heartbeat_send_ms=500) for server_end, _ in ends]
+    broken_peer, fine_peer = [Peer(client_end) for _, client_end in ends]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(timers.run)
+        for connection, peer in ((broken, broken_peer), (fine, fine_peer)):
+            nursery.start_soon(run_and_close, connection)
+            nursery.start_soon(peer.read_all)
+            await peer.stream.send_all(CONNECT % (0, 500))
+        await trio.sleep(0.1)
+        broken_session.skeleton.beat = BrokenBeat(trio.current_time())
+        await broken_peer.eof.wait()
+        assert broken_session.close_reason == "internal error"
+        since = trio.current_time()
+        await trio.sleep(2.1)
+        assert len([t for t in fine_peer.heartbeats if t > since]) == 4  # every 0.5 s, as agreed
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,436 @@
+"""One accepted connection: its tasks over a protocol-agnostic session, and
+the write at the end of each pass.
+
+A connection is one nursery holding a reader that feeds the session
+whatever bytes arrive and a writer that drains the session's outbox with one
+``send_all`` per batch when the socket cannot take it at once (over a plain
+socket it exists only while it has such work).  The session's deadlines
+(heart-beats, keepalive, login timeout) are fired by the server's one
+:class:`Timers` task, so an idle plain connection is one task.
+
+Whatever a pass produces (a reader's bytes handled, a deadline fired, a
+batch written, the store's fsync) is written once per connection at the end
+of that pass, straight to the socket when it takes it whole: for a
+synchronous producer that is the receipt and the consumer's MESSAGE, each in
+one ``send``, with no task woken.  The writer task runs only when the socket
+is full, output waits for the store (the outbox's LSN gate), the session
+closes, or the stream is not a plain socket (TLS, WebSocket).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import trio
+
+from gateway.session.skeleton import Skeleton
+
+# One read may return this much: enough to parse hundreds of small frames per
+# wake-up, so per-message cost is not dominated by task switches.
+RECEIVE_BYTES = 256 * 1024
+# After an ERROR or DISCONNECT the connection has this long to flush its
+# outbox and see the peer's EOF; a peer that neither reads nor closes cannot
+# keep the connection (and its memory) alive past it.
+CLOSING_TIMEOUT_S = 5.0
+# After sending our last bytes and EOF, how long we keep reading (and
+# discarding) so that unread input does not make the kernel answer with a
+# reset that destroys the ERROR frame before the client reads it.
+LINGER_S = 1.0
+
+
+class Session(Protocol):
+    """What the server needs from a protocol session (STOMP, MQTT): its
+    skeleton, which takes the bytes read, holds the outbox to write and names
+    the next deadline, and the protocol's own word when the broker stops, the
+    store fails or the connection is lost."""
+
+    # The server sets ``skeleton.outbox.wakeup`` and ``skeleton.gate.wake_reader``.
+    skeleton: Skeleton
+
+    def failed(self) -> None:
+        """A bug met outside this connection's own tasks (a shared pass or
+        timer): log it, close the session, end the connection."""
+        self.log.exception("connection_failed")
+        self.session.close("internal error")
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    def shutdown(self, reason: str) -> None: ...
+
+    def storage_failed(self, first_lsn: int, last_lsn: int, reason: str, *, stored: bool = False) -> None: ...
+
+    def close(self, reason: str) -> None: ...
+
+
+class Pass:
+    """The connections given output while one pass runs (server-wide: a
+    producer's pass fills its consumers' outboxes too).  Passes never await,
+    so one is open at a time; nested opens join the outer one."""
+
+    __slots__ = ("open", "dirty")
+
+    def __init__(self) -> None:
+        self.open = False
+        self.dirty: list[Connection] = []
+
+    def begin(self) -> bool:
+        """Open a pass; False if one is open already (its end flushes)."""
+        if self.open:
+            return False
+        self.open = True
+        return True
+
+    def end(self, after_output: Callable[[], None] | None) -> None:
+        """Close the pass and write each dirty connection's output once.
+        Output that writing produces (deliveries it resumed) goes to writer
+        tasks, so one pass cannot drain a whole queue without yielding."""
+        self.open = False
+        dirty = self.dirty
+        if not dirty:
+            return
+        self.dirty = []
+        resumed = False
+        for connection in dirty:
+            try:
+                resumed = connection.write_now() or resumed
+            except Exception:
+                connection.failed()  # a bug met by that connection costs it, not this pass's owner
+        if resumed and after_output is not None:
+            after_output()  # deliveries it resumed may have acked stored messages
+
+
+class Timers:
+    """Every connection's next deadline (login, heart-beat, keepalive) in one
+    heap, fired by one task (:meth:`run`), so a connection needs no timer
+    task of its own.  A connection's deadline only ever moves earlier here;
+    at an entry's time the connection looks again and re-arms for later."""
+
+    __slots__ = ("_heap", "_order", "_scope", "_ended")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Connection]] = []
+        self._order = itertools.count()  # equal deadlines never compare connections
+        self._scope: trio.CancelScope | None = None
+        self._ended = 0  # connections gone since the heap was last swept
+
+    def arm(self, connection: Connection, deadline: float) -> None:
+        heapq.heappush(self._heap, (deadline, next(self._order), connection))
+        scope = self._scope
+        if scope is not None and deadline < scope.deadline:
+            scope.deadline = deadline
+
+    def forget(self) -> None:
+        """A connection ended: once the ended outnumber half the heap, drop
+        their entries (a closed connection's session is not kept alive
+        until its old keepalive deadline)."""
+        self._ended += 1
+        if self._ended * 2 > len(self._heap):
+            self._heap = [entry for entry in self._heap if not entry[2].ended]
+            heapq.heapify(self._heap)
+            self._ended = 0
+
+    async def run(self) -> None:
+        while True:
+            now = trio.current_time()
+            due = []
+            while self._heap and self._heap[0][0] <= now:
+                due.append(heapq.heappop(self._heap))
+            # What firing re-arms waits for the next round (after a yield),
+            # even if already due: no connection can spin this loop.
+            for deadline, _, connection in due:
+                try:
+                    connection.deadline_passed(deadline, now)
+                except Exception:
+                    connection.failed()  # costs that connection, never every connection's timers
+            with trio.CancelScope(deadline=self._heap[0][0] if self._heap else math.inf) as self._scope:
+                await trio.sleep_forever()
+            self._scope = None
+
+
+class Connection:
+    """One accepted socket and its session."""
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        session: Session,
+        log: Any,
+        durable_lsn: Callable[[], int],
+        gated: set[Connection] | None = None,
+        after_input: Callable[[], None] | None = None,
+        writes: Pass | None = None,
+        timers: Timers | None = None,
+    ) -> None:
+        self.stream = stream
+        self.session = session
+        self.io = session.skeleton
+        self.log = log
+        self.protocol = ""
+        self.peer = ""
+        self.opened_ms = int(time.time() * 1000)
+        self.bytes_in = 0
+        self._durable_lsn = durable_lsn
+        # Connections whose writer waits for the store (shared, server-wide),
+        # and what to call once a session has acted (to start a store write).
+        self._gated = gated if gated is not None else set()
+        self._after_input = after_input
+        self._pass = writes if writes is not None else Pass()
+        # A plain TCP socket is read and written on its file descriptor (no
+        # Stream wrappers, no checkpoint per call); -1: use the stream.
+        self._fd = stream.socket.fileno() if type(stream) is trio.SocketStream else -1
+        # True while no writer task has anything of its own to send: only
+        # then may a pass write to the socket itself.  On a plain socket the
+        # writer task exists only while it has work; over other streams it
+        # parks when idle.
+        self._writer_idle = False
+        self._unsent = b""  # what a pass's write left for the writer task
+        self._writer_lot = trio.lowlevel.ParkingLot()
+        self._reader_lot = trio.lowlevel.ParkingLot()
+        self._reader_done = trio.Event()
+        # Without the server's timers (a test's lone connection), its own.
+        self._own_timers = timers is None
+        self._timers = Timers() if timers is None else timers
+        self._armed = math.inf  # the earliest deadline this connection has in the heap
+        self.ended = False
+        self._nursery: trio.Nursery | None = None
+        self.io.outbox.wakeup = self._output_ready
+        self.io.gate.wake_reader = self._reader_lot.unpark_all
+
+    async def run(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._reader)
+                if self._own_timers:
+                    nursery.start_soon(self._timers.run)
+                self._rearm()
+                if self._fd < 0:
+                    nursery.start_soon(self._writer)
+                else:
+                    self._writer_idle = True
+                    if self.io.outbox or self.io.closed:
+                        self.wake_writer()
+        finally:
+            # The socket is closed after this; nothing may write to its fd.
+            self._fd = -1
+            self._writer_idle = False
+            self.ended = True
+            self._timers.forget()
+
+    def failed(self) -> None:
+        """A bug met outside this connection's own tasks (a shared pass or
+        timer): log it, close the session, end the connection."""
+        self.log.exception("connection_failed")
+        self.session.close("internal error")
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    def shutdown(self, reason: str) -> None:
+        self.session.shutdown(reason)
+        self._after_session_call()
+
+    def wake_writer(self) -> None:
+        if self._writer_idle:
+            self._writer_idle = False
+            if self._fd < 0:
+                self._writer_lot.unpark_all()
+            else:
+                assert self._nursery is not None
+                self._nursery.start_soon(self._writer)
+
+    def _output_ready(self) -> None:
+        """The outbox went from empty to not: write it at the end of the
+        pass, or (outside one) wake the writer."""
+        writes = self._pass
+        if writes.open:
+            writes.dirty.append(self)
+        else:
+            self.wake_writer()
+
+    def write_now(self) -> bool:
+        """At the end of a pass: put the outbox on the socket if it takes it
+        whole; else leave it (or the rest) to the writer task.  True if
+        writing it resumed deliveries (which may have acked stored messages)."""
+        if not self._writer_idle or self._fd < 0 or self.io.closed:
+            self.wake_writer()  # the writer sends (or flushes and closes) itself
+            return False
+        outbox = self.io.outbox
+        data = outbox.drain(self._durable_lsn())
+        if not data:
+            if outbox:
+                self._gated.add(self)  # held for the store: written when it is durable
+            return False
+        try:
+            sent = os.write(self._fd, data)
+        except OSError:
+            # Full (EAGAIN), or broken: the writer's send_all waits for room,
+            # or meets the same error and closes the session.
+            sent = 0
+        if sent < len(data):
+            self._unsent = data[sent:]
+            self.wake_writer()
+            return False
+        resumed = self._drained()
+        if outbox:
+            self.wake_writer()  # more than one batch, or gated behind a receipt
+        return resumed
+
+    def _drained(self) -> bool:
+        """After a write: the session's bookkeeping, and reading resumes if
+        it waited for room.  True if deliveries were paused (and may resume)."""
+        io = self.io
+        paused = io.paused
+        io.on_drained()
+        if not io.outbox.full and self._reader_lot:
+            self._reader_lot.unpark_all()
+        return paused
+
+    def _after_session_call(self) -> None:
+        """Re-arm the timer and, once the session is closed, bound the rest."""
+        if self._after_input is not None:
+            self._after_input()
+        self._rearm()
+        if self.io.closed:
+            self.wake_writer()
+            self._reader_lot.unpark_all()
+            if self._nursery is not None:
+                bound = self._nursery.cancel_scope
+                bound.deadline = min(bound.deadline, trio.current_time() + CLOSING_TIMEOUT_S)
+
+    async def _reader(self) -> None:
+        session = self.session
+        io = self.io
+        stream = self.stream
+        writes = self._pass
+        fd = self._fd
+        # Whether a read may find data without waiting: after a full read
+        # more may be queued; after a short one the kernel buffer is empty.
+        ready = True
+        try:
+            while True:
+                # Back-pressure: while our own replies are not being read, or
+                # the core holds this producer back, stop reading.
+                while not io.wants_input and not io.closed:
+                    await self._reader_lot.park()
+                    opened = writes.begin()
+                    try:
+                        io.resume_input()
+                        self._after_session_call()
+                    finally:
+                        if opened:
+                            writes.end(self._after_input)
+                try:
+                    if fd < 0:
+                        data = await stream.receive_some(RECEIVE_BYTES)
+                    else:
+                        # Every pass yields once: a wait for input, or (after
+                        # a full read) a checkpoint, so a flood starves no one.
+                        if ready:
+                            await trio.lowlevel.checkpoint()
+                        else:
+                            await trio.lowlevel.wait_readable(fd)
+                        try:
+                            data = os.read(fd, RECEIVE_BYTES)
+                        except BlockingIOError:
+                            ready = False
+                            continue
+                        ready = len(data) == RECEIVE_BYTES
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    session.close(f"connection lost: {exc.__cause__ or exc}")
+                    self._after_session_call()
+                    return
+                except OSError as exc:  # what the stream would have wrapped (a reset)
+                    session.close(f"connection lost: {exc}")
+                    self._after_session_call()
+                    return
+                self.bytes_in += len(data)
+                if io.closed:
+                    if not data:
+                        return
+                    continue  # lingering: discard input after we closed
+                opened = writes.begin()
+                try:
+                    io.receive_data(data)
+                    self._after_session_call()
+                finally:
+                    if opened:
+                        writes.end(self._after_input)
+                if not data:
+                    return
+        finally:
+            self._reader_done.set()
+
+    async def _writer(self) -> None:
+        session = self.session
+        io = self.io
+        outbox = io.outbox
+        stream = self.stream
+        writes = self._pass
+        while True:
+            data = self._unsent or outbox.drain(self._durable_lsn())
+            self._unsent = b""
+            if not data:
+                if io.closed and not outbox:
+                    break
+                if outbox:
+                    self._gated.add(self)  # held for the store: wake me when it writes
+                self._writer_idle = True
+                if self._fd >= 0:
+                    return  # passes write from here on; wake_writer starts another
+                await self._writer_lot.park()
+                continue
+            try:
+                await stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                session.close(f"connection lost: {exc.__cause__ or exc}")
+                self._after_session_call()
+                break
+            opened = writes.begin()
+            try:
+                self._drained()
+                if self._after_input is not None:
+                    self._after_input()  # deliveries it resumed may have acked stored messages
+            finally:
+                if opened:
+                    writes.end(self._after_input)
+        # Closed and flushed: send EOF, give the peer a moment to read it and
+        # close its side, then end the connection.
+        if not self._reader_done.is_set():
+            try:
+                if isinstance(stream, trio.abc.HalfCloseableStream):
+                    await stream.send_eof()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # the peer is already gone; nothing left to tell it
+            with trio.move_on_after(LINGER_S):
+                await self._reader_done.wait()
+        assert self._nursery is not None
+        self._nursery.cancel_scope.cancel()
+
+    def _rearm(self) -> None:
+        # Only ever earlier: at the older deadline the connection finds a
+        # later one itself (an early look per heart-beat interval costs less
+        # than moving a timer on every pass).
+        deadline = self.io.next_deadline()
+        if deadline is not None and deadline < self._armed:
+            self._armed = deadline
+            self._timers.arm(self, deadline)
+
+    def deadline_passed(self, deadline: float, now: float) -> None:
+        """An entry of ours in the timers' heap is due."""
+        if deadline != self._armed or self.ended or self.io.closed:
+            return  # superseded by an earlier one, or nothing left to time
+        self._armed = math.inf
+        writes = self._pass
+        opened = writes.begin()
+        try:
+            self.io.on_deadline(now)
+            self._after_session_call()
+        finally:
+            if opened:
+                writes.end(self._after_input)
