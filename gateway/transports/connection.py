@@ -53,14 +53,6 @@ class Session(Protocol):
     # The server sets ``skeleton.outbox.wakeup`` and ``skeleton.gate.wake_reader``.
     skeleton: Skeleton
 
-    def failed(self) -> None:
-        """A bug met outside this connection's own tasks (a shared pass or
-        timer): log it, close the session, end the connection."""
-        self.log.exception("connection_failed")
-        self.session.close("internal error")
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
-
     def shutdown(self, reason: str) -> None: ...
 
     def storage_failed(self, first_lsn: int, last_lsn: int, reason: str, *, stored: bool = False) -> None: ...
