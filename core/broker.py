@@ -149,7 +149,6 @@ class Broker:
         address: Address,
         headers: dict[str, str],
         body: bytes,
-        *,
         persistent: bool = False,
         priority: int = DEFAULT_PRIORITY,
         expires: int = 0,
@@ -158,14 +157,8 @@ class Broker:
         if address.is_pattern:
             raise InvalidDestination(f"cannot send to a wildcard destination {address.text!r}")
         return Message(
-            self._id_prefix + str(next(self._seq)),
-            address,
-            headers,
-            body,
-            persistent=persistent,
-            priority=priority,
-            expires=expires,
-            timestamp=self.clock.wall_ms(),
+            self._id_prefix + str(next(self._seq)), address, headers, body, persistent, priority, expires,
+            self.clock.wall_ms(),
         )
 
     # -- the door ------------------------------------------------------------
@@ -235,8 +228,13 @@ class Broker:
             self.stats.dead_lettered += 1
         else:
             self.stats.messages_in += 1
+        congested = False
+        for queue in targets:  # _put, inline: a call less per message
+            queue.put(message)
+            if queue.waiters is not None:
+                congested = True
         # A full queue under send_fail_if_no_space refuses the next SEND instead of holding this one.
-        if _put(message, targets) and producer is not None and not refuses and not dead_letter:
+        if congested and producer is not None and not refuses and not dead_letter:
             if producer.hold([queue for queue in targets if queue.waiters is not None]):
                 self.stats.producer_holds += 1
         if retain:

@@ -30,6 +30,10 @@ class AckMode(enum.Enum):
     CLIENT_INDIVIDUAL = "client-individual"  # an ack covers exactly one message
 
 
+# An Enum member read through its class (AckMode.AUTO) is a Python-level
+# lookup in 3.11: the hot path compares against this constant instead.
+AUTO = AckMode.AUTO
+
 class Consumer(Protocol):
     """What a queue needs of a consumer (a :class:`core.subscriptions.Subscription`,
     which imports this module, not the other way round)."""
@@ -197,7 +201,7 @@ class Queue:
             if consumer is not None:
                 self._deliver(consumer, message)
                 return
-        elif not self.pending and self.consumers:
+        elif not self.pending.length and self.consumers:
             consumer = self._pick()
             if consumer is not None:
                 self._deliver(consumer, message)
@@ -395,8 +399,11 @@ class Queue:
         consumers = self.consumers
         n = len(consumers)
         if n == 1:
+            # Subscription.has_room, inline: a property call less per message.
             only = consumers[0]
-            return only if only.has_room else None
+            if only.sink.accepting and (only.ack_mode is AUTO or len(only.unacked) < only.prefetch):
+                return only
+            return None
         start = self._rr
         for i in range(n):
             candidate = consumers[(start + i) % n]
@@ -472,7 +479,7 @@ class Queue:
         if message.body is None and not self._load(message):
             return
         self.stats.delivered += 1
-        if consumer.ack_mode is AckMode.AUTO:
+        if consumer.ack_mode is AUTO:
             self.stats.dequeued += 1
             if message.location >= 0 and self.key is not None and self.store is not None:
                 self.store.ack(self.key, message.id)

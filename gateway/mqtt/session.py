@@ -39,6 +39,7 @@ from gateway.session.skeleton import Dialect, Skeleton, State
 
 __all__ = ["OWNER_PREFIX", "QOS2_NOTES", "MqttSession", "MqttSettings", "Registry"]  # what app.py wires
 
+_CLOSED = State.CLOSED  # an Enum member read through its class is a Python-level lookup
 # Denied publishes are logged once per topic, for at most this many topics.
 DENIED_LOGGED = 64
 
@@ -138,7 +139,7 @@ class MqttSession:
 
     @property
     def closed(self) -> bool:
-        return self.skeleton.state is State.CLOSED
+        return self.skeleton.state is _CLOSED
 
     @property
     def close_reason(self) -> str | None:
@@ -183,19 +184,21 @@ class MqttSession:
         return False
 
     def deliver(self, subscription: Subscription, message: Message) -> bool | None:
-        sub: _Sub = subscription.token
-        qos = min(message.effective_qos, sub.qos)
-        body = message.body or b""
-        topic = topics.from_address(message.address)
-        if "+" in topic or "#" in topic:
+        # The topic field is cached per address: PUBLISH is encoded from it directly.
+        field = topics.delivery_field[message.address.text]
+        if field is None:
             # A STOMP name MQTT cannot carry (a '+' or '#' inside a segment):
             # this subscriber cannot be told about it; settle it, do not fail.
-            # (The core's names are never empty, hold no NUL and are far
-            # below MQTT's 65535 bytes: the rest of validate_topic_name
-            # cannot fail here, and this runs per delivery.)
             return True
+        qos = message.qos  # message.effective_qos, inline (per delivery)
+        if qos is None:
+            qos = 2 if message.persistent else 0
+        sub: _Sub = subscription.token
+        if sub.qos < qos:
+            qos = sub.qos
+        body = message.body or b""
         if qos == 0:
-            self.outbox.append(self.codec.send(packets.Publish(topic, body, 0, message.retain)))
+            self.outbox.append(codec.publish_bytes(field, body, 0, message.retain))
             return True
         state = self.session
         packet_id = state.ids_by_message.pop(message.id, None) if message.redelivered else None
@@ -203,7 +206,7 @@ class MqttSession:
             packet_id = state.next_packet_id()
         state.outbound[packet_id] = InFlight(sub, message.id, FIRST_STAGE[qos])  # type: ignore[arg-type]
         dup = message.redelivered  # [MQTT-3.3.1-1]
-        self.outbox.append(self.codec.send(packets.Publish(topic, body, qos, message.retain, dup, packet_id)))
+        self.outbox.append(codec.publish_bytes(field, body, qos, message.retain, dup, packet_id))
         return None
 
     def unblocked(self) -> None:
@@ -309,7 +312,7 @@ class MqttSession:
             # handled again once free space is back.
             self.skeleton.defer(packet)
             return
-        message = self.broker.message(address, {}, packet.payload, persistent=packet.qos > 0)
+        message = self.broker.message(address, {}, packet.payload, packet.qos > 0)  # positional: faster
         message.qos = packet.qos
         try:
             lsn = client.send(message, retain=packet.retain)

@@ -1,0 +1,87 @@
+"""The core's per-message shortcuts, pinned to what they stand in for:
+identity-hashed enums, the routing loop over topic subscriptions, the
+buffer's length read directly, a single consumer's room checked inline, and
+a message made from positional arguments."""
+
+from __future__ import annotations
+
+import pytest
+
+from core import names
+from core.buffers import PriorityBuffer
+from core.messages import Message
+from core.names import Kind
+from core.selectors import compile_selector
+from core.subscriptions import AckMode
+from tests.core_fakes import Q, World, address
+
+
+def test_kinds_key_dicts_by_identity_and_the_topic_prefix_is_the_kinds() -> None:
+    by_kind = {kind: kind.value for kind in Kind}
+    assert all(by_kind[kind] == kind.value for kind in Kind) and len(by_kind) == 4
+    assert names.TOPIC_PREFIX == Kind.TOPIC.value
+    assert names.topic("a.b") is names.parse("/topic/a.b")
+
+
+def test_routing_to_topic_subscribers_keeps_their_order_and_applies_selectors() -> None:
+    world = World()
+    topic = address("/topic/t")
+    sinks = []
+    for token, selector in (("a", None), ("b", "k = 'v'"), ("c", "k = 'w'"), ("d", None)):
+        client, sink = world.consumer(token, topic)
+        if selector is not None:  # again, with a selector
+            client.unsubscribe(token)
+            client.subscribe(token, topic, AckMode.AUTO, selector=compile_selector(selector))
+        sinks.append(sink)
+    message = world.send("m", topic)  # headers {"k": "v"}
+    targets = world.broker.registry.targets_for(message)
+    everyone = [t.queue for t in world.broker.registry.trees[Kind.TOPIC].match(topic.segments)]
+    assert targets == [q for q in everyone if q.selector is None or q.selector.matches(message)]
+    assert [len(sink.deliveries) for sink in sinks] == [1, 1, 0, 1]
+    plain = World()
+    plain.consumer("a", topic)
+    plain.consumer("b", topic)
+    unselected = plain.broker.registry.targets_for(plain.broker.message(topic, {}, b""))
+    assert unselected == [t.queue for t in plain.broker.registry.trees[Kind.TOPIC].match(topic.segments)]
+
+
+def test_the_buffer_length_is_its_len() -> None:
+    buffer = PriorityBuffer()
+    queue = address("/queue/b")
+    for i, priority in enumerate([4, 9, 0, 4, 7]):
+        buffer.push(Message(str(i), queue, {}, b"", priority=priority))
+        assert buffer.length == len(buffer) == i + 1
+    buffer.push_front(Message("f", queue, {}, b"", priority=9))
+    buffer.pop()
+    buffer.pop_lowest()
+    assert buffer.length == len(buffer) == 4 and bool(buffer)
+    buffer.clear()
+    assert buffer.length == len(buffer) == 0 and not buffer
+
+
+@pytest.mark.parametrize("accepting", [True, False])
+@pytest.mark.parametrize(("mode", "unacked"), [(AckMode.AUTO, 0), (AckMode.CLIENT_INDIVIDUAL, 1), (AckMode.CLIENT_INDIVIDUAL, 2)])
+def test_a_single_consumer_gets_a_message_directly_exactly_when_it_has_room(
+    accepting: bool, mode: AckMode, unacked: int
+) -> None:
+    world = World()
+    client, sink = world.consumer("s", Q, mode, prefetch=2)
+    for i in range(unacked):
+        world.send(f"before {i}")
+    sink.accepting = accepting
+    subscription = client.subscriptions["s"]
+    room = subscription.has_room
+    world.send("m")
+    assert (sink.bodies[-1:] == [b"m"]) is room
+    assert world.broker.queue(Q).depth == (0 if room else 1)
+
+
+def test_a_message_made_from_positional_arguments_is_the_one_made_from_keywords() -> None:
+    world = World()
+    made = world.broker.message(Q, {"h": "1"}, b"b", True, 7, 123)
+    assert (made.persistent, made.priority, made.expires, made.timestamp) == (True, 7, 123, world.clock.wall_ms())
+    kw = world.broker.message(Q, {"h": "1"}, b"b", persistent=True, priority=7, expires=123)
+    assert (kw.persistent, kw.priority, kw.expires, kw.timestamp, kw.address) == (True, 7, 123, made.timestamp, Q)
+    assert made.id != kw.id and made.id.startswith("ID-test-")
+    copy = Message("i", Q, None, None, False, 3, 5, 6, 1, 2, 1)
+    assert (copy.priority, copy.expires, copy.timestamp, copy.redeliveries, copy.location, copy.qos) == (3, 5, 6, 1, 2, 1)
