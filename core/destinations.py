@@ -207,16 +207,16 @@ class Queue:
                 self._deliver(consumer, message)
                 return
         pending = self.pending
-        if self.resident and message.location >= 0 and len(pending) >= self.resident:
+        if self.resident and message.location >= 0 and pending.length >= self.resident:
             message = message.stub()  # its body stays on disk until dispatch
-        if self.limit and len(pending) >= self.limit:
+        if self.limit and pending.length >= self.limit:
             self.stats.discarded += 1
             if message.priority < pending.lowest_priority():
                 self._forget(message)
                 return  # the newcomer is worth less than all that waits: drop it
             self._forget(pending.pop_lowest())
         pending.push(message)
-        if self.high_water and self.waiters is None and not self.slow and len(pending) >= self.high_water:
+        if self.high_water and self.waiters is None and not self.slow and pending.length >= self.high_water:
             self.waiters = []
 
     def restore(self, messages: Iterable[Message]) -> None:
@@ -262,15 +262,23 @@ class Queue:
         if self.selective or self.groups is not None:
             self._dispatch_selective()
         else:
-            while pending:
-                consumer = self._pick()
-                if consumer is None:
+            # For one consumer _pick is inline (and pending.length is read, not
+            # bool(pending)): every message a paused consumer catches up on comes here.
+            only = self.consumers[0] if len(self.consumers) == 1 and not self.ranked else None
+            while pending.length:
+                if only is None:
+                    consumer = self._pick()
+                    if consumer is None:
+                        break
+                elif only.sink.accepting and (only.ack_mode is AUTO or len(only.unacked) < only.prefetch):
+                    consumer = only
+                else:
                     break
                 message = pending.pop()
                 if message.expires and self._expired(message):
                     continue  # never delivered once past its time
                 self._deliver(consumer, message)
-        if len(pending) <= self.high_water // 2:
+        if pending.length <= self.high_water // 2:
             self.slow = False
             if self.waiters is not None:
                 self.relieve()
@@ -398,12 +406,9 @@ class Queue:
             return None
         consumers = self.consumers
         n = len(consumers)
-        if n == 1:
-            # Subscription.has_room, inline: a property call less per message.
+        if n == 1:  # Subscription.has_room, inline: a property call less per message
             only = consumers[0]
-            if only.sink.accepting and (only.ack_mode is AUTO or len(only.unacked) < only.prefetch):
-                return only
-            return None
+            return only if only.sink.accepting and (only.ack_mode is AUTO or len(only.unacked) < only.prefetch) else None
         start = self._rr
         for i in range(n):
             candidate = consumers[(start + i) % n]

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 
 from gateway.mqtt import packets as p
 from gateway.mqtt.decoders import DECODERS_V311
-from gateway.mqtt.encoders import SENDERS, encode_publish, publish_bytes, topic_field
+from gateway.mqtt.encoders import SENDERS, encode_publish, puback_bytes, publish_bytes, topic_field
 from gateway.mqtt.wire import (
     FIRST_BYTE,
     KNOWN_PROTOCOL_NAMES,
@@ -62,6 +62,7 @@ __all__ = [
     "RemoteProtocolError",
     "Role",
     "State",
+    "puback_bytes",
     "publish_bytes",
     "topic_field",
     "validate_topic_filter",
@@ -193,6 +194,18 @@ class MqttConnection:
             packet = self._publish(buf, pos, n, first)
             if packet is not None:
                 return packet
+        elif (
+            first == 0x40 and n - pos > 3 and buf[pos + 1] == 2 and (buf[pos + 2] or buf[pos + 3])
+            and self.state is _CONNECTED and self.max_packet_bytes >= 2
+        ):
+            # A whole, valid PUBACK (one per QoS 1 message): what its table decoder returns.
+            self._need = 1
+            if pos + 4 == n:
+                self._buf = b""
+                self._pos = 0
+            else:
+                self._pos = pos + 4
+            return p.PubAck((buf[pos + 2] << 8) | buf[pos + 3])
         kind = self._first_byte[first]
         if isinstance(kind, str):
             raise RemoteProtocolError(kind)

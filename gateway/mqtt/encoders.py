@@ -78,6 +78,14 @@ def publish_bytes(
     return head + field + _U16.pack(packet_id) + payload
 
 
+def puback_bytes(packet_id: int) -> bytes:
+    """A whole PUBACK: what the PubAck encoder makes, without the packet
+    object (one is sent per QoS 1 PUBLISH)."""
+    if not 0 < packet_id <= 65535:
+        raise LocalProtocolError(f"invalid packet identifier {packet_id!r}")  # [MQTT-2.3.1-1]
+    return bytes((0x40, 2, packet_id >> 8, packet_id & 0xFF))
+
+
 def encode_publish(conn: Negotiated, packet: p.Publish) -> bytes:
     return publish_bytes(topic_field(packet.topic), packet.payload, packet.qos, packet.retain, packet.dup, packet.packet_id)
 

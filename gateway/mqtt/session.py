@@ -201,11 +201,11 @@ class MqttSession:
             self.outbox.append(codec.publish_bytes(field, body, 0, message.retain))
             return True
         state = self.session
-        packet_id = state.ids_by_message.pop(message.id, None) if message.redelivered else None
+        dup = message.redeliveries > 0  # message.redelivered, inline; DUP [MQTT-3.3.1-1]
+        packet_id = state.ids_by_message.pop(message.id, None) if dup else None
         if packet_id is None or packet_id in state.outbound:
             packet_id = state.next_packet_id()
         state.outbound[packet_id] = InFlight(sub, message.id, FIRST_STAGE[qos])  # type: ignore[arg-type]
-        dup = message.redelivered  # [MQTT-3.3.1-1]
         self.outbox.append(codec.publish_bytes(field, body, qos, message.retain, dup, packet_id))
         return None
 
@@ -328,7 +328,7 @@ class MqttSession:
             if packet.retain:
                 self._retain_refused(message)
         if packet.qos == 1:
-            self.outbox.append(self.codec.send(packets.PubAck(packet.packet_id)), lsn)
+            self.outbox.append(codec.puback_bytes(packet.packet_id), lsn)  # type: ignore[arg-type]
         elif packet.qos == 2:
             state.inbound_qos2.add(packet.packet_id)
             if not self.clean_session:  # the PUBREC promises it across a restart too

@@ -85,3 +85,23 @@ def test_a_message_made_from_positional_arguments_is_the_one_made_from_keywords(
     assert made.id != kw.id and made.id.startswith("ID-test-")
     copy = Message("i", Q, None, None, False, 3, 5, 6, 1, 2, 1)
     assert (copy.priority, copy.expires, copy.timestamp, copy.redeliveries, copy.location, copy.qos) == (3, 5, 6, 1, 2, 1)
+
+
+@pytest.mark.parametrize("exclusive", [False, True])  # an exclusive consumer takes _pick's ranked path
+def test_a_single_consumer_catches_up_in_order_as_far_as_its_room_goes(exclusive: bool) -> None:
+    world = World()
+    sink_client, sink = world.consumer("s", Q, AckMode.CLIENT_INDIVIDUAL, prefetch=2, accepting=False)
+    if exclusive:
+        sink_client.unsubscribe("s")
+        sink_client.subscribe("s", Q, AckMode.CLIENT_INDIVIDUAL, 2, exclusive=True)
+    for i in range(5):
+        world.send(f"m{i}")
+    sink_client.resume()
+    assert sink.bodies == []  # not accepting: nothing leaves the queue
+    sink.accepting = True
+    sink_client.resume()
+    assert sink.bodies == [b"m0", b"m1"]  # the prefetch window's worth
+    sink_client.ack("s", sink.ids[0])
+    assert sink.bodies == [b"m0", b"m1", b"m2"]  # one ack, one more
+    queue = world.broker.queue(Q)
+    assert queue.depth == 2 and queue.pending.length == len(queue.pending) == 2

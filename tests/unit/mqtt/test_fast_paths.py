@@ -140,6 +140,25 @@ def test_publishes_back_to_back_split_anywhere_parse_alike() -> None:
         assert out == packets
 
 
+@pytest.mark.parametrize("role", list(Role))
+@pytest.mark.parametrize(
+    "wire", [b"\x40\x02\x00\x01", b"\x40\x02\x01\x00", b"\x40\x02\xff\xff", b"\x40\x02\x00\x00", b"\x40\x03\x00\x01\x00"],
+)
+def test_the_connection_parses_a_puback_as_its_table_decoder_does(role: Role, wire: bytes) -> None:
+    conn = connected(role)
+    try:
+        expected: p.Packet | str = DECODERS_V311[PT.PUBACK](conn, wire, 2, len(wire), 0)
+    except RemoteProtocolError as exc:
+        expected = exc.message
+    for chunks in splits(wire):
+        assert parsed(role, chunks) == expected
+    conn = connected(role)
+    conn.max_packet_bytes = 1  # as a session may set it after CONNECT
+    conn.receive_data(wire)
+    with pytest.raises(RemoteProtocolError, match=f"packet of {wire[1]} bytes is over the limit of 1"):
+        list(conn.events())
+
+
 # -- encoding --------------------------------------------------------------------
 
 
@@ -183,6 +202,19 @@ def test_what_cannot_go_on_the_wire_is_refused_by_both_encoders(topic: str, qos:
         MqttConnection(Role.SERVER).send(p.Publish(topic, b"x", qos, False, dup, packet_id))
     with pytest.raises(LocalProtocolError):
         codec.publish_bytes(codec.topic_field(topic), b"x", qos, False, dup, packet_id)
+
+
+@pytest.mark.parametrize("packet_id", [1, 255, 256, 65535])
+def test_puback_bytes_are_the_puback_packet_encoded(packet_id: int) -> None:
+    assert codec.puback_bytes(packet_id) == MqttConnection(Role.SERVER).send(p.PubAck(packet_id))
+
+
+@pytest.mark.parametrize("packet_id", [0, 65536, -1])
+def test_puback_bytes_refuse_what_the_puback_encoder_refuses(packet_id: int) -> None:
+    with pytest.raises(LocalProtocolError):
+        MqttConnection(Role.SERVER).send(p.PubAck(packet_id))
+    with pytest.raises(LocalProtocolError):
+        codec.puback_bytes(packet_id)
 
 
 # -- the delivery cache ----------------------------------------------------------
