@@ -208,7 +208,8 @@ class Broker:
         # The fast path: _enter_all's rules, for one message.
         message: Message = messages  # type: ignore[assignment]
         address = message.address
-        policy = self.policies.for_address(address)
+        policies = self.policies
+        policy = policies.base if policies.uniform else policies.for_address(address)
         targets = self.registry.targets_for(message)
         refuses = policy.send_fail_if_no_space and address.is_queue and not dead_letter
         if refuses and targets:

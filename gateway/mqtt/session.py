@@ -303,19 +303,20 @@ class MqttSession:
         client = self.client
         assert client is not None
         state = self.session
-        if packet.qos == 2 and packet.packet_id in state.inbound_qos2:
+        qos = packet.qos
+        if qos == 2 and packet.packet_id in state.inbound_qos2:
             # A resend before PUBREL: it was routed already; answer again only.
             self.outbox.append(self.codec.send(packets.PubRec(packet.packet_id)))
             return
-        if packet.qos and client.held_for_disk(address):
+        if qos and client.held_for_disk(address):
             # The disk alarm: no ack, reading stops, and this PUBLISH is
             # handled again once free space is back.
             self.skeleton.defer(packet)
             return
-        message = self.broker.message(address, {}, packet.payload, packet.qos > 0)  # positional: faster
-        message.qos = packet.qos
+        message = self.broker.message(address, {}, packet.payload, qos > 0)  # positional: faster, per message
+        message.qos = qos
         try:
-            lsn = client.send(message, retain=packet.retain)
+            lsn = client.send(message, None, packet.retain)
         except NotAuthorized as exc:
             # [MQTT-3.3.5-2]: 3.1.1 has no way to tell a publisher no; the
             # publish is acknowledged as usual and dropped.  Logged once per
@@ -327,9 +328,9 @@ class MqttSession:
         else:
             if packet.retain:
                 self._retain_refused(message)
-        if packet.qos == 1:
+        if qos == 1:
             self.outbox.append(codec.puback_bytes(packet.packet_id), lsn)  # type: ignore[arg-type]
-        elif packet.qos == 2:
+        elif qos == 2:
             state.inbound_qos2.add(packet.packet_id)
             if not self.clean_session:  # the PUBREC promises it across a restart too
                 owner = OWNER_MARK + owner_of(client.principal).encode()

@@ -59,16 +59,28 @@ CACHE_ENTRIES = names.CACHE_ENTRIES
 CACHED_CHARS = names.CACHED_CHARS
 
 
-def to_address(topic: str) -> Address | str:
-    """The core address of an MQTT topic name, or why it cannot be one."""
-    return _to_address(topic) if len(topic) <= CACHED_CHARS else _map(topic)
-
-
 def _map(topic: str) -> Address | str:
     return names.topic(".".join(_escape(level) for level in topic.split("/")))
 
 
-_to_address = functools.lru_cache(maxsize=CACHE_ENTRIES)(_map)
+class _Addresses(dict):  # type: ignore[type-arg]
+    """Topic name -> its core address, or why it cannot be one.  A dict whose
+    hits are one C lookup (every PUBLISH asks), filled by ``__missing__``,
+    bounded: at most CACHE_ENTRIES names (emptied when full), none longer
+    than CACHED_CHARS kept."""
+
+    def __missing__(self, topic: str) -> Address | str:
+        address = _map(topic)
+        if len(topic) <= CACHED_CHARS:
+            if len(self) >= CACHE_ENTRIES:
+                self.clear()
+            self[topic] = address
+        return address
+
+
+# to_address(topic): the core address of an MQTT topic name, or why it cannot
+# be one.  The cache's own lookup, bound: no Python call on a hit.
+to_address = _Addresses().__getitem__
 
 
 def to_pattern(topic_filter: str) -> Address | str:

@@ -9,6 +9,7 @@ import pytest
 
 from core import names
 from core.buffers import PriorityBuffer
+from core.errors import LimitExceeded
 from core.messages import Message
 from core.names import Kind
 from core.selectors import compile_selector
@@ -105,3 +106,18 @@ def test_a_single_consumer_catches_up_in_order_as_far_as_its_room_goes(exclusive
     assert sink.bodies == [b"m0", b"m1", b"m2"]  # one ack, one more
     queue = world.broker.queue(Q)
     assert queue.depth == 2 and queue.pending.length == len(queue.pending) == 2
+
+
+def test_the_publish_path_takes_the_base_policy_only_when_no_destination_has_its_own() -> None:
+    plain = World()
+    assert plain.broker.policies.uniform and plain.broker.policies.for_address(Q) is plain.broker.policies.base
+    limited = World(policies=[{"destination": "/queue/q", "queue_high_water": 2, "send_fail_if_no_space": True}])
+    assert not limited.broker.policies.uniform
+    limited.send("1")
+    limited.send("2")
+    with pytest.raises(LimitExceeded):  # the destination's own policy applied on the fast path
+        limited.send("3")
+    plain.send("1")
+    plain.send("2")
+    plain.send("3")
+    assert plain.broker.queue(Q).depth == 3

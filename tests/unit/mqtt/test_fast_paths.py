@@ -295,3 +295,18 @@ def test_a_session_delivers_the_bytes_the_publish_packet_encodes_to() -> None:
     assert sub1.outbox.drain(1 << 62) == (
         out.send(p.Publish("a/b", b"x" * 200, 1, False, False, 2)) + out.send(p.Publish("s/t", b"y", 1, False, False, 3))
     )
+
+
+def test_the_publish_address_cache_is_bounded_and_answers_as_the_mapping_does() -> None:
+    for i in range(topics.CACHE_ENTRIES + 10):
+        address = topics.to_address(f"bound/{i}")
+        assert isinstance(address, names.Address) and address.text == f"/topic/bound.{i}"
+    assert topics.to_address("bound/0") is topics.to_address("bound/0")  # kept again after emptying
+    assert topics.to_address("a/\x01") == names.topic("a.\x01")  # a reason, cached as well
+    assert topics.to_address("a/\x01") == "control character in destination name"
+    long = "x/" * (topics.CACHED_CHARS // 2) + "end"
+    first = topics.to_address(long)
+    assert isinstance(first, names.Address) and first == topics.to_address(long)
+    assert topics.from_address(first) == long
+    cache = topics.to_address.__self__  # type: ignore[attr-defined]
+    assert long not in cache and len(cache) <= topics.CACHE_ENTRIES
