@@ -198,7 +198,10 @@ class MqttSession:
             qos = sub.qos
         body = message.body or b""
         if qos == 0:
-            self.outbox.append(codec.publish_bytes(field, body, 0, message.retain))
+            registry = self.registry  # the same message to the next subscriber: the same bytes
+            if registry.last_message is not message:
+                registry.last_qos0, registry.last_message = codec.publish_bytes(field, body, 0, message.retain), message
+            self.outbox.append(registry.last_qos0)
             return True
         state = self.session
         dup = message.redeliveries > 0  # message.redelivered, inline; DUP [MQTT-3.3.1-1]

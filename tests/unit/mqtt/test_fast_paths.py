@@ -9,6 +9,8 @@ error, the same bytes, including the inputs that must fall back.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -268,10 +270,8 @@ class _Log:
     warning = info
 
 
-def test_a_session_delivers_the_bytes_the_publish_packet_encodes_to() -> None:
-    """QoS 0 and 1, retained and live, from MQTT and from STOMP (persistent:
-    QoS 2 offered), and a name MQTT cannot carry, settled and not sent."""
-    broker, clock, registry = Broker(FakeClock()), FakeClock(), Registry()
+def _sessions(broker: Broker) -> Callable[[str], MqttSession]:
+    clock, registry = FakeClock(), Registry()
 
     def session(client_id: str) -> MqttSession:
         s = MqttSession(broker, clock, MqttSettings(), registry, conn_id=client_id, log=_Log())
@@ -279,6 +279,14 @@ def test_a_session_delivers_the_bytes_the_publish_packet_encodes_to() -> None:
         s.outbox.drain(1 << 62)
         return s
 
+    return session
+
+
+def test_a_session_delivers_the_bytes_the_publish_packet_encodes_to() -> None:
+    """QoS 0 and 1, retained and live, from MQTT and from STOMP (persistent:
+    QoS 2 offered), and a name MQTT cannot carry, settled and not sent."""
+    broker = Broker(FakeClock())
+    session = _sessions(broker)
     pub, sub0, sub1 = session("p"), session("s0"), session("s1")
     out = MqttConnection(Role.SERVER)
     pub.skeleton.receive_data(out.send(p.Publish("r/é", b"kept", 1, True, False, 1)))
@@ -310,3 +318,28 @@ def test_the_publish_address_cache_is_bounded_and_answers_as_the_mapping_does() 
     assert topics.from_address(first) == long
     cache = topics.to_address.__self__  # type: ignore[attr-defined]
     assert long not in cache and len(cache) <= topics.CACHE_ENTRIES
+
+
+def test_a_message_fanned_out_is_encoded_once_and_each_subscriber_gets_its_packet() -> None:
+    """QoS 0 subscribers of one message share its encoded PUBLISH (the
+    registry's one-entry cache); a QoS 1 subscriber between them, a retained
+    copy and the next message each get their own."""
+    session = _sessions(Broker(FakeClock()))
+    pub = session("p")
+    out = MqttConnection(Role.SERVER)
+    pub.skeleton.receive_data(out.send(p.Publish("t/r", b"kept", 0, True)))
+    subs = [session(f"s{i}") for i in range(4)]
+    for i, sub in enumerate(subs):
+        qos = 1 if i == 2 else 0
+        sub.skeleton.receive_data(MqttConnection(Role.CLIENT).send(p.Subscribe(1, [("t/#", qos)])))
+        # Published at QoS 0: every subscriber gets it at QoS 0, from the cache.
+        assert sub.outbox.drain(1 << 62) == out.send(p.SubAck(1, [qos])) + out.send(p.Publish("t/r", b"kept", 0, True))
+    pub.skeleton.receive_data(out.send(p.Publish("t/a", b"one", 1, False, False, 1)) + out.send(
+        p.Publish("t/b", b"two" * 50, 1, False, False, 2)))
+    for i, sub in enumerate(subs):
+        if i == 2:
+            expected = out.send(p.Publish("t/a", b"one", 1, False, False, 1)) + out.send(
+                p.Publish("t/b", b"two" * 50, 1, False, False, 2))
+        else:
+            expected = out.send(p.Publish("t/a", b"one")) + out.send(p.Publish("t/b", b"two" * 50))
+        assert sub.outbox.drain(1 << 62) == expected
