@@ -12,6 +12,7 @@ from core.buffers import PriorityBuffer
 from core.messages import Message
 from core.names import Address
 from core.ports import Clock, Sink
+from core.settings import QueueStatistics
 from core.storage import MessageStore
 
 
@@ -31,8 +32,11 @@ class AckMode(enum.Enum):
 
 
 # An Enum member read through its class (AckMode.AUTO) is a Python-level
-# lookup in 3.11: the hot path compares against this constant instead.
+# lookup in 3.11: the hot path compares against this constant instead.  And
+# where a queue has one unranked consumer (each topic subscriber's own queue),
+# put and dispatch check its room (Subscription.has_room) inline, not by calls.
 AUTO = AckMode.AUTO
+
 
 class Consumer(Protocol):
     """What a queue needs of a consumer (a :class:`core.subscriptions.Subscription`,
@@ -40,6 +44,7 @@ class Consumer(Protocol):
 
     sink: Sink
     ack_mode: AckMode
+    prefetch: int
     unacked: dict[str, Message]
     selector: Any
     priority: int
@@ -53,18 +58,6 @@ class Waiter(Protocol):
     """A producer held back by congested queues (a :class:`core.clients.Client`)."""
 
     def unblocked(self, queue: Queue) -> None: ...
-
-
-class QueueStatistics:
-    __slots__ = ("enqueued", "delivered", "dequeued", "redelivered", "discarded", "expired")
-
-    def __init__(self) -> None:
-        self.expired = 0
-        self.enqueued = 0
-        self.delivered = 0  # handed to a consumer (acked or not)
-        self.dequeued = 0
-        self.redelivered = 0
-        self.discarded = 0
 
 
 class Queue:
@@ -202,7 +195,11 @@ class Queue:
                 self._deliver(consumer, message)
                 return
         elif not self.pending.length and self.consumers:
-            consumer = self._pick()
+            only = self.consumers[0] if len(self.consumers) == 1 and not self.ranked else None
+            if only is None:
+                consumer = self._pick()
+            else:
+                consumer = only if only.sink.accepting and (only.ack_mode is AUTO or len(only.unacked) < only.prefetch) else None
             if consumer is not None:
                 self._deliver(consumer, message)
                 return
@@ -262,8 +259,7 @@ class Queue:
         if self.selective or self.groups is not None:
             self._dispatch_selective()
         else:
-            # For one consumer _pick is inline (and pending.length is read, not
-            # bool(pending)): every message a paused consumer catches up on comes here.
+            # (pending.length, not bool(pending): a Python call per message.)
             only = self.consumers[0] if len(self.consumers) == 1 and not self.ranked else None
             while pending.length:
                 if only is None:
@@ -406,9 +402,6 @@ class Queue:
             return None
         consumers = self.consumers
         n = len(consumers)
-        if n == 1:  # Subscription.has_room, inline: a property call less per message
-            only = consumers[0]
-            return only if only.sink.accepting and (only.ack_mode is AUTO or len(only.unacked) < only.prefetch) else None
         start = self._rr
         for i in range(n):
             candidate = consumers[(start + i) % n]

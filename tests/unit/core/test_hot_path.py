@@ -60,13 +60,17 @@ def test_the_buffer_length_is_its_len() -> None:
     assert buffer.length == len(buffer) == 0 and not buffer
 
 
+@pytest.mark.parametrize("exclusive", [False, True])  # an exclusive consumer takes _pick's ranked path
 @pytest.mark.parametrize("accepting", [True, False])
 @pytest.mark.parametrize(("mode", "unacked"), [(AckMode.AUTO, 0), (AckMode.CLIENT_INDIVIDUAL, 1), (AckMode.CLIENT_INDIVIDUAL, 2)])
 def test_a_single_consumer_gets_a_message_directly_exactly_when_it_has_room(
-    accepting: bool, mode: AckMode, unacked: int
+    exclusive: bool, accepting: bool, mode: AckMode, unacked: int
 ) -> None:
     world = World()
     client, sink = world.consumer("s", Q, mode, prefetch=2)
+    if exclusive:
+        client.unsubscribe("s")
+        client.subscribe("s", Q, mode, 2, exclusive=True)
     for i in range(unacked):
         world.send(f"before {i}")
     sink.accepting = accepting
