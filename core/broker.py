@@ -149,7 +149,6 @@ class Broker:
         address: Address,
         headers: dict[str, str],
         body: bytes,
-        *,
         persistent: bool = False,
         priority: int = DEFAULT_PRIORITY,
         expires: int = 0,
@@ -158,14 +157,8 @@ class Broker:
         if address.is_pattern:
             raise InvalidDestination(f"cannot send to a wildcard destination {address.text!r}")
         return Message(
-            self._id_prefix + str(next(self._seq)),
-            address,
-            headers,
-            body,
-            persistent=persistent,
-            priority=priority,
-            expires=expires,
-            timestamp=self.clock.wall_ms(),
+            self._id_prefix + str(next(self._seq)), address, headers, body, persistent, priority, expires,
+            self.clock.wall_ms(),
         )
 
     # -- the door ------------------------------------------------------------
@@ -215,7 +208,8 @@ class Broker:
         # The fast path: _enter_all's rules, for one message.
         message: Message = messages  # type: ignore[assignment]
         address = message.address
-        policy = self.policies.for_address(address)
+        policies = self.policies
+        policy = policies.base if policies.uniform else policies.for_address(address)
         targets = self.registry.targets_for(message)
         refuses = policy.send_fail_if_no_space and address.is_queue and not dead_letter
         if refuses and targets:
@@ -235,8 +229,13 @@ class Broker:
             self.stats.dead_lettered += 1
         else:
             self.stats.messages_in += 1
+        congested = False
+        for queue in targets:  # _put, inline: a call less per message
+            queue.put(message)
+            if queue.waiters is not None:
+                congested = True
         # A full queue under send_fail_if_no_space refuses the next SEND instead of holding this one.
-        if _put(message, targets) and producer is not None and not refuses and not dead_letter:
+        if congested and producer is not None and not refuses and not dead_letter:
             if producer.hold([queue for queue in targets if queue.waiters is not None]):
                 self.stats.producer_holds += 1
         if retain:

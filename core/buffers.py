@@ -14,18 +14,20 @@ class PriorityBuffer:
     ``pop`` takes the oldest message of the highest priority present.
     """
 
-    __slots__ = ("_levels", "_len", "_top")
+    __slots__ = ("_levels", "length", "_top")
 
     def __init__(self) -> None:
         self._levels: list[deque[Message]] = [deque() for _ in range(MAX_PRIORITY + 1)]
-        self._len = 0
+        # How many it holds: len() and bool() run Python code, so the hot
+        # path reads this instead.
+        self.length = 0
         self._top = -1  # highest non-empty level, -1 when empty
 
     def __len__(self) -> int:
-        return self._len
+        return self.length
 
     def __bool__(self) -> bool:
-        return self._len > 0
+        return self.length > 0
 
     def __iter__(self) -> Iterator[Message]:
         """In delivery order, without removing anything."""
@@ -35,21 +37,21 @@ class PriorityBuffer:
     def push(self, message: Message) -> None:
         p = message.priority
         self._levels[p].append(message)
-        self._len += 1
+        self.length += 1
         if p > self._top:
             self._top = p
 
     def push_front(self, message: Message) -> None:
         p = message.priority
         self._levels[p].appendleft(message)
-        self._len += 1
+        self.length += 1
         if p > self._top:
             self._top = p
 
     def pop(self) -> Message:
         level = self._levels[self._top]
         message = level.popleft()
-        self._len -= 1
+        self.length -= 1
         if not level:
             self._settle()
         return message
@@ -65,7 +67,7 @@ class PriorityBuffer:
         for level in self._levels:
             if level:
                 message = level.popleft()
-                self._len -= 1
+                self.length -= 1
                 if not level:
                     self._settle()
                 return message
@@ -75,7 +77,7 @@ class PriorityBuffer:
         drained = list(self)
         for level in self._levels:
             level.clear()
-        self._len = 0
+        self.length = 0
         self._top = -1
         return drained
 

@@ -12,6 +12,7 @@ from core.buffers import PriorityBuffer
 from core.messages import Message
 from core.names import Address
 from core.ports import Clock, Sink
+from core.settings import QueueStatistics
 from core.storage import MessageStore
 
 
@@ -30,12 +31,20 @@ class AckMode(enum.Enum):
     CLIENT_INDIVIDUAL = "client-individual"  # an ack covers exactly one message
 
 
+# An Enum member read through its class (AckMode.AUTO) is a Python-level
+# lookup in 3.11: the hot path compares against this constant instead.  And
+# where a queue has one unranked consumer (each topic subscriber's own queue),
+# put and dispatch check its room (Subscription.has_room) inline, not by calls.
+AUTO = AckMode.AUTO
+
+
 class Consumer(Protocol):
     """What a queue needs of a consumer (a :class:`core.subscriptions.Subscription`,
     which imports this module, not the other way round)."""
 
     sink: Sink
     ack_mode: AckMode
+    prefetch: int
     unacked: dict[str, Message]
     selector: Any
     priority: int
@@ -49,18 +58,6 @@ class Waiter(Protocol):
     """A producer held back by congested queues (a :class:`core.clients.Client`)."""
 
     def unblocked(self, queue: Queue) -> None: ...
-
-
-class QueueStatistics:
-    __slots__ = ("enqueued", "delivered", "dequeued", "redelivered", "discarded", "expired")
-
-    def __init__(self) -> None:
-        self.expired = 0
-        self.enqueued = 0
-        self.delivered = 0  # handed to a consumer (acked or not)
-        self.dequeued = 0
-        self.redelivered = 0
-        self.discarded = 0
 
 
 class Queue:
@@ -197,22 +194,26 @@ class Queue:
             if consumer is not None:
                 self._deliver(consumer, message)
                 return
-        elif not self.pending and self.consumers:
-            consumer = self._pick()
+        elif not self.pending.length and self.consumers:
+            only = self.consumers[0] if len(self.consumers) == 1 and not self.ranked else None
+            if only is None:
+                consumer = self._pick()
+            else:
+                consumer = only if only.sink.accepting and (only.ack_mode is AUTO or len(only.unacked) < only.prefetch) else None
             if consumer is not None:
                 self._deliver(consumer, message)
                 return
         pending = self.pending
-        if self.resident and message.location >= 0 and len(pending) >= self.resident:
+        if self.resident and message.location >= 0 and pending.length >= self.resident:
             message = message.stub()  # its body stays on disk until dispatch
-        if self.limit and len(pending) >= self.limit:
+        if self.limit and pending.length >= self.limit:
             self.stats.discarded += 1
             if message.priority < pending.lowest_priority():
                 self._forget(message)
                 return  # the newcomer is worth less than all that waits: drop it
             self._forget(pending.pop_lowest())
         pending.push(message)
-        if self.high_water and self.waiters is None and not self.slow and len(pending) >= self.high_water:
+        if self.high_water and self.waiters is None and not self.slow and pending.length >= self.high_water:
             self.waiters = []
 
     def restore(self, messages: Iterable[Message]) -> None:
@@ -258,15 +259,22 @@ class Queue:
         if self.selective or self.groups is not None:
             self._dispatch_selective()
         else:
-            while pending:
-                consumer = self._pick()
-                if consumer is None:
+            # (pending.length, not bool(pending): a Python call per message.)
+            only = self.consumers[0] if len(self.consumers) == 1 and not self.ranked else None
+            while pending.length:
+                if only is None:
+                    consumer = self._pick()
+                    if consumer is None:
+                        break
+                elif only.sink.accepting and (only.ack_mode is AUTO or len(only.unacked) < only.prefetch):
+                    consumer = only
+                else:
                     break
                 message = pending.pop()
                 if message.expires and self._expired(message):
                     continue  # never delivered once past its time
                 self._deliver(consumer, message)
-        if len(pending) <= self.high_water // 2:
+        if pending.length <= self.high_water // 2:
             self.slow = False
             if self.waiters is not None:
                 self.relieve()
@@ -394,9 +402,6 @@ class Queue:
             return None
         consumers = self.consumers
         n = len(consumers)
-        if n == 1:
-            only = consumers[0]
-            return only if only.has_room else None
         start = self._rr
         for i in range(n):
             candidate = consumers[(start + i) % n]
@@ -472,7 +477,7 @@ class Queue:
         if message.body is None and not self._load(message):
             return
         self.stats.delivered += 1
-        if consumer.ack_mode is AckMode.AUTO:
+        if consumer.ack_mode is AUTO:
             self.stats.dequeued += 1
             if message.location >= 0 and self.key is not None and self.store is not None:
                 self.store.ack(self.key, message.id)

@@ -21,6 +21,13 @@ class Kind(enum.Enum):
     TEMP_QUEUE = "/temp-queue/"
     TEMP_TOPIC = "/temp-topic/"
 
+    # Enum's own __hash__ is Python code, and routing keys dicts by kind on
+    # every message: members are singletons, so identity hashing agrees.
+    __hash__ = object.__hash__
+
+
+# Kind.TOPIC.value is a Python-level property: read it once.
+TOPIC_PREFIX = Kind.TOPIC.value
 
 _QUEUE_KINDS = frozenset({Kind.QUEUE, Kind.TEMP_QUEUE})
 _TEMP_KINDS = frozenset({Kind.TEMP_QUEUE, Kind.TEMP_TOPIC})
@@ -98,7 +105,7 @@ def parse(text: str) -> Address | str:
 
 def topic(name: str) -> Address | str:
     """The topic with a dot-separated ``name`` (used by protocols without prefixes)."""
-    return parse(Kind.TOPIC.value + name)
+    return parse(TOPIC_PREFIX + name)
 
 
 # A temporary destination is private to the connection that names it: each

@@ -62,6 +62,9 @@ class Policies:
         entries = check_entries(base, base.policies)
         # Least specific first, so that applying in order lets the specific win.
         self._entries = sorted(entries, key=lambda e: _specificity(e[0]))
+        # No per-destination entries: every address has ``base`` (the publish
+        # path reads this rather than call for_address per message).
+        self.uniform = not self._entries
         self._cache: dict[Address, Any] = {}
 
     def for_address(self, address: Address) -> Any:

@@ -154,8 +154,15 @@ class QueueRegistry:
                     return []
                 queue = self.create(address)
             return [queue]
-        targets = [target.queue for target in self.trees[address.kind].match(address.segments)]
-        if all(queue.selector is None for queue in targets):
+        # A loop, not comprehensions and all(): they are calls of their own, per message.
+        targets = []
+        selective = False
+        for target in self.trees[address.kind].match(address.segments):
+            queue = target.queue
+            targets.append(queue)
+            if queue.selector is not None:
+                selective = True
+        if not selective:
             return targets
         return [q for q in targets if q.selector is None or q.selector.matches(message)]
 

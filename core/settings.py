@@ -99,3 +99,17 @@ class BrokerStatistics:
         self.messages_discarded = 0
         self.clients = 0
         self.retained_refused = 0  # retained messages not kept for max_retained_*
+
+
+class QueueStatistics:
+    """One queue's counters (core.destinations.Queue.stats)."""
+
+    __slots__ = ("enqueued", "delivered", "dequeued", "redelivered", "discarded", "expired")
+
+    def __init__(self) -> None:
+        self.expired = 0
+        self.enqueued = 0
+        self.delivered = 0  # handed to a consumer (acked or not)
+        self.dequeued = 0
+        self.redelivered = 0
+        self.discarded = 0

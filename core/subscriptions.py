@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.destinations import AckMode, Queue
+from core.destinations import AUTO, AckMode, Queue
 from core.errors import UnknownMessage
 from core.messages import Message
 from core.names import Address
@@ -58,7 +58,7 @@ class Subscription:
 
     @property
     def has_room(self) -> bool:
-        return self.sink.accepting and (self.ack_mode is AckMode.AUTO or len(self.unacked) < self.prefetch)
+        return self.sink.accepting and (self.ack_mode is AUTO or len(self.unacked) < self.prefetch)
 
     def take(self, message_id: str) -> list[Message]:
         """Remove and return what an ack or nack of ``message_id`` covers.

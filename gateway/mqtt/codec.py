@@ -34,7 +34,7 @@ from collections.abc import Iterator
 
 from gateway.mqtt import packets as p
 from gateway.mqtt.decoders import DECODERS_V311
-from gateway.mqtt.encoders import SENDERS, encode_publish
+from gateway.mqtt.encoders import SENDERS, encode_publish, puback_bytes, publish_bytes, topic_field
 from gateway.mqtt.wire import (
     FIRST_BYTE,
     KNOWN_PROTOCOL_NAMES,
@@ -62,6 +62,9 @@ __all__ = [
     "RemoteProtocolError",
     "Role",
     "State",
+    "puback_bytes",
+    "publish_bytes",
+    "topic_field",
     "validate_topic_filter",
     "validate_topic_name",
 ]
@@ -75,6 +78,10 @@ class State(enum.Enum):
     CONNECTED = "connected"
     ERROR = "error"  # the peer broke the protocol; events() raises again
 
+    # Enum's own __hash__ is Python code, and every packet looks its state up:
+    # members are singletons compared by identity, so identity hashing agrees.
+    __hash__ = object.__hash__
+
 
 # Packet order as a table: (state, incoming type) -> next state.  Anything
 # missing is a violation, explained by _ORDER_ERRORS.
@@ -86,6 +93,7 @@ for _kind in SENT_BY[Role.CLIENT] - {PT.CONNECT}:  # a second CONNECT is refused
     _TRANSITIONS[(State.CONNECTED, _kind)] = State.CONNECTED
 for _kind in SENT_BY[Role.SERVER] - {PT.CONNACK}:  # CONNACK comes once, first [MQTT-3.2.0-1]
     _TRANSITIONS[(State.CONNECTED, _kind)] = State.CONNECTED
+_CONNECTED = State.CONNECTED
 # The same table indexed by state first, so the per-packet lookup builds no tuple.
 _ALLOWED: dict[State, dict[PT, State]] = {state: {} for state in State}
 for (_state, _kind), _next_state in _TRANSITIONS.items():
@@ -182,6 +190,22 @@ class MqttConnection:
             self._pieces.clear()
             self._pieces_bytes = 0
         first = buf[pos]
+        if 0x30 <= first <= 0x33 and self.state is _CONNECTED and n - pos > 3:
+            packet = self._publish(buf, pos, n, first)
+            if packet is not None:
+                return packet
+        elif (
+            first == 0x40 and n - pos > 3 and buf[pos + 1] == 2 and (buf[pos + 2] or buf[pos + 3])
+            and self.state is _CONNECTED and self.max_packet_bytes >= 2
+        ):
+            # A whole, valid PUBACK (one per QoS 1 message): what its table decoder returns.
+            self._need = 1
+            if pos + 4 == n:
+                self._buf = b""
+                self._pos = 0
+            else:
+                self._pos = pos + 4
+            return p.PubAck((buf[pos + 2] << 8) | buf[pos + 3])
         kind = self._first_byte[first]
         if isinstance(kind, str):
             raise RemoteProtocolError(kind)
@@ -223,6 +247,48 @@ class MqttConnection:
         else:
             self._pos = end
         return packet
+
+    def _publish(self, buf: bytes, pos: int, n: int, first: int) -> p.Publish | None:
+        """The fast path for a whole, well-formed PUBLISH of QoS 0 or 1
+        without DUP and a remaining length of 1 or 2 bytes, on a connected
+        connection: the packet _decode_publish would return.  None for
+        anything else (a part missing, a limit or rule broken): the general
+        path then parses it, and says what is wrong."""
+        length = buf[pos + 1]
+        if length < 0x80:
+            i = pos + 2
+        elif buf[pos + 2] < 0x80:
+            length = (length & 0x7F) | (buf[pos + 2] << 7)
+            i = pos + 3
+        else:
+            return None
+        end = i + length
+        if end > n or length > self.max_packet_bytes or length < 2:
+            return None
+        topic_end = i + 2 + ((buf[i] << 8) | buf[i + 1])
+        if first > 0x31:  # QoS 1: a packet identifier, not 0, after the topic
+            data = topic_end + 2
+            if data > end or not (buf[topic_end] or buf[topic_end + 1]):
+                return None
+        else:
+            data = topic_end
+            if data > end:
+                return None
+        try:
+            topic = buf[i + 2 : topic_end].decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if not topic or "+" in topic or "#" in topic or "\x00" in topic:
+            return None
+        self._need = 1
+        if end == n:
+            self._buf = b""
+            self._pos = 0
+        else:
+            self._pos = end
+        if data == topic_end:
+            return p.Publish(topic, buf[data:end], 0, first == 0x31)
+        return p.Publish(topic, buf[data:end], 1, first == 0x33, False, (buf[topic_end] << 8) | buf[topic_end + 1])
 
     # -- sending -------------------------------------------------------------
 

@@ -27,16 +27,20 @@ from gateway.mqtt.wire import (
     string_field,
 )
 
-# The encoders' own structs, not wire's: CPython 3.11 compiles a method call on
+# The encoders' own struct, not wire's: CPython 3.11 compiles a method call on
 # a name bound by ``import`` as an attribute load (it takes the name for a
 # module), which costs PUBLISH, the hot path, a bound method each time.
 _U16 = struct.Struct(">H")
-_BBH = struct.Struct(">BBH")  # first byte, one-byte remaining length, topic length
+# A first byte and a remaining length of 1 byte, or of 2 (packed as one
+# little-endian u16: low 7 bits | 0x80, then the rest): faster than bytes((...)).
+_HEAD1 = struct.Struct(">BB")
+_HEAD2 = struct.Struct("<BH")
 
 
-def encode_publish(conn: Negotiated, packet: p.Publish) -> bytes:
-    topic = packet.topic
-    qos = packet.qos
+def topic_field(topic: str) -> bytes:
+    """A PUBLISH's topic name as it goes on the wire (2-byte length, UTF-8),
+    or LocalProtocolError if a PUBLISH may not carry it.  Deliveries cache
+    what this returns (gateway.mqtt.topics.delivery_field)."""
     if not topic or "+" in topic or "#" in topic or "\x00" in topic:
         raise LocalProtocolError(f"invalid topic name {topic[:40]!r}")  # [MQTT-3.3.2-2], [MQTT-4.7.3-1]
     try:
@@ -45,28 +49,51 @@ def encode_publish(conn: Negotiated, packet: p.Publish) -> bytes:
         raise LocalProtocolError("topic with a lone surrogate") from None  # [MQTT-1.5.3-1]
     if len(raw) > 65535:
         raise LocalProtocolError("topic name longer than 65535 bytes")  # [MQTT-4.7.3-3]
-    payload = packet.payload
-    first = 0x30 | (0x08 if packet.dup else 0) | (0x01 if packet.retain else 0)
+    return _U16.pack(len(raw)) + raw
+
+
+def publish_bytes(
+    field: bytes, payload: bytes, qos: int, retain: bool, dup: bool = False, packet_id: int | None = None
+) -> bytes:
+    """A whole PUBLISH, its topic already a :func:`topic_field`."""
+    first = 0x30 | (0x08 if dup else 0) | (0x01 if retain else 0)
     if qos == 0:
-        if packet.dup:
+        if dup:
             raise LocalProtocolError("DUP on a QoS 0 PUBLISH")  # [MQTT-3.3.1-2]
-        if packet.packet_id is not None:
+        if packet_id is not None:
             raise LocalProtocolError("a QoS 0 PUBLISH has no packet identifier")  # [MQTT-2.3.1-5]
-        length = 2 + len(raw) + len(payload)
+        length = len(field) + len(payload)
+        # The remaining length inline for 1 and 2 bytes (up to 16 KiB): the hot path.
         if length < 128:
-            return _BBH.pack(first, length, len(raw)) + raw + payload
-        return bytes((first,)) + remaining_length(length) + _U16.pack(len(raw)) + raw + payload
+            return _HEAD1.pack(first, length) + field + payload
+        if length < 16384:
+            return _HEAD2.pack(first, (length & 0x7F) | 0x80 | (length >> 7) << 8) + field + payload
+        return bytes((first,)) + remaining_length(length) + field + payload
     if qos != 1 and qos != 2:
         raise LocalProtocolError(f"invalid QoS {qos!r}")  # [MQTT-3.3.1-4]
-    packet_id = packet.packet_id
     if packet_id is None or not 0 < packet_id <= 65535:
         raise LocalProtocolError(f"invalid packet identifier {packet_id!r}")  # [MQTT-2.3.1-1]
     first |= qos << 1
-    length = 4 + len(raw) + len(payload)
+    length = len(field) + 2 + len(payload)
     if length < 128:
-        return _BBH.pack(first, length, len(raw)) + raw + _U16.pack(packet_id) + payload
-    head = bytes((first,)) + remaining_length(length) + _U16.pack(len(raw)) + raw + _U16.pack(packet_id)
-    return head + payload
+        head = _HEAD1.pack(first, length)
+    elif length < 16384:
+        head = _HEAD2.pack(first, (length & 0x7F) | 0x80 | (length >> 7) << 8)
+    else:
+        head = bytes((first,)) + remaining_length(length)
+    return head + field + _U16.pack(packet_id) + payload
+
+
+def puback_bytes(packet_id: int) -> bytes:
+    """A whole PUBACK: what the PubAck encoder makes, without the packet
+    object (one is sent per QoS 1 PUBLISH)."""
+    if not 0 < packet_id <= 65535:
+        raise LocalProtocolError(f"invalid packet identifier {packet_id!r}")  # [MQTT-2.3.1-1]
+    return bytes((0x40, 2, packet_id >> 8, packet_id & 0xFF))
+
+
+def encode_publish(conn: Negotiated, packet: p.Publish) -> bytes:
+    return publish_bytes(topic_field(packet.topic), packet.payload, packet.qos, packet.retain, packet.dup, packet.packet_id)
 
 
 def _encode_connect(conn: Negotiated, packet: p.Connect) -> bytes:

@@ -22,6 +22,10 @@ class Stage(enum.Enum):
     AWAITING_PUBREC = "awaiting-pubrec"  # QoS 2 PUBLISH sent
     AWAITING_PUBCOMP = "awaiting-pubcomp"  # QoS 2 PUBREL sent: the message is the client's
 
+    # Enum's own __hash__ is Python code, and every ack looks up TRANSITIONS:
+    # members are singletons, so identity hashing agrees.
+    __hash__ = object.__hash__
+
 
 # The stage a delivery starts in, by its QoS (0 is not tracked).
 FIRST_STAGE = (None, Stage.AWAITING_PUBACK, Stage.AWAITING_PUBREC)

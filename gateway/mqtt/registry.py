@@ -44,6 +44,12 @@ class Registry:
         # id -> owner (None: stored before owners were), counted by owner.
         self.persistent: dict[str, str | None] = {}
         self.by_owner: Tally[str | None] = Tally()  # the same count the core keeps of durables
+        # The last QoS 0 PUBLISH encoded for a delivery, and its message: a
+        # topic fans one message out to every subscriber in a row, and the
+        # QoS 0 packet is the same for each (the message's topic, body and
+        # retain flag).  One entry; the reference keeps that one message alive.
+        self.last_message: object = None
+        self.last_qos0 = b""
 
     def restore(self, notes: dict[str, bytes], durables: Iterable[tuple[str, str | None]] = ()) -> None:
         """Inbound QoS 2 ids the store kept (``QOS2_NOTES``) from before a

@@ -39,6 +39,7 @@ from gateway.session.skeleton import Dialect, Rows, Skeleton, State
 
 __all__ = ["OWNER_PREFIX", "QOS2_NOTES", "MqttSession", "MqttSettings", "Registry"]  # what app.py wires
 
+_CLOSED = State.CLOSED  # an Enum member read through its class is a Python-level lookup
 DENIED_LOGGED = 64  # topics whose denied publishes are logged (once each)
 ERRORS = (codec.ProtocolError, CoreError)  # what handlers raise about the peer (one tuple for all)
 
@@ -108,7 +109,7 @@ class MqttSession:
 
     @property
     def closed(self) -> bool:
-        return self.skeleton.state is State.CLOSED
+        return self.skeleton.state is _CLOSED
 
     @property
     def close_reason(self) -> str | None:
@@ -153,27 +154,32 @@ class MqttSession:
         return False
 
     def deliver(self, subscription: Subscription, message: Message) -> bool | None:
-        sub: _Sub = subscription.token
-        qos = min(message.effective_qos, sub.qos)
-        body = message.body or b""
-        topic = topics.from_address(message.address)
-        if "+" in topic or "#" in topic:
+        # The topic field is cached per address: PUBLISH is encoded from it directly.
+        field = topics.delivery_field[message.address.text]
+        if field is None:
             # A STOMP name MQTT cannot carry (a '+' or '#' inside a segment):
             # this subscriber cannot be told about it; settle it, do not fail.
-            # (The core's names are never empty, hold no NUL and are far
-            # below MQTT's 65535 bytes: the rest of validate_topic_name
-            # cannot fail here, and this runs per delivery.)
             return True
+        qos = message.qos  # message.effective_qos, inline (per delivery)
+        if qos is None:
+            qos = 2 if message.persistent else 0
+        sub: _Sub = subscription.token
+        if sub.qos < qos:
+            qos = sub.qos
+        body = message.body or b""
         if qos == 0:
-            self.outbox.append(self.codec.send(packets.Publish(topic, body, 0, message.retain)))
+            registry = self.registry  # the same message to the next subscriber: the same bytes
+            if registry.last_message is not message:
+                registry.last_qos0, registry.last_message = codec.publish_bytes(field, body, 0, message.retain), message
+            self.outbox.append(registry.last_qos0)
             return True
         state = self.session
-        packet_id = state.ids_by_message.pop(message.id, None) if message.redelivered else None
+        dup = message.redeliveries > 0  # message.redelivered, inline; DUP [MQTT-3.3.1-1]
+        packet_id = state.ids_by_message.pop(message.id, None) if dup else None
         if packet_id is None or packet_id in state.outbound:
             packet_id = state.next_packet_id()
         state.outbound[packet_id] = InFlight(sub, message.id, FIRST_STAGE[qos])  # type: ignore[arg-type]
-        dup = message.redelivered  # [MQTT-3.3.1-1]
-        self.outbox.append(self.codec.send(packets.Publish(topic, body, qos, message.retain, dup, packet_id)))
+        self.outbox.append(codec.publish_bytes(field, body, qos, message.retain, dup, packet_id))
         return None
 
     def unblocked(self) -> None:
@@ -291,19 +297,20 @@ class MqttSession:
         client = self.client
         assert client is not None
         state = self.session
-        if packet.qos == 2 and packet.packet_id in state.inbound_qos2:
+        qos = packet.qos
+        if qos == 2 and packet.packet_id in state.inbound_qos2:
             # A resend before PUBREL: it was routed already; answer again only.
             self.outbox.append(self.codec.send(packets.PubRec(packet.packet_id)))
             return
-        if packet.qos and client.held_for_disk(address):
+        if qos and client.held_for_disk(address):
             # The disk alarm: no ack, reading stops, and this PUBLISH is
             # handled again once free space is back.
             self.skeleton.defer(packet)
             return
-        message = self.broker.message(address, {}, packet.payload, persistent=packet.qos > 0)
-        message.qos = packet.qos
+        message = self.broker.message(address, {}, packet.payload, qos > 0)  # positional: faster, per message
+        message.qos = qos
         try:
-            lsn = client.send(message, retain=packet.retain)
+            lsn = client.send(message, None, packet.retain)
         except NotAuthorized as exc:
             # [MQTT-3.3.5-2]: 3.1.1 has no way to tell a publisher no; the
             # publish is acknowledged as usual and dropped.  Logged once per
@@ -317,9 +324,9 @@ class MqttSession:
         else:
             if packet.retain:
                 self._retain_refused(message)
-        if packet.qos == 1:
-            self.outbox.append(self.codec.send(packets.PubAck(packet.packet_id)), lsn)
-        elif packet.qos == 2:
+        if qos == 1:
+            self.outbox.append(codec.puback_bytes(packet.packet_id), lsn)  # type: ignore[arg-type]
+        elif qos == 2:
             state.receive_qos2(packet.packet_id)
             if not self.clean_session:  # the PUBREC promises it across a restart too
                 owner = OWNER_MARK + owner_of(client.principal).encode()

@@ -18,6 +18,7 @@ import functools
 
 from core import names
 from core.names import Address
+from gateway.mqtt.encoders import topic_field
 
 _ESCAPES = str.maketrans({"%": "%25", ".": "%2E", "*": "%2A", ">": "%3E"})
 _UNESCAPES = (("%2E", "."), ("%2A", "*"), ("%3E", ">"), ("%25", "%"))
@@ -58,16 +59,28 @@ CACHE_ENTRIES = names.CACHE_ENTRIES
 CACHED_CHARS = names.CACHED_CHARS
 
 
-def to_address(topic: str) -> Address | str:
-    """The core address of an MQTT topic name, or why it cannot be one."""
-    return _to_address(topic) if len(topic) <= CACHED_CHARS else _map(topic)
-
-
 def _map(topic: str) -> Address | str:
     return names.topic(".".join(_escape(level) for level in topic.split("/")))
 
 
-_to_address = functools.lru_cache(maxsize=CACHE_ENTRIES)(_map)
+class _Addresses(dict):  # type: ignore[type-arg]
+    """Topic name -> its core address, or why it cannot be one.  A dict whose
+    hits are one C lookup (every PUBLISH asks), filled by ``__missing__``,
+    bounded: at most CACHE_ENTRIES names (emptied when full), none longer
+    than CACHED_CHARS kept."""
+
+    def __missing__(self, topic: str) -> Address | str:
+        address = _map(topic)
+        if len(topic) <= CACHED_CHARS:
+            if len(self) >= CACHE_ENTRIES:
+                self.clear()
+            self[topic] = address
+        return address
+
+
+# to_address(topic): the core address of an MQTT topic name, or why it cannot
+# be one.  The cache's own lookup, bound: no Python call on a hit.
+to_address = _Addresses().__getitem__
 
 
 def to_pattern(topic_filter: str) -> Address | str:
@@ -93,3 +106,30 @@ def _unmap(address: Address) -> str:
 
 
 _from_address = functools.lru_cache(maxsize=CACHE_ENTRIES)(_unmap)
+
+
+class _DeliveryFields(dict):  # type: ignore[type-arg]
+    """Address text -> the PUBLISH topic field of a delivery to it, or None
+    for a name MQTT cannot carry ('+' or '#' inside a segment, from STOMP).
+
+    A dict whose hits are one C lookup (every delivery asks; a wrapper
+    function call would cost more than the lookup), filled by ``__missing__``
+    and bounded as the caches above: at most CACHE_ENTRIES names (emptied
+    when full), none longer than CACHED_CHARS kept."""
+
+    def __missing__(self, text: str) -> bytes | None:
+        address = names.parse(text)
+        assert not isinstance(address, str), address  # the text of an Address
+        topic = from_address(address)
+        # validate_topic_name's other rules cannot fail for a core name (never
+        # empty, no NUL, far below 65535 bytes); topic_field checks them anyway.
+        field = None if "+" in topic or "#" in topic else topic_field(topic)
+        if len(text) <= CACHED_CHARS:
+            if len(self) >= CACHE_ENTRIES:
+                self.clear()
+            self[text] = field
+        return field
+
+
+# delivery_field[address.text]: see _DeliveryFields.
+delivery_field = _DeliveryFields()

@@ -18,11 +18,13 @@ NO_GATES = ()  # what an outbox that never held a gated entry has instead of a d
 
 
 class Outbox:
-    __slots__ = ("_chunks", "_nbytes", "_base", "_gates", "high_water", "wakeup", "sent_bytes")
+    __slots__ = ("_chunks", "nbytes", "_base", "_gates", "high_water", "wakeup", "sent_bytes")
 
     def __init__(self, high_water: int, wakeup: Callable[[], None] | None = None) -> None:
         self._chunks: list[bytes] = []
-        self._nbytes = 0
+        # Bytes queued; a plain attribute, not a property: every delivery
+        # reads it (the sessions' ``accepting``).  Only the outbox writes it.
+        self.nbytes = 0
         self._base = 0  # absolute index of _chunks[0]
         # (absolute chunk index, lsn, what it promises: a receipt id, or None);
         # an empty deque is 600 bytes, so one is made at the first gated entry.
@@ -32,15 +34,11 @@ class Outbox:
         self.sent_bytes = 0
 
     @property
-    def nbytes(self) -> int:
-        return self._nbytes
-
-    @property
     def full(self) -> bool:
-        return self._nbytes >= self.high_water
+        return self.nbytes >= self.high_water
 
     def __bool__(self) -> bool:
-        return self._nbytes > 0
+        return self.nbytes > 0
 
     def append(self, data: bytes, lsn: int = 0, promise: str | None = None) -> None:
         """Queue bytes; with ``lsn`` they leave only once that LSN is durable.
@@ -52,14 +50,14 @@ class Outbox:
         if not self._chunks and self.wakeup is not None:
             self.wakeup()
         self._chunks.append(data)
-        self._nbytes += len(data)
+        self.nbytes += len(data)
 
     def extend(self, parts: tuple[bytes, ...], size: int) -> None:
         """Queue several pieces of one frame (``size`` is their total length)."""
         if not self._chunks and self.wakeup is not None:
             self.wakeup()
         self._chunks.extend(parts)
-        self._nbytes += size
+        self.nbytes += size
 
     def drain(self, durable_lsn: int, max_bytes: int = DRAIN_BYTES) -> bytes:
         """Take up to about ``max_bytes`` of releasable output (at least one chunk)."""
@@ -80,7 +78,7 @@ class Outbox:
         data = b"".join(chunks[:taken])
         del chunks[:taken]
         self._base += taken
-        self._nbytes -= size
+        self.nbytes -= size
         self.sent_bytes += size
         return data
 
@@ -94,7 +92,7 @@ class Outbox:
             index, lsn, promise = gate
             if first_lsn <= lsn <= last_lsn:
                 chunk = index - self._base
-                self._nbytes -= len(self._chunks[chunk])
+                self.nbytes -= len(self._chunks[chunk])
                 self._chunks[chunk] = b""
                 dropped.append(promise)
             else:
