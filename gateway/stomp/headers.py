@@ -22,6 +22,8 @@ SEND_OWN_HEADERS = frozenset(
         "message-id", "subscription", "ack", "redelivered", "timestamp", "x-delivery-count",
     }
 )
+# Those of them whose value the session reads (the others are dropped).
+SEND_VALUED_HEADERS = frozenset({"persistent", "priority", "expires", "expiration", "transaction"})
 
 
 class FrameRejected(Exception):

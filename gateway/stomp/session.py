@@ -25,9 +25,11 @@ from core.ports import Clock
 from core.subscriptions import AckMode, Subscription
 from gateway.auth import AccessDenied, VerificationPending
 from gateway.session.skeleton import Dialect, Skeleton, State
-from gateway.stomp import codec, frames
+from gateway.stomp import codec, delivery, frames
+from gateway.stomp.delivery import SubscriptionState
 from gateway.stomp.headers import (
-    ACK_MODES, SEND_OWN_HEADERS, FrameRejected, durable_owner, int_header, int_value, require, selector,
+    ACK_MODES, SEND_OWN_HEADERS, SEND_VALUED_HEADERS, FrameRejected, durable_owner, int_header, int_value, require,
+    selector,
 )
 
 SERVER_NAME = "gateway/0.1.0"
@@ -50,20 +52,6 @@ class StompSettings:
     # A client silent for longer than the agreed interval times this is dropped.
     heartbeat_grace: float = 2.0
     outbox_high_water_bytes: int = 1024 * 1024
-
-
-class _SubscriptionState:
-    """What the session keeps per STOMP subscription: the id and the
-    pre-encoded start of each MESSAGE frame for it."""
-
-    __slots__ = ("id", "number", "prefix", "ack_prefix", "core")
-
-    def __init__(self, sub_id: str, number: int, prefix: bytes, ack_prefix: str | None) -> None:
-        self.id = sub_id
-        self.number = number
-        self.prefix = prefix
-        self.ack_prefix = ack_prefix
-        self.core: Subscription | None = None
 
 
 class StompSession:
@@ -93,8 +81,8 @@ class StompSession:
         )
         self.client: Client | None = None  # set once, at CONNECT
         self.version = "1.0"
-        self._subs: dict[str, _SubscriptionState] = {}
-        self._subs_by_number: dict[str, _SubscriptionState] = {}
+        self._subs: dict[str, SubscriptionState] = {}
+        self._subs_by_number: dict[str, SubscriptionState] = {}
         self._sub_numbers = 0
         # The transition table: the frames each state accepts (STOMP 1.2
         # §Connecting: CONNECT or STOMP first, and only once).
@@ -176,10 +164,10 @@ class StompSession:
         self.skeleton.gate.release()
 
     def deliver(self, subscription: Subscription, message: Message) -> None:
-        state: _SubscriptionState = subscription.token
+        state: SubscriptionState = subscription.token
         wire = message.wire
         if wire is None or wire[0] != self.version:
-            wire = message.wire = (self.version, self._encode_common(message))
+            wire = message.wire = (self.version, delivery.common_headers(message, self.version, self.codec.escape))
         common = wire[1]
         body = message.body
         if state.ack_prefix is None:
@@ -190,31 +178,6 @@ class StompSession:
                 (state.prefix, ack, common, body, b"\x00"),
                 len(state.prefix) + len(ack) + len(common) + len(body) + 1,
             )
-
-    def _encode_common(self, message: Message) -> bytes:
-        """Every MESSAGE header that does not depend on the subscription, once per message."""
-        esc = self.codec.escape
-        address = message.address
-        # A temporary destination's owner (its only reader) sees the name it used.
-        destination = names.owner_name(address) if address.is_temporary else address.text
-        lines = [
-            f"message-id:{esc(message.id)}",
-            f"destination:{esc(destination)}",
-            f"timestamp:{message.timestamp}",
-            f"expires:{message.expires}",
-            f"priority:{message.priority}",
-        ]
-        if message.persistent:
-            lines.append("persistent:true")
-        if message.redeliveries:
-            lines.append("redelivered:true")
-            lines.append(f"x-delivery-count:{message.redeliveries}")
-        else:
-            lines.append("redelivered:false")
-        for key, value in message.headers.items():
-            lines.append(f"{esc(key)}:{esc(value)}")
-        lines.append(f"content-length:{len(message.body)}\n\n")
-        return "\n".join(lines).encode()
 
     # -- frame handlers ----------------------------------------------------
 
@@ -292,8 +255,17 @@ class StompSession:
         expires = 0
         transaction = None
         # Take out what the transport and the broker own; what remains is the
-        # application's headers.  One set intersection finds them (hot path).
-        for name in headers.keys() & SEND_OWN_HEADERS:
+        # application's headers.  One set intersection finds them, and the
+        # common SEND (destination, content-length) needs nothing more (hot path).
+        own = headers.keys() & SEND_OWN_HEADERS
+        if own.isdisjoint(SEND_VALUED_HEADERS):
+            if len(own) == len(headers):
+                headers = {}
+            else:
+                for name in own:
+                    del headers[name]
+            own.clear()
+        for name in own:
             value = headers.pop(name)
             if name == "persistent":
                 persistent = value == "true"
@@ -345,9 +317,9 @@ class StompSession:
             raise FrameRejected("activemq.prefetchSize must not be negative")
         self._sub_numbers += 1
         number = str(self._sub_numbers)
-        prefix = f"MESSAGE\nsubscription:{self.codec.escape(sub_id)}\n".encode()
+        prefix = delivery.prefix(sub_id, self.codec.escape)
         ack_prefix = number + "/" if (mode is not AckMode.AUTO and self.version == "1.2") else None
-        state = _SubscriptionState(sub_id, self._sub_numbers, prefix, ack_prefix)
+        state = SubscriptionState(sub_id, self._sub_numbers, prefix, ack_prefix)
         self._subs[sub_id] = state
         self._subs_by_number[number] = state
         try:
@@ -396,7 +368,7 @@ class StompSession:
         lsn = self.client.nack(state, message_id, frame.headers.get("transaction"))  # type: ignore[union-attr]
         self._receipt_if_asked(frame, lsn)
 
-    def _acked_message(self, frame: frames.Frame) -> tuple[_SubscriptionState, str]:
+    def _acked_message(self, frame: frames.Frame) -> tuple[SubscriptionState, str]:
         """Which subscription and message an ACK or NACK names, in any version's form."""
         headers = frame.headers
         if self.version == "1.2":
