@@ -1,11 +1,12 @@
 """A core delivery as the bytes of a STOMP MESSAGE frame.
 
-A MESSAGE is sent in pieces the outbox joins: the subscription's prefix
-(command and ``subscription`` header, encoded once per subscription), its
-``ack`` header if it needs one, the headers every subscriber of the message
-shares (:func:`common_headers`, encoded once per message and version), the
-body and the NUL.  The bytes are those :meth:`StompConnection.send` would
-write for the same headers in the same order (a unit test holds them to it).
+A MESSAGE is built from pieces: the subscription's prefix (command and
+``subscription`` header, encoded once per subscription), its ``ack`` header
+if it needs one, then what every subscriber of the message shares
+(:func:`shared`, once per message and version): the other headers
+(:func:`common_headers`), the body and the NUL.  The bytes are those
+:meth:`StompConnection.send` would write for the same headers in the same
+order (a unit test holds them to it).
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ CACHE_ENTRIES = names.CACHE_ENTRIES
 CACHED_CHARS = names.CACHED_CHARS
 _DESTINATION_LINES: dict[str, dict[str, str]] = {}
 _PERSISTENT = "persistent:true\n"
+# A body up to this size is joined to the shared headers once per message,
+# so a delivery is one outbox chunk, not four (the outbox walks its chunks in
+# Python); a larger one is not copied again, and not kept twice in memory
+# while the message waits for its acknowledgement.
+JOINED_BODY_BYTES = 4096
 
 
 class SubscriptionState:
@@ -86,3 +92,14 @@ def common_headers(message: Message, version: str, escape: Callable[[str], str])
         f"priority:{message.priority}\n{_PERSISTENT if message.persistent else ''}"
         f"{redelivered}content-length:{len(message.body)}\n\n"  # type: ignore[arg-type]
     ).encode()
+
+
+def shared(message: Message, version: str, escape: Callable[[str], str]) -> tuple[str, bytes, bytes | None]:
+    """``(version, shared, body)``: a MESSAGE is a subscription's prefix and
+    ack header, then ``shared``, then (if not None) ``body`` and a NUL."""
+    common = common_headers(message, version, escape)
+    body = message.body
+    assert body is not None  # a stub is loaded back before it is delivered
+    if len(body) <= JOINED_BODY_BYTES:
+        return version, common + body + b"\x00", None
+    return version, common, body

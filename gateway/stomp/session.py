@@ -28,7 +28,7 @@ from gateway.session.skeleton import Dialect, Skeleton, State
 from gateway.stomp import codec, delivery, frames
 from gateway.stomp.delivery import SubscriptionState
 from gateway.stomp.headers import (
-    ACK_MODES, SEND_OWN_HEADERS, SEND_VALUED_HEADERS, FrameRejected, durable_owner, int_header, int_value, require,
+    ACK_MODES, SEND_DROPPED_HEADERS, SEND_OWN_HEADERS, FrameRejected, durable_owner, int_header, int_value, require,
     selector,
 )
 
@@ -167,17 +167,16 @@ class StompSession:
         state: SubscriptionState = subscription.token
         wire = message.wire
         if wire is None or wire[0] != self.version:
-            wire = message.wire = (self.version, delivery.common_headers(message, self.version, self.codec.escape))
-        common = wire[1]
-        body = message.body
-        if state.ack_prefix is None:
-            self.outbox.extend((state.prefix, common, body, b"\x00"), len(state.prefix) + len(common) + len(body) + 1)
+            wire = message.wire = delivery.shared(message, self.version, self.codec.escape)
+        _, shared, body = wire
+        head = state.prefix
+        if state.ack_prefix is not None:
+            head += f"ack:{state.ack_prefix}{self.codec.escape(message.id)}\n".encode()
+        if body is None:  # a small body, joined to the shared headers: one chunk
+            data = head + shared
+            self.outbox.extend((data,), len(data))
         else:
-            ack = f"ack:{state.ack_prefix}{self.codec.escape(message.id)}\n".encode()
-            self.outbox.extend(
-                (state.prefix, ack, common, body, b"\x00"),
-                len(state.prefix) + len(ack) + len(common) + len(body) + 1,
-            )
+            self.outbox.extend((head, shared, body, b"\x00"), len(head) + len(shared) + len(body) + 1)
 
     # -- frame handlers ----------------------------------------------------
 
@@ -245,27 +244,31 @@ class StompSession:
         address = names.parse(destination)
         if isinstance(address, str):
             raise InvalidDestination(f"invalid destination {destination[:80]!r}: {address}")
-        if headers.get("persistent") == "true" and self.client.held_for_disk(address):  # type: ignore[union-attr]
-            # The disk alarm: not stored, not receipted; reading stops, and
-            # this frame is handled again once free space is back.
-            self.skeleton.defer(frame)
-            return
+        if headers.keys() <= SEND_DROPPED_HEADERS:
+            # The common SEND (destination, content-length, maybe a receipt):
+            # no value to read and no application header to keep (hot path).
+            message = self.broker.message(address, {}, frame.body)
+            transaction = None
+        else:
+            if headers.get("persistent") == "true" and self.client.held_for_disk(address):  # type: ignore[union-attr]
+                # The disk alarm: not stored, not receipted; reading stops, and
+                # this frame is handled again once free space is back.
+                self.skeleton.defer(frame)
+                return
+            message, transaction = self._message(address, headers, frame.body)
+        lsn = self.client.send(message, transaction)  # type: ignore[union-attr]
+        if receipt is not None:
+            self._receipt(receipt, lsn)
+
+    def _message(self, address: names.Address, headers: dict[str, str], body: bytes) -> tuple[Message, str | None]:
+        """The message a SEND with these headers makes, and its transaction."""
         persistent = False
         priority = DEFAULT_PRIORITY
         expires = 0
         transaction = None
         # Take out what the transport and the broker own; what remains is the
-        # application's headers.  One set intersection finds them, and the
-        # common SEND (destination, content-length) needs nothing more (hot path).
-        own = headers.keys() & SEND_OWN_HEADERS
-        if own.isdisjoint(SEND_VALUED_HEADERS):
-            if len(own) == len(headers):
-                headers = {}
-            else:
-                for name in own:
-                    del headers[name]
-            own.clear()
-        for name in own:
+        # application's headers.
+        for name in SEND_OWN_HEADERS.intersection(headers):
             value = headers.pop(name)
             if name == "persistent":
                 persistent = value == "true"
@@ -289,12 +292,8 @@ class StompSession:
                 # The responder gets the private name, which reaches this
                 # connection's own queue whoever else uses the same name.
                 headers["reply-to"] = self.client.temporary(reply_address).text  # type: ignore[union-attr]
-        message = self.broker.message(
-            address, headers, frame.body, persistent=persistent, priority=priority, expires=expires
-        )
-        lsn = self.client.send(message, transaction)  # type: ignore[union-attr]
-        if receipt is not None:
-            self._receipt(receipt, lsn)
+        message = self.broker.message(address, headers, body, persistent=persistent, priority=priority, expires=expires)
+        return message, transaction
 
     def _on_subscribe(self, frame: frames.Frame) -> None:
         destination = require(frame, "destination")

@@ -13,6 +13,7 @@ from core.messages import Message
 from gateway.stomp import delivery, frames
 from gateway.stomp.codec import Role, StompConnection
 
+JOINED = delivery.JOINED_BODY_BYTES
 OWN = {"subscription", "message-id", "destination", "timestamp", "expires", "priority", "persistent",
        "redelivered", "x-delivery-count", "content-length"}
 TEXT = st.text(alphabet="ab:\\\n\r.\u00e9 ", min_size=1, max_size=6)
@@ -47,7 +48,7 @@ def written(version: str, sub_id: str, message: Message, destination: str) -> by
     message_id=st.one_of(st.just("ID-ab12-7"), TEXT),
     destination=DESTINATIONS,
     headers=st.dictionaries(TEXT.filter(lambda key: key not in OWN), TEXT, max_size=3),
-    body=st.binary(max_size=8),
+    body=st.binary(max_size=8) | st.sampled_from([b"x" * JOINED, b"y" * (JOINED + 1)]),
     persistent=st.booleans(),
     redeliveries=st.sampled_from([0, 0, 1, 5]),
     numbers=st.tuples(st.integers(0, 2**41), st.integers(0, 2**41), st.integers(0, 9)),
@@ -63,10 +64,14 @@ def test_pieces_are_what_the_codec_writes(
                       expires=expires, timestamp=timestamp, redeliveries=redeliveries)
     conn = StompConnection(Role.SERVER)
     conn.set_version(version)
+    expected = written(version, sub_id, message, names.owner_name(address))
     # Twice: once filling the destination cache, once from it.
     for _ in range(2):
-        pieces = delivery.prefix(sub_id, conn.escape) + delivery.common_headers(message, version, conn.escape)
-        assert pieces + body + b"\x00" == written(version, sub_id, message, names.owner_name(address))
+        common = delivery.common_headers(message, version, conn.escape)
+        assert delivery.prefix(sub_id, conn.escape) + common + body + b"\x00" == expected
+    tagged, shared, rest = delivery.shared(message, version, conn.escape)
+    assert tagged == version
+    assert delivery.prefix(sub_id, conn.escape) + shared + (b"" if rest is None else rest + b"\x00") == expected
 
 
 def test_one_name_escapes_per_version() -> None:
