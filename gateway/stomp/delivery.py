@@ -3,8 +3,8 @@
 A MESSAGE is built from pieces: the subscription's prefix (command and
 ``subscription`` header, encoded once per subscription), its ``ack`` header
 if it needs one, then what every subscriber of the message shares
-(:func:`shared`, once per message and version): the other headers
-(:func:`common_headers`), the body and the NUL.  The bytes are those
+(:func:`shared`, once per message and version): the other headers, the
+body and the NUL.  The bytes are those
 :meth:`StompConnection.send` would write for the same headers in the same
 order (a unit test holds them to it).
 """
@@ -68,9 +68,12 @@ def destination_line(text: str, address: names.Address, version: str, escape: Ca
     return line
 
 
-def common_headers(message: Message, version: str, escape: Callable[[str], str]) -> bytes:
-    """Every MESSAGE header that does not depend on the subscription, the
-    blank line included, escaped by ``escape`` (``version``'s)."""
+def shared(message: Message, version: str, escape: Callable[[str], str]) -> tuple[str, bytes, bytes | None]:
+    """``(version, shared, body)``: what every subscriber's MESSAGE has in
+    common, escaped by ``escape`` (``version``'s).  A MESSAGE is the
+    subscription's prefix and ack header, then ``shared`` (every other header,
+    the blank line and, for a small body, the body and NUL), then, if not
+    None, ``body`` and a NUL."""
     address = message.address
     text = address.text
     # Inline cache probe: the call below only on a miss (hot path).
@@ -87,19 +90,13 @@ def common_headers(message: Message, version: str, escape: Callable[[str], str])
     headers = message.headers
     if headers:
         redelivered += "".join([f"{escape(key)}:{escape(value)}\n" for key, value in headers.items()])
-    return (
-        f"message-id:{message_id}\n{destination}timestamp:{message.timestamp}\nexpires:{message.expires}\n"
-        f"priority:{message.priority}\n{_PERSISTENT if message.persistent else ''}"
-        f"{redelivered}content-length:{len(message.body)}\n\n"  # type: ignore[arg-type]
-    ).encode()
-
-
-def shared(message: Message, version: str, escape: Callable[[str], str]) -> tuple[str, bytes, bytes | None]:
-    """``(version, shared, body)``: a MESSAGE is a subscription's prefix and
-    ack header, then ``shared``, then (if not None) ``body`` and a NUL."""
-    common = common_headers(message, version, escape)
     body = message.body
     assert body is not None  # a stub is loaded back before it is delivered
+    head = (
+        f"message-id:{message_id}\n{destination}timestamp:{message.timestamp}\nexpires:{message.expires}\n"
+        f"priority:{message.priority}\n{_PERSISTENT if message.persistent else ''}"
+        f"{redelivered}content-length:{len(body)}\n\n"
+    ).encode()
     if len(body) <= JOINED_BODY_BYTES:
-        return version, common + body + b"\x00", None
-    return version, common, body
+        return version, head + body + b"\x00", None
+    return version, head, body

@@ -67,11 +67,10 @@ def test_pieces_are_what_the_codec_writes(
     expected = written(version, sub_id, message, names.owner_name(address))
     # Twice: once filling the destination cache, once from it.
     for _ in range(2):
-        common = delivery.common_headers(message, version, conn.escape)
-        assert delivery.prefix(sub_id, conn.escape) + common + body + b"\x00" == expected
-    tagged, shared, rest = delivery.shared(message, version, conn.escape)
-    assert tagged == version
-    assert delivery.prefix(sub_id, conn.escape) + shared + (b"" if rest is None else rest + b"\x00") == expected
+        tagged, shared, rest = delivery.shared(message, version, conn.escape)
+        assert tagged == version
+        assert (rest is None) == (len(body) <= JOINED)
+        assert delivery.prefix(sub_id, conn.escape) + shared + (b"" if rest is None else rest + b"\x00") == expected
 
 
 def test_one_name_escapes_per_version() -> None:
@@ -83,5 +82,5 @@ def test_one_name_escapes_per_version() -> None:
         conn = StompConnection(Role.SERVER)
         conn.set_version(version)
         message = Message("m1", address, {}, b"")
-        lines[version] = delivery.common_headers(message, version, conn.escape).split(b"\n")[1]
+        lines[version] = delivery.shared(message, version, conn.escape)[1].split(b"\n")[1]
     assert lines == {"1.0": b"destination:/queue/a:b", "1.1": b"destination:/queue/a\\cb"}
