@@ -170,8 +170,8 @@ class StompConnection:
         self._fast = fast_path
         # The last head the fast path parsed (with its blank line) and what it
         # said: a producer mostly repeats its head byte for byte, and then one
-        # compare replaces the parse.  A NUL never starts a head: no match.
-        self._last_head = b"\x00"
+        # compare replaces the parse.
+        self._last_head = b""
         self._last_parse: _SimpleHead | None = None
 
     # -- configuration -----------------------------------------------------
@@ -236,21 +236,19 @@ class StompConnection:
         buf = self._buf
         pos = self._pos
         n = len(buf)
-        if pos >= n:
-            return None
-        if buf[pos] in _BETWEEN_BYTES:  # heart-beats: skipped as _next_frame does
-            skipped = _BETWEEN_FRAMES.match(buf, pos)
-            assert skipped is not None  # "*" matches the empty string
-            pos = self._pos = skipped.end()
+        parsed = self._last_parse
+        # The repeated head first; only else the heart-beats before a head.
+        if parsed is None or not buf.startswith(self._last_head, pos):
             if pos >= n:
                 return None
-        if buf.startswith(self._last_head, pos):
-            parsed = self._last_parse
-            assert parsed is not None
-        else:
-            parsed = self._simple_head(buf, pos)
-            if parsed is None:
-                return None
+            if buf[pos] in _BETWEEN_BYTES:  # skipped as _next_frame does
+                skipped = _BETWEEN_FRAMES.match(buf, pos)
+                assert skipped is not None  # "*" matches the empty string
+                pos = self._pos = skipped.end()
+            if parsed is None or not buf.startswith(self._last_head, pos):
+                parsed = self._simple_head(buf, pos)
+                if parsed is None:
+                    return None
         cls, template, head_bytes, header_count, length, digits_floor, takes_body = parsed
         # The limits may have changed since the head was parsed (CONNECT).
         # A head no longer than one header line has no line too long, and

@@ -62,6 +62,7 @@ CASES = [
     pytest.param(SEND * 3, {}, id="simple-repeated"),
     pytest.param(SEND + SEND.replace(b"/queue/a", b"/queue/b") + SEND, {}, id="head-changes-and-back"),
     pytest.param(b"\n\r\n\x00" + SEND + b"\x00\n" + SEND + b"\n\n", {}, id="heart-beats-and-stray-nuls"),
+    pytest.param(b"\x00" + SEND + b"\x00\x00" + SEND, {}, id="stray-nul-first"),
     pytest.param(b"SEND\ndestination:/queue/a\n\nhello\x00" * 2, {}, id="no-content-length"),
     pytest.param(b"SEND\r\ndestination:/queue/a\r\ncontent-length:5\r\n\r\nhello\x00" * 2, {}, id="crlf-1.2"),
     pytest.param(
