@@ -76,6 +76,14 @@ _BETWEEN_BYTES = b"\r\n\x00"
 # What a frame that takes no body may carry instead of one.
 _BLANK = b" \t\r\n"
 
+# The fast path: a head it remembers is at most this long (one per
+# connection), and a content-length it reads has at most this many digits.
+_SIMPLE_HEAD_CACHED_BYTES = 1024
+_SIMPLE_LENGTH_DIGITS = 18
+# (frame class, headers, head length, header count, content-length,
+#  smallest max_frame_bytes with that many digits, may carry a body)
+_SimpleHead = tuple[type[frames.Frame], dict[str, str], int, int, int, int, bool]
+
 # Frames parsed before a version is agreed: they may use CRLF whatever it is.
 _PRE_NEGOTIATION = frozenset({"CONNECT", "STOMP", "CONNECTED"})
 
@@ -139,6 +147,7 @@ class StompConnection:
         max_frame_bytes: int = MAX_FRAME_BYTES,
         max_headers: int = MAX_HEADERS,
         max_header_bytes: int = MAX_HEADER_BYTES,
+        fast_path: bool = True,
     ) -> None:
         self.role = role
         self.max_frame_bytes = max_frame_bytes
@@ -156,6 +165,14 @@ class StompConnection:
         # How much of the current frame's body was already searched for NUL, so a
         # large body arriving in small pieces is scanned once, not quadratically.
         self._body_scanned = 0
+        # False: every frame takes the general parser, the reference the fast
+        # path (:meth:`_next_simple`) is tested against.
+        self._fast = fast_path
+        # The last head the fast path parsed (with its blank line) and what it
+        # said: a producer mostly repeats its head byte for byte, and then one
+        # compare replaces the parse.
+        self._last_head = b""
+        self._last_parse: _SimpleHead | None = None
 
     # -- configuration -----------------------------------------------------
 
@@ -192,11 +209,14 @@ class StompConnection:
         """Yield every complete frame buffered so far, lazily."""
         if self.state is State.ERROR:
             raise LocalProtocolError("the connection already failed")
+        fast = self._fast
         try:
             while True:
-                frame = self._next_frame()
+                frame = self._next_simple() if fast else None
                 if frame is None:
-                    return
+                    frame = self._next_frame()
+                    if frame is None:
+                        return
                 yield frame
         except RemoteProtocolError:
             self.state = State.ERROR
@@ -206,6 +226,83 @@ class StompConnection:
     def mid_frame(self) -> bool:
         """True when a partial frame is buffered (EOF now would cut it)."""
         return self._pos < len(self._buf)
+
+    def _next_simple(self) -> frames.Frame | None:
+        """The common frame, parsed without the general path's checks: an
+        ASCII head without CR or backslash, within every limit, with a
+        content-length and the NUL after it.  None leaves the frame to
+        :meth:`_next_frame` (incomplete, an error, or anything else), so the
+        fast path only ever returns what the general one would."""
+        buf = self._buf
+        pos = self._pos
+        n = len(buf)
+        parsed = self._last_parse
+        # The repeated head first; only else the heart-beats before a head.
+        if parsed is None or not buf.startswith(self._last_head, pos):
+            if pos >= n:
+                return None
+            if buf[pos] in _BETWEEN_BYTES:  # skipped as _next_frame does
+                skipped = _BETWEEN_FRAMES.match(buf, pos)
+                assert skipped is not None  # "*" matches the empty string
+                pos = self._pos = skipped.end()
+            if parsed is None or not buf.startswith(self._last_head, pos):
+                parsed = self._simple_head(buf, pos)
+                if parsed is None:
+                    return None
+        cls, template, head_bytes, header_count, length, digits_floor, takes_body = parsed
+        # The limits may have changed since the head was parsed (CONNECT).
+        # A head no longer than one header line has no line too long, and
+        # ends within the head limit; a content-length with more digits than
+        # max_frame_bytes is refused however small its value.
+        if head_bytes > self.max_header_bytes or header_count > self.max_headers:
+            return None
+        max_frame_bytes = self.max_frame_bytes
+        if digits_floor > max_frame_bytes:
+            return None
+        body_start = pos + head_bytes + 2
+        body_end = body_start + length
+        if body_end >= n or body_end >= pos + max_frame_bytes or buf[body_end] != 0:
+            return None
+        if not length:
+            self._pos = body_end + 1
+            return cls(template.copy(), b"")
+        if not takes_body:
+            return None  # blank or refused: the general path says which
+        self._pos = body_end + 1
+        return cls(template.copy(), buf[body_start:body_end])
+
+    def _simple_head(self, buf: bytes, pos: int) -> _SimpleHead | None:
+        """Parse a head for :meth:`_next_simple`, or None if it is not simple."""
+        term = buf.find(b"\n\n", pos, pos + self.max_header_bytes + 2)
+        if term < 0:
+            return None
+        head = buf[pos:term]
+        # With no CR there is no CRLF to strip, with no backslash nothing to
+        # unescape (whatever the version), and ASCII counts bytes as characters.
+        if b"\r" in head or b"\\" in head or not head.isascii():
+            return None
+        lines = head.decode("ascii").split("\n")
+        cls = self._incoming.get(lines[0])
+        if cls is None:
+            return None
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            key, colon, value = line.partition(":")
+            if not colon:
+                return None
+            if key not in headers:  # §Repeated Header Entries: the first wins
+                headers[key] = value
+        length_text = headers.get("content-length")
+        if length_text is None or not length_text.isdigit() or len(length_text) > _SIMPLE_LENGTH_DIGITS:
+            return None
+        parsed = (
+            cls, headers, term - pos, len(lines) - 1, int(length_text),
+            10 ** (len(length_text) - 1), cls.command in frames.COMMANDS_WITH_BODY,
+        )
+        if term - pos <= _SIMPLE_HEAD_CACHED_BYTES:
+            self._last_head = buf[pos : term + 2]
+            self._last_parse = parsed
+        return parsed
 
     def _next_frame(self) -> frames.Frame | None:
         buf = self._buf

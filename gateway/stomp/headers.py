@@ -22,6 +22,9 @@ SEND_OWN_HEADERS = frozenset(
         "message-id", "subscription", "ack", "redelivered", "timestamp", "x-delivery-count",
     }
 )
+# Those of them whose value the session does not read: a SEND with only
+# these makes a message with the defaults and no headers of its own.
+SEND_DROPPED_HEADERS = SEND_OWN_HEADERS - {"persistent", "priority", "expires", "expiration", "transaction"}
 
 
 class FrameRejected(Exception):

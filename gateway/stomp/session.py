@@ -25,9 +25,11 @@ from core.ports import Clock
 from core.subscriptions import AckMode, Subscription
 from gateway.auth import AccessDenied, VerificationPending
 from gateway.session.skeleton import Dialect, Skeleton, State
-from gateway.stomp import codec, frames
+from gateway.stomp import codec, delivery, frames
+from gateway.stomp.delivery import SubscriptionState
 from gateway.stomp.headers import (
-    ACK_MODES, SEND_OWN_HEADERS, FrameRejected, durable_owner, int_header, int_value, require, selector,
+    ACK_MODES, SEND_DROPPED_HEADERS, SEND_OWN_HEADERS, FrameRejected, durable_owner, int_header, int_value, require,
+    selector,
 )
 
 SERVER_NAME = "gateway/0.1.0"
@@ -50,20 +52,6 @@ class StompSettings:
     # A client silent for longer than the agreed interval times this is dropped.
     heartbeat_grace: float = 2.0
     outbox_high_water_bytes: int = 1024 * 1024
-
-
-class _SubscriptionState:
-    """What the session keeps per STOMP subscription: the id and the
-    pre-encoded start of each MESSAGE frame for it."""
-
-    __slots__ = ("id", "number", "prefix", "ack_prefix", "core")
-
-    def __init__(self, sub_id: str, number: int, prefix: bytes, ack_prefix: str | None) -> None:
-        self.id = sub_id
-        self.number = number
-        self.prefix = prefix
-        self.ack_prefix = ack_prefix
-        self.core: Subscription | None = None
 
 
 class StompSession:
@@ -93,8 +81,8 @@ class StompSession:
         )
         self.client: Client | None = None  # set once, at CONNECT
         self.version = "1.0"
-        self._subs: dict[str, _SubscriptionState] = {}
-        self._subs_by_number: dict[str, _SubscriptionState] = {}
+        self._subs: dict[str, SubscriptionState] = {}
+        self._subs_by_number: dict[str, SubscriptionState] = {}
         self._sub_numbers = 0
         # The transition table: the frames each state accepts (STOMP 1.2
         # §Connecting: CONNECT or STOMP first, and only once).
@@ -176,45 +164,19 @@ class StompSession:
         self.skeleton.gate.release()
 
     def deliver(self, subscription: Subscription, message: Message) -> None:
-        state: _SubscriptionState = subscription.token
+        state: SubscriptionState = subscription.token
         wire = message.wire
         if wire is None or wire[0] != self.version:
-            wire = message.wire = (self.version, self._encode_common(message))
-        common = wire[1]
-        body = message.body
-        if state.ack_prefix is None:
-            self.outbox.extend((state.prefix, common, body, b"\x00"), len(state.prefix) + len(common) + len(body) + 1)
+            wire = message.wire = delivery.shared(message, self.version, self.codec.escape)
+        _, shared, body = wire
+        head = state.prefix
+        if state.ack_prefix is not None:
+            head += f"ack:{state.ack_prefix}{self.codec.escape(message.id)}\n".encode()
+        if body is None:  # a small body, joined to the shared headers: one chunk
+            data = head + shared
+            self.outbox.extend((data,), len(data))
         else:
-            ack = f"ack:{state.ack_prefix}{self.codec.escape(message.id)}\n".encode()
-            self.outbox.extend(
-                (state.prefix, ack, common, body, b"\x00"),
-                len(state.prefix) + len(ack) + len(common) + len(body) + 1,
-            )
-
-    def _encode_common(self, message: Message) -> bytes:
-        """Every MESSAGE header that does not depend on the subscription, once per message."""
-        esc = self.codec.escape
-        address = message.address
-        # A temporary destination's owner (its only reader) sees the name it used.
-        destination = names.owner_name(address) if address.is_temporary else address.text
-        lines = [
-            f"message-id:{esc(message.id)}",
-            f"destination:{esc(destination)}",
-            f"timestamp:{message.timestamp}",
-            f"expires:{message.expires}",
-            f"priority:{message.priority}",
-        ]
-        if message.persistent:
-            lines.append("persistent:true")
-        if message.redeliveries:
-            lines.append("redelivered:true")
-            lines.append(f"x-delivery-count:{message.redeliveries}")
-        else:
-            lines.append("redelivered:false")
-        for key, value in message.headers.items():
-            lines.append(f"{esc(key)}:{esc(value)}")
-        lines.append(f"content-length:{len(message.body)}\n\n")
-        return "\n".join(lines).encode()
+            self.outbox.extend((head, shared, body, b"\x00"), len(head) + len(shared) + len(body) + 1)
 
     # -- frame handlers ----------------------------------------------------
 
@@ -282,18 +244,31 @@ class StompSession:
         address = names.parse(destination)
         if isinstance(address, str):
             raise InvalidDestination(f"invalid destination {destination[:80]!r}: {address}")
-        if headers.get("persistent") == "true" and self.client.held_for_disk(address):  # type: ignore[union-attr]
-            # The disk alarm: not stored, not receipted; reading stops, and
-            # this frame is handled again once free space is back.
-            self.skeleton.defer(frame)
-            return
+        if headers.keys() <= SEND_DROPPED_HEADERS:
+            # The common SEND (destination, content-length, maybe a receipt):
+            # no value to read and no application header to keep (hot path).
+            message = self.broker.message(address, {}, frame.body)
+            transaction = None
+        else:
+            if headers.get("persistent") == "true" and self.client.held_for_disk(address):  # type: ignore[union-attr]
+                # The disk alarm: not stored, not receipted; reading stops, and
+                # this frame is handled again once free space is back.
+                self.skeleton.defer(frame)
+                return
+            message, transaction = self._message(address, headers, frame.body)
+        lsn = self.client.send(message, transaction)  # type: ignore[union-attr]
+        if receipt is not None:
+            self._receipt(receipt, lsn)
+
+    def _message(self, address: names.Address, headers: dict[str, str], body: bytes) -> tuple[Message, str | None]:
+        """The message a SEND with these headers makes, and its transaction."""
         persistent = False
         priority = DEFAULT_PRIORITY
         expires = 0
         transaction = None
         # Take out what the transport and the broker own; what remains is the
-        # application's headers.  One set intersection finds them (hot path).
-        for name in headers.keys() & SEND_OWN_HEADERS:
+        # application's headers.
+        for name in SEND_OWN_HEADERS.intersection(headers):
             value = headers.pop(name)
             if name == "persistent":
                 persistent = value == "true"
@@ -317,12 +292,8 @@ class StompSession:
                 # The responder gets the private name, which reaches this
                 # connection's own queue whoever else uses the same name.
                 headers["reply-to"] = self.client.temporary(reply_address).text  # type: ignore[union-attr]
-        message = self.broker.message(
-            address, headers, frame.body, persistent=persistent, priority=priority, expires=expires
-        )
-        lsn = self.client.send(message, transaction)  # type: ignore[union-attr]
-        if receipt is not None:
-            self._receipt(receipt, lsn)
+        message = self.broker.message(address, headers, body, persistent=persistent, priority=priority, expires=expires)
+        return message, transaction
 
     def _on_subscribe(self, frame: frames.Frame) -> None:
         destination = require(frame, "destination")
@@ -345,9 +316,9 @@ class StompSession:
             raise FrameRejected("activemq.prefetchSize must not be negative")
         self._sub_numbers += 1
         number = str(self._sub_numbers)
-        prefix = f"MESSAGE\nsubscription:{self.codec.escape(sub_id)}\n".encode()
+        prefix = delivery.prefix(sub_id, self.codec.escape)
         ack_prefix = number + "/" if (mode is not AckMode.AUTO and self.version == "1.2") else None
-        state = _SubscriptionState(sub_id, self._sub_numbers, prefix, ack_prefix)
+        state = SubscriptionState(sub_id, self._sub_numbers, prefix, ack_prefix)
         self._subs[sub_id] = state
         self._subs_by_number[number] = state
         try:
@@ -396,7 +367,7 @@ class StompSession:
         lsn = self.client.nack(state, message_id, frame.headers.get("transaction"))  # type: ignore[union-attr]
         self._receipt_if_asked(frame, lsn)
 
-    def _acked_message(self, frame: frames.Frame) -> tuple[_SubscriptionState, str]:
+    def _acked_message(self, frame: frames.Frame) -> tuple[SubscriptionState, str]:
         """Which subscription and message an ACK or NACK names, in any version's form."""
         headers = frame.headers
         if self.version == "1.2":
