@@ -61,6 +61,12 @@ SCENARIOS: dict[str, tuple[str, list[str], set[str], str]] = {
     "x1": ("x1 MQTT -> STOMP", ["x1"], {"mqtt", "stomp"}, "rate"),
 }
 BROKERS = ("gateway", "mosquitto", "activemq")
+# Where the broker and the generator run: (broker CPUs, generator CPUs) for taskset.
+# A message that costs one wake-up (s1w1, s4, m4) costs about twice as much when the
+# generator runs on another CPU than the broker (a cross-CPU wake-up per message, cold
+# caches) as when they share one, for every broker: left free, the scheduler picks
+# either, run to run, so compare those scenarios only with a pinned placement.
+PLACEMENTS = {"free": (None, None), "same": ("0", "0"), "split": ("0", "1")}
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -82,6 +88,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         help="gateway's command; {python} {stomp_port} {mqtt_port} {data_dir} are substituted")
     parser.add_argument("--activemq-nio", action="store_true", help="ActiveMQ's stomp+nio / mqtt+nio connectors")
     parser.add_argument("--activemq-heap", default="1G", metavar="SIZE", help="ActiveMQ's -Xms/-Xmx (default 1G)")
+    parser.add_argument("--placement", choices=tuple(PLACEMENTS), default="free",
+                        help="free: the scheduler's choice; same: broker and generator on CPU 0; "
+                             "split: broker on CPU 0, generator on CPU 1 (default %(default)s)")
     parser.add_argument("--start-timeout", type=float, default=60.0, metavar="S",
                         help="a broker must accept connections within S s (default 60)")
     parser.add_argument("--run-timeout", type=float, default=240.0, metavar="S",
@@ -120,7 +129,10 @@ def build_brokerbench(args: argparse.Namespace, tmp: Path) -> Path:
 def make_brokers(args: argparse.Namespace) -> dict[str, PeerBroker]:
     made = {"gateway": lambda: Gateway(args.gateway_cmd), "mosquitto": Mosquitto,
             "activemq": lambda: ActiveMQ(nio=args.activemq_nio, heap=args.activemq_heap)}
-    return {name: made[name]() for name in args.broker_list}
+    brokers = {name: made[name]() for name in args.broker_list}
+    for broker in brokers.values():
+        broker.cpus = PLACEMENTS[args.placement][0]
+    return brokers
 
 
 def warmup_args(scenario: str, count: int) -> list[str] | None:
@@ -136,7 +148,9 @@ def warmup_args(scenario: str, count: int) -> list[str] | None:
 def run_bench(binary: Path, broker: PeerBroker, scenario: str, args: argparse.Namespace,
               extra: list[str] | None = None) -> dict:
     """One brokerbench run against a started broker: its JSON, or an error record."""
-    cmd = [str(binary), *SCENARIOS[scenario][1], "--host", "127.0.0.1", "--pid", str(broker.pid)]
+    cpus = PLACEMENTS[args.placement][1]
+    cmd = ["taskset", "-c", cpus] if cpus else []
+    cmd += [str(binary), *SCENARIOS[scenario][1], "--host", "127.0.0.1", "--pid", str(broker.pid)]
     if broker.stomp_port:
         cmd += ["--stomp-port", str(broker.stomp_port)]
     if broker.mqtt_port:
@@ -286,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     absent = {n: b.missing() for n, b in brokers.items()}
     info = machine()
     print(f"peers: {info['cpus']} CPUs ({info['cpu_model']}), Linux {info['kernel']}, "
-          f"load average {info['load_average_start']}; {args.rounds} round(s)")
+          f"load average {info['load_average_start']}; {args.rounds} round(s); placement {args.placement}")
     for n, b in brokers.items():
         print(f"  {n}: " + (f"MISSING: {absent[n]}" if absent[n] else b.version()))
     records: list[dict] = []
@@ -336,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nnot run: {why}")
     if args.json:
         doc = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": info, "load_average_end": loadavg(),
-               "rounds": args.rounds, "bench_args": args.bench_args, "interrupted": interrupted,
+               "rounds": args.rounds, "placement": args.placement, "bench_args": args.bench_args, "interrupted": interrupted,
                "brokers": {n: {"missing": absent[n], "version": "" if absent[n] else b.version()}
                            for n, b in brokers.items()},
                "summary": summary, "runs": records}

@@ -77,6 +77,7 @@ class PeerBroker:
         self.stomp_port = 0
         self.mqtt_port = 0
         self.command: list[str] = []
+        self.cpus: str | None = None  # taskset's CPU list for the broker (and every thread it starts)
 
     # -- what a subclass says --------------------------------------------------
     def missing(self) -> str | None:
@@ -104,6 +105,8 @@ class PeerBroker:
         self.stomp_port = free_port() if "stomp" in self.protocols else 0
         self.mqtt_port = free_port() if "mqtt" in self.protocols else 0
         cmd, env = self.build_command(self.tmp)
+        if self.cpus:
+            cmd = ["taskset", "-c", self.cpus, *cmd]  # exec'd: the broker keeps this pid
         self.command = cmd
         with open(self.tmp / "broker.log", "wb") as log:
             self.proc = subprocess.Popen(
