@@ -1,12 +1,14 @@
 """One accepted connection: its tasks over a protocol-agnostic session, and
 the write at the end of each pass.
 
-A connection is one nursery holding a reader that feeds the session
-whatever bytes arrive and a writer that drains the session's outbox with one
-``send_all`` per batch when the socket cannot take it at once (over a plain
-socket it exists only while it has such work).  The session's deadlines
-(heart-beats, keepalive, login timeout) are fired by the server's one
-:class:`Timers` task, so an idle plain connection is one task.
+A connection is a reader, run in the task that accepted it, that feeds the
+session whatever bytes arrive, and a writer task (in the server's handler
+nursery) that drains the session's outbox with one ``send_all`` per batch
+when the socket cannot take it at once (over a plain socket it exists only
+while it has such work).  Each has a cancel scope bearing the closing bound.
+The session's deadlines (heart-beats, keepalive, login timeout) are fired by
+the server's one :class:`Timers` task, so an idle plain connection is one
+task, no nursery.
 
 Whatever a pass produces (a reader's bytes handled, a deadline fired, a
 batch written, the store's fsync) is written once per connection at the end
