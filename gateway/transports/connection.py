@@ -201,15 +201,14 @@ class Connection:
         # Made when first parked on (most connections never are).
         self._writer_lot: trio.lowlevel.ParkingLot | None = None
         self._reader_lot: trio.lowlevel.ParkingLot | None = None
-        self._reading = True
+        self._reading = True  # until the reader ends
         self._reader_end: trio.Event | None = None  # made by a writer that lingers for the reader's end
         # Without the server's timers (a test's lone connection), its own.
         self._own_timers = timers is None
         self._timers = Timers() if timers is None else timers
         self._armed = math.inf  # the earliest deadline this connection has in the heap
         self.ended = False
-        # Where the writer task runs; None: a nursery of the connection's own.
-        self._tasks = tasks if timers is not None else None
+        self._tasks = tasks if timers is not None else None  # the writer's nursery; None: its own
         self._scope: trio.CancelScope | None = None  # the reader's (the connection's)
         self._writer_scope: trio.CancelScope | None = None
         self._writing = False  # a writer task is started or running
@@ -238,9 +237,7 @@ class Connection:
                     if self.io.outbox or self.io.closed:
                         self.wake_writer()
                 await self._reader()
-                if self._writing:
-                    # Reading ended (the session is closed): the writer
-                    # flushes, sends EOF and ends the connection, within the bound.
+                if self._writing:  # closed: the writer flushes, sends EOF, ends us (within the bound)
                     await trio.sleep_forever()
         finally:
             # The socket is closed after this; nothing may write to its fd.
@@ -252,8 +249,8 @@ class Connection:
                 self._writer_scope.cancel()
 
     def failed(self) -> None:
-        """A bug met outside this connection's own tasks (a shared pass or
-        timer): log it, close the session, end the connection."""
+        """A bug met outside the reader (a shared pass or timer, the writer
+        task): log it, close the session, end the connection."""
         self.log.exception("connection_failed")
         self.session.close("internal error")
         if self._scope is not None:
