@@ -35,7 +35,7 @@ from gateway.mqtt import codec, packets, topics
 from gateway.mqtt.inflight import FIRST_STAGE, InFlight, SessionState
 from gateway.mqtt.registry import OWNER_MARK, OWNER_PREFIX, QOS2_NOTES, Registry, qos2_note
 from gateway.mqtt.settings import MqttSettings
-from gateway.session.skeleton import Dialect, Rows, Skeleton, State
+from gateway.session.skeleton import Dialect, Skeleton, State
 
 __all__ = ["OWNER_PREFIX", "QOS2_NOTES", "MqttSession", "MqttSettings", "Registry"]  # what app.py wires
 
@@ -90,7 +90,8 @@ class MqttSession:
         self.will: packets.Will | None = None
         self._subs: dict[str, _Sub] = {}  # by topic filter; the core's tokens
         dialect = Dialect(
-            handlers=Rows(self._row),
+            handlers=TABLE,
+            owner=self,
             reject=self._unexpected,
             errors=ERRORS,
             on_error=self._on_error,
@@ -186,26 +187,6 @@ class MqttSession:
         self.skeleton.gate.release()
 
     # -- packets -----------------------------------------------------------
-
-    def _row(self, state: State) -> dict[type, Callable[[Any], None]]:
-        """The transition table's row for ``state``, built when the session
-        enters it: CONNECT first and only once [MQTT-3.1.0-1, -2]."""
-        if state is State.AWAITING_CONNECT:
-            return {packets.Connect: self._on_connect}
-        if state is State.CLOSED:
-            return {}
-        puback = self._on_puback  # one bound method for both
-        return {
-            packets.Publish: self._on_publish,
-            packets.PubAck: puback,
-            packets.PubRec: self._on_pubrec,
-            packets.PubRel: self._on_pubrel,
-            packets.PubComp: puback,
-            packets.Subscribe: self._on_subscribe,
-            packets.Unsubscribe: self._on_unsubscribe,
-            packets.PingReq: self._on_pingreq,
-            packets.Disconnect: self._on_disconnect,
-        }
 
     def _on_connect(self, packet: packets.Connect) -> None:
         password = packet.password.decode("utf-8", "replace") if packet.password is not None else None
@@ -490,3 +471,23 @@ class MqttSession:
         """Log once and close: MQTT 3.1.1 has no error packet, the close is the answer."""
         self.log.warning("packet_rejected", packet=type(packet).__name__ if packet is not None else None, reason=reason)
         self.close(reason)
+
+
+# The transition table, one for every session: plain functions of (session,
+# packet), called with the dialect's owner, so a session holds no table of
+# bound methods.  CONNECT first and only once [MQTT-3.1.0-1, -2].
+TABLE: dict[State, dict[type, Callable[[MqttSession, Any], None]]] = {
+    State.AWAITING_CONNECT: {packets.Connect: MqttSession._on_connect},
+    State.CONNECTED: {
+        packets.Publish: MqttSession._on_publish,
+        packets.PubAck: MqttSession._on_puback,
+        packets.PubRec: MqttSession._on_pubrec,
+        packets.PubRel: MqttSession._on_pubrel,
+        packets.PubComp: MqttSession._on_puback,
+        packets.Subscribe: MqttSession._on_subscribe,
+        packets.Unsubscribe: MqttSession._on_unsubscribe,
+        packets.PingReq: MqttSession._on_pingreq,
+        packets.Disconnect: MqttSession._on_disconnect,
+    },
+    State.CLOSED: {},
+}

@@ -69,26 +69,9 @@ class Dialect:
     silence: str
     # Room for more deliveries beyond the outbox's (MQTT: its in-flight window).
     room: Callable[[], bool] = lambda: True
-
-
-class Rows(Mapping[State, Mapping[type, Callable[[Any], None]]]):
-    """A transition table whose rows are built by ``build(state)`` when the
-    skeleton enters that state (it reads a row only then), so an idle
-    connection holds the one row it is in, not the whole table."""
-
-    __slots__ = ("build",)
-
-    def __init__(self, build: Callable[[State], Mapping[type, Callable[[Any], None]]]) -> None:
-        self.build = build
-
-    def __getitem__(self, state: State) -> Mapping[type, Callable[[Any], None]]:
-        return self.build(state)
-
-    def __iter__(self) -> Iterator[State]:
-        return iter(State)
-
-    def __len__(self) -> int:
-        return len(State)
+    # If set, ``handlers`` holds plain functions of (owner, event), one table
+    # for every session of a protocol (no bound methods per session).
+    owner: Any = None
 
 
 class Skeleton:
@@ -212,6 +195,7 @@ class Skeleton:
         """Hand each buffered event (``replay`` first) to the current state's
         handler, until the session closes or this producer is held back."""
         gate = self.gate
+        owner = self.dialect.owner
         event: Any = None
         events = self.codec.events() if replay is None else itertools.chain((replay,), self.codec.events())
         try:
@@ -220,7 +204,10 @@ class Skeleton:
                 if handler is None:
                     self.dialect.reject(event)
                     return
-                handler(event)
+                if owner is None:
+                    handler(event)
+                else:
+                    handler(owner, event)
                 if self.state is _CLOSED:
                     return
                 client = self.client

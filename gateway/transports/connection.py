@@ -1,12 +1,14 @@
 """One accepted connection: its tasks over a protocol-agnostic session, and
 the write at the end of each pass.
 
-A connection is one nursery holding a reader that feeds the session
-whatever bytes arrive and a writer that drains the session's outbox with one
-``send_all`` per batch when the socket cannot take it at once (over a plain
-socket it exists only while it has such work).  The session's deadlines
-(heart-beats, keepalive, login timeout) are fired by the server's one
-:class:`Timers` task, so an idle plain connection is one task.
+A connection is a reader, run in the task that accepted it, that feeds the
+session whatever bytes arrive, and a writer task (in the server's handler
+nursery) that drains the session's outbox with one ``send_all`` per batch
+when the socket cannot take it at once (over a plain socket it exists only
+while it has such work).  Each has a cancel scope bearing the closing bound.
+The session's deadlines (heart-beats, keepalive, login timeout) are fired by
+the server's one :class:`Timers` task, so an idle plain connection is one
+task, no nursery.
 
 Whatever a pass produces (a reader's bytes handled, a deadline fired, a
 batch written, the store's fsync) is written once per connection at the end
@@ -146,7 +148,20 @@ class Timers:
 
 
 class Connection:
-    """One accepted socket and its session."""
+    """One accepted socket and its session.
+
+    Its reader runs in the task that calls :meth:`run`, under the
+    connection's own cancel scope (the closing bound); its writer, while it
+    has one, is a task in ``tasks`` (the server's handler nursery) under a
+    scope of its own with the same bound, so an idle plain connection is one
+    task and no nursery."""
+
+    __slots__ = (
+        "stream", "session", "io", "log", "protocol", "peer", "opened_ms", "bytes_in", "ended",
+        "_durable_lsn", "_gated", "_after_input", "_pass", "_fd", "_writer_idle", "_unsent",
+        "_writer_lot", "_reader_lot", "_reading", "_reader_end", "_own_timers", "_timers", "_armed",
+        "_tasks", "_scope", "_writer_scope", "_writing", "_bound",
+    )
 
     def __init__(
         self,
@@ -158,6 +173,7 @@ class Connection:
         after_input: Callable[[], None] | None = None,
         writes: Pass | None = None,
         timers: Timers | None = None,
+        tasks: trio.Nursery | None = None,
     ) -> None:
         self.stream = stream
         self.session = session
@@ -182,46 +198,63 @@ class Connection:
         # parks when idle.
         self._writer_idle = False
         self._unsent = b""  # what a pass's write left for the writer task
-        self._writer_lot = trio.lowlevel.ParkingLot()
-        self._reader_lot = trio.lowlevel.ParkingLot()
-        self._reader_done = trio.Event()
+        # Made when first parked on (most connections never are).
+        self._writer_lot: trio.lowlevel.ParkingLot | None = None
+        self._reader_lot: trio.lowlevel.ParkingLot | None = None
+        self._reading = True  # until the reader ends
+        self._reader_end: trio.Event | None = None  # made by a writer that lingers for the reader's end
         # Without the server's timers (a test's lone connection), its own.
         self._own_timers = timers is None
         self._timers = Timers() if timers is None else timers
         self._armed = math.inf  # the earliest deadline this connection has in the heap
         self.ended = False
-        self._nursery: trio.Nursery | None = None
+        self._tasks = tasks if timers is not None else None  # the writer's nursery; None: its own
+        self._scope: trio.CancelScope | None = None  # the reader's (the connection's)
+        self._writer_scope: trio.CancelScope | None = None
+        self._writing = False  # a writer task is started or running
+        self._bound = math.inf  # the closing bound, once the session closed
         self.io.outbox.wakeup = self._output_ready
-        self.io.gate.wake_reader = self._reader_lot.unpark_all
+        self.io.gate.wake_reader = self._wake_reader
 
     async def run(self) -> None:
-        try:
+        if self._tasks is None:
+            # A lone connection (a test's, a WebSocket's): its writer (and
+            # timers) in a nursery of its own, as the server's would be.
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                nursery.start_soon(self._reader)
+                self._tasks = nursery
                 if self._own_timers:
                     nursery.start_soon(self._timers.run)
+                await self.run()
+                nursery.cancel_scope.cancel()
+            return
+        try:
+            with trio.CancelScope(deadline=self._bound) as self._scope:
                 self._rearm()
                 if self._fd < 0:
-                    nursery.start_soon(self._writer)
+                    self._start_writer()
                 else:
                     self._writer_idle = True
                     if self.io.outbox or self.io.closed:
                         self.wake_writer()
+                await self._reader()
+                if self._writing:  # closed: the writer flushes, sends EOF, ends us (within the bound)
+                    await trio.sleep_forever()
         finally:
             # The socket is closed after this; nothing may write to its fd.
             self._fd = -1
             self._writer_idle = False
             self.ended = True
             self._timers.forget()
+            if self._writer_scope is not None:
+                self._writer_scope.cancel()
 
     def failed(self) -> None:
-        """A bug met outside this connection's own tasks (a shared pass or
-        timer): log it, close the session, end the connection."""
+        """A bug met outside the reader (a shared pass or timer, the writer
+        task): log it, close the session, end the connection."""
         self.log.exception("connection_failed")
         self.session.close("internal error")
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
+        if self._scope is not None:
+            self._scope.cancel()
 
     def shutdown(self, reason: str) -> None:
         self.session.shutdown(reason)
@@ -231,10 +264,19 @@ class Connection:
         if self._writer_idle:
             self._writer_idle = False
             if self._fd < 0:
+                assert self._writer_lot is not None
                 self._writer_lot.unpark_all()
             else:
-                assert self._nursery is not None
-                self._nursery.start_soon(self._writer)
+                self._start_writer()
+
+    def _start_writer(self) -> None:
+        assert self._tasks is not None
+        self._writing = True
+        self._tasks.start_soon(self._write_task)
+
+    def _wake_reader(self) -> None:
+        if self._reader_lot is not None:
+            self._reader_lot.unpark_all()
 
     def _output_ready(self) -> None:
         """The outbox went from empty to not: write it at the end of the
@@ -290,10 +332,12 @@ class Connection:
         self._rearm()
         if self.io.closed:
             self.wake_writer()
-            self._reader_lot.unpark_all()
-            if self._nursery is not None:
-                bound = self._nursery.cancel_scope
-                bound.deadline = min(bound.deadline, trio.current_time() + CLOSING_TIMEOUT_S)
+            self._wake_reader()
+            if self._bound == math.inf:
+                self._bound = bound = trio.current_time() + CLOSING_TIMEOUT_S
+                for scope in (self._scope, self._writer_scope):
+                    if scope is not None:
+                        scope.deadline = min(scope.deadline, bound)
 
     async def _reader(self) -> None:
         session = self.session
@@ -309,6 +353,8 @@ class Connection:
                 # Back-pressure: while our own replies are not being read, or
                 # the core holds this producer back, stop reading.
                 while not io.wants_input and not io.closed:
+                    if self._reader_lot is None:
+                        self._reader_lot = trio.lowlevel.ParkingLot()
                     await self._reader_lot.park()
                     opened = writes.begin()
                     try:
@@ -356,7 +402,26 @@ class Connection:
                 if not data:
                     return
         finally:
-            self._reader_done.set()
+            self._reading = False
+            if self._reader_end is not None:
+                self._reader_end.set()
+
+    async def _write_task(self) -> None:
+        """The writer, in the tasks nursery: under the closing bound, and a
+        bug in it costs this connection only (as one in the reader does)."""
+        try:
+            if self.ended:
+                return  # started as the connection ended
+            with trio.CancelScope(deadline=self._bound) as self._writer_scope:
+                try:
+                    await self._writer()
+                except Exception:
+                    self.failed()
+        finally:
+            self._writer_scope = None
+            self._writing = False
+            if not self._reading and self._scope is not None:
+                self._scope.cancel()  # run() waits for the writer once reading ended
 
     async def _writer(self) -> None:
         session = self.session
@@ -364,6 +429,8 @@ class Connection:
         outbox = io.outbox
         stream = self.stream
         writes = self._pass
+        if self._fd < 0:
+            self._writer_lot = trio.lowlevel.ParkingLot()
         while True:
             data = self._unsent or outbox.drain(self._durable_lsn())
             self._unsent = b""
@@ -375,6 +442,7 @@ class Connection:
                 self._writer_idle = True
                 if self._fd >= 0:
                     return  # passes write from here on; wake_writer starts another
+                assert self._writer_lot is not None
                 await self._writer_lot.park()
                 continue
             try:
@@ -393,16 +461,18 @@ class Connection:
                     writes.end(self._after_input)
         # Closed and flushed: send EOF, give the peer a moment to read it and
         # close its side, then end the connection.
-        if not self._reader_done.is_set():
+        if self._reading:
             try:
                 if isinstance(stream, trio.abc.HalfCloseableStream):
                     await stream.send_eof()
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass  # the peer is already gone; nothing left to tell it
-            with trio.move_on_after(LINGER_S):
-                await self._reader_done.wait()
-        assert self._nursery is not None
-        self._nursery.cancel_scope.cancel()
+            if self._reading:
+                self._reader_end = trio.Event()
+                with trio.move_on_after(LINGER_S):
+                    await self._reader_end.wait()
+        assert self._scope is not None
+        self._scope.cancel()
 
     def _rearm(self) -> None:
         # Only ever earlier: at the older deadline the connection finds a

@@ -10,10 +10,11 @@ session; the same loop serves every protocol whose session has the shape of
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import trio
@@ -168,28 +169,34 @@ class Server:
         # Connection tasks go in the server-wide handler nursery, not this one,
         # so closing the listeners stops accepting without cutting connections.
         await trio.serve_listeners(
-            lambda stream: self._handle(spec, stream), listeners, handler_nursery=handlers
+            functools.partial(self._accepted, spec, handlers), listeners, handler_nursery=handlers
         )
 
-    async def _handle(self, spec: ListenerSpec, stream: trio.abc.Stream) -> None:
-        peer = peer_address(stream)
+    def _accepted(self, spec: ListenerSpec, handlers: trio.Nursery, stream: trio.abc.Stream) -> Coroutine[Any, Any, None]:
+        """The task for an accepted stream: a plain socket goes straight to
+        :meth:`serve_stream` (one coroutine frame less per idle connection)."""
         if isinstance(stream, trio.SSLStream):
-            # Handshake before the session exists, so a client certificate's
-            # user is known at CONNECT; a peer that stalls it is cut off.
-            failure: str | None = "handshake timed out"
-            with trio.move_on_after(self.limits.tls_handshake_timeout_s):
-                try:
-                    await stream.do_handshake()
-                    failure = None
-                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    failure = str(exc.__cause__ or exc)
-            if failure is not None:
-                self.tls_handshakes_failed += 1
-                self.log.info("tls_handshake_failed", protocol=spec.name, peer=peer, reason=failure[:200])
-                with trio.CancelScope(shield=True):
-                    await trio.aclose_forcefully(stream)
-                return
-        await self.serve_stream(spec.name, spec.factory, stream, peer)
+            return self._handshake(spec, handlers, stream)
+        return self.serve_stream(spec.name, spec.factory, stream, peer_address(stream), tasks=handlers)
+
+    async def _handshake(self, spec: ListenerSpec, handlers: trio.Nursery, stream: trio.SSLStream) -> None:
+        peer = peer_address(stream)
+        # Handshake before the session exists, so a client certificate's
+        # user is known at CONNECT; a peer that stalls it is cut off.
+        failure: str | None = "handshake timed out"
+        with trio.move_on_after(self.limits.tls_handshake_timeout_s):
+            try:
+                await stream.do_handshake()
+                failure = None
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                failure = str(exc.__cause__ or exc)
+        if failure is not None:
+            self.tls_handshakes_failed += 1
+            self.log.info("tls_handshake_failed", protocol=spec.name, peer=peer, reason=failure[:200])
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+            return
+        await self.serve_stream(spec.name, spec.factory, stream, peer, tasks=handlers)
 
     def _admission(self, host: str) -> str | None:
         """Why a new connection from ``host`` is over a limit, or None."""
@@ -200,9 +207,12 @@ class Server:
             return f"too many connections from {host} (limit {limits.max_connections_per_address})"
         return None
 
-    async def serve_stream(self, name: str, factory: SessionFactory, stream: trio.abc.Stream, peer: str) -> None:
+    async def serve_stream(
+        self, name: str, factory: SessionFactory, stream: trio.abc.Stream, peer: str, *, tasks: trio.Nursery | None = None
+    ) -> None:
         """Run one connection over any byte stream (a socket, TLS, a
-        WebSocket's messages) until it closes; ``name`` is its protocol label."""
+        WebSocket's messages) until it closes; ``name`` is its protocol label,
+        ``tasks`` where its writer runs (None: a nursery of its own)."""
         host = peer_host(peer)
         refused = self._admission(host)
         if refused is not None and self.refusing >= REFUSAL_SLOTS:
@@ -217,7 +227,7 @@ class Server:
             certificate_user=self._certificate_user(tls, log),
         )
         session = factory(conn_id, log, transport)
-        connection = Connection(stream, session, log, self._durable_lsn, self._gated, self.after_input, self._pass, self._timers)
+        connection = Connection(stream, session, log, self._durable_lsn, self._gated, self.after_input, self._pass, self._timers, tasks)
         connection.protocol = name
         connection.peer = peer
         self.accepted[name] = self.accepted.get(name, 0) + 1

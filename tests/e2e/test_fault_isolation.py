@@ -8,6 +8,7 @@ import http.client
 
 from core.clients import Client
 from gateway.admin.api import AdminApi
+from gateway.session.skeleton import Skeleton
 from tests.helpers import unique
 
 
@@ -25,6 +26,31 @@ def test_a_crashing_frame_handler_drops_only_its_connection(broker, stomp_client
     victim.wait_closed()
     survivor.send(queue, b"still here")
     assert survivor.wait_messages(1)[0].body == b"still here"
+
+
+def test_a_bug_in_a_connections_writer_task_drops_only_that_connection(broker, stomp_client, raw_client, monkeypatch):
+    # A closing session's last bytes are written by its writer task (which
+    # runs in the server's handler nursery, not in a nursery of the
+    # connection's own); the bug is met there, after the RECEIPT is sent.
+    original = Skeleton.on_drained
+
+    def broken(self):
+        if self.closed:
+            raise RuntimeError("injected bug")
+        original(self)
+
+    monkeypatch.setattr(Skeleton, "on_drained", broken)
+    survivor = stomp_client(broker)
+    queue = f"/queue/{unique()}"
+    survivor.subscribe(queue)
+    victim = raw_client(broker)
+    victim.connect()
+    victim.send_frame("DISCONNECT", {"receipt": "bye"})
+    assert [frame.headers.get("receipt-id") for frame in victim.wait_closed()] == ["bye"]
+    survivor.send(queue, b"still here")
+    assert survivor.wait_messages(1)[0].body == b"still here"
+    again = raw_client(broker)
+    assert again.connect().command == "CONNECTED"
 
 
 def test_a_crashing_admin_route_answers_500_and_the_next_request_works(broker, monkeypatch):
