@@ -263,7 +263,7 @@ class Connection:
     def wake_writer(self) -> None:
         if self._writer_idle:
             self._writer_idle = False
-            if self._fd < 0:
+            if self._writing:  # a writer task waits: over TLS/WebSocket, or closing
                 assert self._writer_lot is not None
                 self._writer_lot.unpark_all()
             else:
@@ -429,8 +429,6 @@ class Connection:
         outbox = io.outbox
         stream = self.stream
         writes = self._pass
-        if self._fd < 0:
-            self._writer_lot = trio.lowlevel.ParkingLot()
         while True:
             data = self._unsent or outbox.drain(self._durable_lsn())
             self._unsent = b""
@@ -440,9 +438,12 @@ class Connection:
                 if outbox:
                     self._gated.add(self)  # held for the store: wake me when it writes
                 self._writer_idle = True
-                if self._fd >= 0:
+                if self._fd >= 0 and not io.closed:
                     return  # passes write from here on; wake_writer starts another
-                assert self._writer_lot is not None
+                # Else wait here: a closing connection ends only once what it
+                # owes (a receipt held for the store) is flushed, or at its bound.
+                if self._writer_lot is None:
+                    self._writer_lot = trio.lowlevel.ParkingLot()
                 await self._writer_lot.park()
                 continue
             try:
