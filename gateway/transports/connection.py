@@ -52,7 +52,7 @@ class Session(Protocol):
     the next deadline, and the protocol's own word when the broker stops, the
     store fails or the connection is lost."""
 
-    # The server sets ``skeleton.outbox.wakeup`` and ``skeleton.gate.wake_reader``.
+    # The connection sets ``skeleton.outbox.wakeup`` and ``skeleton.gate.wake_reader``.
     skeleton: Skeleton
 
     def shutdown(self, reason: str) -> None: ...
@@ -249,8 +249,9 @@ class Connection:
                 self._writer_scope.cancel()
 
     def failed(self) -> None:
-        """A bug met outside the reader (a shared pass or timer, the writer
-        task): log it, close the session, end the connection."""
+        """A bug met by this connection (its reader, its writer task, a
+        shared pass or timer): log it, close the session, end the connection;
+        never the broker and its other clients."""
         self.log.exception("connection_failed")
         self.session.close("internal error")
         if self._scope is not None:
@@ -379,12 +380,9 @@ class Connection:
                             ready = False
                             continue
                         ready = len(data) == RECEIVE_BYTES
-                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                # OSError: what the stream would have wrapped (a reset on the fd).
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                     session.close(f"connection lost: {exc.__cause__ or exc}")
-                    self._after_session_call()
-                    return
-                except OSError as exc:  # what the stream would have wrapped (a reset)
-                    session.close(f"connection lost: {exc}")
                     self._after_session_call()
                     return
                 self.bytes_in += len(data)

@@ -1,5 +1,6 @@
-"""Listeners and connections: the only place (with the admin server) that owns
-sockets and tasks.
+"""Listeners and connections: with connection.py (one connection's reads,
+writes and tasks) and the admin server, the only place that owns sockets and
+tasks.
 
 The server accepts sockets (plain, TLS, WebSocket) and runs each as a
 :class:`~gateway.transports.connection.Connection` over a protocol-agnostic
@@ -241,10 +242,7 @@ class Server:
         try:
             await connection.run()
         except Exception:
-            # A bug met by one connection costs that connection, never the
-            # broker and its other clients.
-            log.exception("connection_failed")
-            session.close("internal error")
+            connection.failed()
         finally:
             session.close(self.stop_reason)
             del self.connections[conn_id]
