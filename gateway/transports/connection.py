@@ -64,30 +64,32 @@ class Session(Protocol):
 
 class Pass:
     """The connections given output while one pass runs (server-wide: a
-    producer's pass fills its consumers' outboxes too).  Passes never await,
-    so one is open at a time; nested opens join the outer one."""
+    producer's pass fills its consumers' outboxes too), used as ``with
+    writes:`` around whatever handles input, a deadline or an fsync.  Passes
+    never await, so one is open at a time; a nested one joins the outer, and
+    the outermost writes each dirty connection's output once at its end."""
 
-    __slots__ = ("open", "dirty")
+    __slots__ = ("depth", "dirty", "after_output")
 
-    def __init__(self) -> None:
-        self.open = False
+    def __init__(self, after_output: Callable[[], None] | None = None) -> None:
+        self.depth = 0
         self.dirty: list[Connection] = []
+        # What to call when writing resumed deliveries (which may have acked
+        # stored messages, so the store has work): the server's after_input.
+        self.after_output = after_output
 
-    def begin(self) -> bool:
-        """Open a pass; False if one is open already (its end flushes)."""
-        if self.open:
-            return False
-        self.open = True
-        return True
+    def __enter__(self) -> None:
+        self.depth += 1
 
-    def end(self, after_output: Callable[[], None] | None) -> None:
-        """Close the pass and write each dirty connection's output once.
-        Output that writing produces (deliveries it resumed) goes to writer
-        tasks, so one pass cannot drain a whole queue without yielding."""
-        self.open = False
+    def __exit__(self, *exc_info: object) -> None:
+        self.depth -= 1
+        if not self.depth and self.dirty:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Output that writing produces (deliveries it resumed) goes to
+        writer tasks, so one pass cannot drain a whole queue without yielding."""
         dirty = self.dirty
-        if not dirty:
-            return
         self.dirty = []
         resumed = False
         for connection in dirty:
@@ -95,8 +97,8 @@ class Pass:
                 resumed = connection.write_now() or resumed
             except Exception:
                 connection.failed()  # a bug met by that connection costs it, not this pass's owner
-        if resumed and after_output is not None:
-            after_output()  # deliveries it resumed may have acked stored messages
+        if resumed and self.after_output is not None:
+            self.after_output()
 
 
 class Timers:
@@ -188,7 +190,7 @@ class Connection:
         # and what to call once a session has acted (to start a store write).
         self._gated = gated if gated is not None else set()
         self._after_input = after_input
-        self._pass = writes if writes is not None else Pass()
+        self._pass = writes if writes is not None else Pass(after_input)
         # A plain TCP socket is read and written on its file descriptor (no
         # Stream wrappers, no checkpoint per call); -1: use the stream.
         self._fd = stream.socket.fileno() if type(stream) is trio.SocketStream else -1
@@ -283,7 +285,7 @@ class Connection:
         """The outbox went from empty to not: write it at the end of the
         pass, or (outside one) wake the writer."""
         writes = self._pass
-        if writes.open:
+        if writes.depth:
             writes.dirty.append(self)
         else:
             self.wake_writer()
@@ -357,13 +359,9 @@ class Connection:
                     if self._reader_lot is None:
                         self._reader_lot = trio.lowlevel.ParkingLot()
                     await self._reader_lot.park()
-                    opened = writes.begin()
-                    try:
+                    with writes:
                         io.resume_input()
                         self._after_session_call()
-                    finally:
-                        if opened:
-                            writes.end(self._after_input)
                 try:
                     if fd < 0:
                         data = await stream.receive_some(RECEIVE_BYTES)
@@ -390,13 +388,9 @@ class Connection:
                     if not data:
                         return
                     continue  # lingering: discard input after we closed
-                opened = writes.begin()
-                try:
+                with writes:
                     io.receive_data(data)
                     self._after_session_call()
-                finally:
-                    if opened:
-                        writes.end(self._after_input)
                 if not data:
                     return
         finally:
@@ -450,14 +444,9 @@ class Connection:
                 session.close(f"connection lost: {exc.__cause__ or exc}")
                 self._after_session_call()
                 break
-            opened = writes.begin()
-            try:
-                self._drained()
-                if self._after_input is not None:
+            with writes:
+                if self._drained() and self._after_input is not None:
                     self._after_input()  # deliveries it resumed may have acked stored messages
-            finally:
-                if opened:
-                    writes.end(self._after_input)
         # Closed and flushed: send EOF, give the peer a moment to read it and
         # close its side, then end the connection.
         if self._reading:
@@ -487,11 +476,6 @@ class Connection:
         if deadline != self._armed or self.ended or self.io.closed:
             return  # superseded by an earlier one, or nothing left to time
         self._armed = math.inf
-        writes = self._pass
-        opened = writes.begin()
-        try:
+        with self._pass:
             self.io.on_deadline(now)
             self._after_session_call()
-        finally:
-            if opened:
-                writes.end(self._after_input)
