@@ -72,7 +72,7 @@ class Message:
         self.wire: Any = None
         self.location = location
         # MQTT's quality of service as published; None for other protocols,
-        # where persistence stands in for it (see effective_qos).
+        # where persistence stands in for it (2 if persistent, else 0).
         self.qos = qos
         # Set only on the copy a new subscription gets from the retained
         # store ([MQTT-3.3.1-8]); live deliveries never carry it.
@@ -145,14 +145,6 @@ class Message:
         self.headers = record.headers
         self.body = record.body
         return True
-
-    @property
-    def effective_qos(self) -> int:
-        """The QoS a subscriber may receive this at, at most: as published over
-        MQTT; otherwise 2 if persistent (kept until acknowledged), else 0."""
-        if self.qos is not None:
-            return self.qos
-        return 2 if self.persistent else 0
 
     @property
     def stored(self) -> bool:

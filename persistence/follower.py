@@ -17,8 +17,9 @@ the bookkeeping stays on the main thread:
   starts), and every record's frame and checksum, one LSN per record.
   Nothing is written for a refused batch.
 - :meth:`Follower.write` (worker thread) saves a new epoch, copies the bytes
-  to their (segment, offset) positions, fdatasyncs, then writes the archive
-  segments and a prepared checkpoint, as the store's worker does.
+  to their (segment, offset) positions, fdatasyncs, then writes a prepared
+  checkpoint, as the store's worker does (topic-archive records go back into
+  their segments when the index is rebuilt, as on a restart).
 - :meth:`Follower.written` (main thread) accounts for the bytes and returns
   the Ack to send.
 
@@ -79,7 +80,6 @@ class Step:
     frame: BatchFrame  # the received frames as one (their runs in order)
     batch: Batch  # the journal's view: the runs at their positions, a checkpoint to write after
     history: History | None  # a new epoch's history, saved before the journal write
-    archive: Any  # archive segment writes of records replayed earlier
 
     @property
     def checkpoint(self) -> Any:
@@ -122,7 +122,6 @@ class Follower(Maintenance):
         self._want_checkpoint = False
         self._compacting: list[int] | None = None
         self._compacted: set[int] = set()
-        self._pending_archive: Any = None
         self.index_behind = False  # records were written since the index was built
         self.appended_lsn = self.durable_lsn = 0
 
@@ -147,8 +146,6 @@ class Follower(Maintenance):
             self._ckpt_position = loaded.snapshot.position
             self._ckpt_live = loaded.snapshot.seg_live
         self._ckpt_bytes_at = self._journal.appended_bytes
-        if self.archive is not None:
-            self._index.on_archive = self.archive.recover  # replicated archive records go to their segments
         self.last_lsn = self.appended_lsn = self.durable_lsn = loaded.lsn
 
     def close(self) -> None:
@@ -171,14 +168,13 @@ class Follower(Maintenance):
         self._release()
 
     def flush(self) -> None:
-        """Write what is pending besides batches: a prepared checkpoint and
-        archive writes (blocking)."""
+        """Write a prepared checkpoint, if any (blocking)."""
         if self._inflight is not None:
             raise RuntimeError("flush while a batch is being written")
-        if self._prepared is None and self._pending_archive is None:
+        if self._prepared is None:
             return
         step = Step(BatchFrame(self.epoch, self.last_lsn + 1, self.last_lsn, ()), Batch(self.last_lsn + 1, self.last_lsn, []),
-                    None, None)
+                    None)
         self._take(step)
         try:
             self.write(step)
@@ -267,12 +263,11 @@ class Follower(Maintenance):
             history = epochs.extended(self.history, epoch, frames[0].first_lsn)
         runs = frames[0].runs if len(frames) == 1 else tuple(run for frame in frames for run in frame.runs)
         whole = BatchFrame(epoch, frames[0].first_lsn, frames[-1].last_lsn, runs)
-        step = Step(whole, Batch(whole.first_lsn, whole.last_lsn, list(runs)), history, None)
+        step = Step(whole, Batch(whole.first_lsn, whole.last_lsn, list(runs)), history)
         self._take(step)
         return step
 
     def _take(self, step: Step) -> None:
-        step.archive, self._pending_archive = self._pending_archive, None
         if self._prepared is not None:
             step.batch.checkpoint, self._prepared = self._prepared, None
         self._inflight = step
@@ -300,13 +295,11 @@ class Follower(Maintenance):
 
     def write(self, step: Step) -> None:
         """Worker thread: a new epoch's history, then the journal bytes at
-        their positions and fdatasync, then archive writes and a checkpoint."""
+        their positions and fdatasync, then a checkpoint."""
         if step.history is not None:
             epochs.save(self.directory, step.history)
         if step.batch.runs:
             self._journal.write_batch(step.batch)
-        if step.archive is not None and self.archive is not None:
-            self.archive.write(step.archive)
         if step.batch.checkpoint is not None:
             if self.archive is not None:
                 self.archive.sync()
@@ -315,8 +308,6 @@ class Follower(Maintenance):
     def written(self, step: Step) -> Ack:
         """Main thread: the step is on disk; the Ack to send."""
         self._inflight = None
-        if step.archive is not None and self.archive is not None:
-            self.archive.written(step.archive)
         if step.history is not None:
             self.history = step.history
         snapshot = step.batch.checkpoint
@@ -381,9 +372,6 @@ class Follower(Maintenance):
         acked, and the primary sends it again (the same bytes to the same
         places) after a new Hello."""
         self._inflight = None
-        if step.archive is not None and self.archive is not None:
-            self.archive.requeue(step.archive)
-            self._pending_archive = self.archive.take_writes()
         if step.batch.checkpoint is not None:
             self._want_checkpoint = True
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 

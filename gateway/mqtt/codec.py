@@ -183,6 +183,9 @@ class MqttConnection:
         n = len(buf)
         if n - pos < self._need:
             if n - pos + self._pieces_bytes < self._need:
+                if pos == n:  # all parsed: let the read buffer go (an idle connection keeps none)
+                    self._buf = b""
+                    self._pos = 0
                 return None
             buf = self._buf = b"".join([buf[pos:], *self._pieces])
             pos = self._pos = 0
@@ -200,11 +203,7 @@ class MqttConnection:
         ):
             # A whole, valid PUBACK (one per QoS 1 message): what its table decoder returns.
             self._need = 1
-            if pos + 4 == n:
-                self._buf = b""
-                self._pos = 0
-            else:
-                self._pos = pos + 4
+            self._pos = pos + 4
             return p.PubAck((buf[pos + 2] << 8) | buf[pos + 3])
         kind = self._first_byte[first]
         if isinstance(kind, str):
@@ -241,11 +240,7 @@ class MqttConnection:
         packet = self._decoders[kind](self, buf, i, end, first & 0x0F)
         self.state = next_state
         self._need = 1
-        if end == n:
-            self._buf = b""
-            self._pos = 0
-        else:
-            self._pos = end
+        self._pos = end
         return packet
 
     def _publish(self, buf: bytes, pos: int, n: int, first: int) -> p.Publish | None:
@@ -281,11 +276,7 @@ class MqttConnection:
         if not topic or "+" in topic or "#" in topic or "\x00" in topic:
             return None
         self._need = 1
-        if end == n:
-            self._buf = b""
-            self._pos = 0
-        else:
-            self._pos = end
+        self._pos = end
         if data == topic_end:
             return p.Publish(topic, buf[data:end], 0, first == 0x31)
         return p.Publish(topic, buf[data:end], 1, first == 0x33, False, (buf[topic_end] << 8) | buf[topic_end + 1])

@@ -161,7 +161,9 @@ class MqttSession:
             # A STOMP name MQTT cannot carry (a '+' or '#' inside a segment):
             # this subscriber cannot be told about it; settle it, do not fail.
             return True
-        qos = message.qos  # message.effective_qos, inline (per delivery)
+        # The most a subscriber may get: as published over MQTT; from another
+        # protocol, 2 if persistent (kept until acknowledged), else 0.
+        qos = message.qos
         if qos is None:
             qos = 2 if message.persistent else 0
         sub: _Sub = subscription.token

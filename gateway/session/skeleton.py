@@ -183,7 +183,7 @@ class Skeleton:
             beat.last_sent = now
 
     def on_drained(self) -> None:
-        """The writer put outbox bytes on the wire."""
+        """Outbox bytes went on the wire (from a pass or the writer task)."""
         if self.beat.interval_s:
             self.beat.last_sent = self.clock.monotonic()
         if self.paused and self.outbox.nbytes < self.outbox.high_water // 2:

@@ -281,6 +281,10 @@ class StompConnection:
         # unescape (whatever the version), and ASCII counts bytes as characters.
         if b"\r" in head or b"\\" in head or not head.isascii():
             return None
+        # No content-length (ACK, SUBSCRIBE, a SEND without it): left to the
+        # general parser before the head is split, not after.
+        if b"\ncontent-length:" not in head:
+            return None
         lines = head.decode("ascii").split("\n")
         cls = self._incoming.get(lines[0])
         if cls is None:

@@ -52,7 +52,7 @@ class Session(Protocol):
     the next deadline, and the protocol's own word when the broker stops, the
     store fails or the connection is lost."""
 
-    # The server sets ``skeleton.outbox.wakeup`` and ``skeleton.gate.wake_reader``.
+    # The connection sets ``skeleton.outbox.wakeup`` and ``skeleton.gate.wake_reader``.
     skeleton: Skeleton
 
     def shutdown(self, reason: str) -> None: ...
@@ -64,30 +64,32 @@ class Session(Protocol):
 
 class Pass:
     """The connections given output while one pass runs (server-wide: a
-    producer's pass fills its consumers' outboxes too).  Passes never await,
-    so one is open at a time; nested opens join the outer one."""
+    producer's pass fills its consumers' outboxes too), used as ``with
+    writes:`` around whatever handles input, a deadline or an fsync.  Passes
+    never await, so one is open at a time; a nested one joins the outer, and
+    the outermost writes each dirty connection's output once at its end."""
 
-    __slots__ = ("open", "dirty")
+    __slots__ = ("depth", "dirty", "after_output")
 
-    def __init__(self) -> None:
-        self.open = False
+    def __init__(self, after_output: Callable[[], None] | None = None) -> None:
+        self.depth = 0
         self.dirty: list[Connection] = []
+        # What to call when writing resumed deliveries (which may have acked
+        # stored messages, so the store has work): the server's after_input.
+        self.after_output = after_output
 
-    def begin(self) -> bool:
-        """Open a pass; False if one is open already (its end flushes)."""
-        if self.open:
-            return False
-        self.open = True
-        return True
+    def __enter__(self) -> None:
+        self.depth += 1
 
-    def end(self, after_output: Callable[[], None] | None) -> None:
-        """Close the pass and write each dirty connection's output once.
-        Output that writing produces (deliveries it resumed) goes to writer
-        tasks, so one pass cannot drain a whole queue without yielding."""
-        self.open = False
+    def __exit__(self, *exc_info: object) -> None:
+        self.depth -= 1
+        if not self.depth and self.dirty:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Output that writing produces (deliveries it resumed) goes to
+        writer tasks, so one pass cannot drain a whole queue without yielding."""
         dirty = self.dirty
-        if not dirty:
-            return
         self.dirty = []
         resumed = False
         for connection in dirty:
@@ -95,8 +97,8 @@ class Pass:
                 resumed = connection.write_now() or resumed
             except Exception:
                 connection.failed()  # a bug met by that connection costs it, not this pass's owner
-        if resumed and after_output is not None:
-            after_output()  # deliveries it resumed may have acked stored messages
+        if resumed and self.after_output is not None:
+            self.after_output()
 
 
 class Timers:
@@ -188,7 +190,7 @@ class Connection:
         # and what to call once a session has acted (to start a store write).
         self._gated = gated if gated is not None else set()
         self._after_input = after_input
-        self._pass = writes if writes is not None else Pass()
+        self._pass = writes if writes is not None else Pass(after_input)
         # A plain TCP socket is read and written on its file descriptor (no
         # Stream wrappers, no checkpoint per call); -1: use the stream.
         self._fd = stream.socket.fileno() if type(stream) is trio.SocketStream else -1
@@ -249,8 +251,9 @@ class Connection:
                 self._writer_scope.cancel()
 
     def failed(self) -> None:
-        """A bug met outside the reader (a shared pass or timer, the writer
-        task): log it, close the session, end the connection."""
+        """A bug met by this connection (its reader, its writer task, a
+        shared pass or timer): log it, close the session, end the connection;
+        never the broker and its other clients."""
         self.log.exception("connection_failed")
         self.session.close("internal error")
         if self._scope is not None:
@@ -263,7 +266,7 @@ class Connection:
     def wake_writer(self) -> None:
         if self._writer_idle:
             self._writer_idle = False
-            if self._fd < 0:
+            if self._writing:  # a writer task waits: over TLS/WebSocket, or closing
                 assert self._writer_lot is not None
                 self._writer_lot.unpark_all()
             else:
@@ -282,7 +285,7 @@ class Connection:
         """The outbox went from empty to not: write it at the end of the
         pass, or (outside one) wake the writer."""
         writes = self._pass
-        if writes.open:
+        if writes.depth:
             writes.dirty.append(self)
         else:
             self.wake_writer()
@@ -356,13 +359,9 @@ class Connection:
                     if self._reader_lot is None:
                         self._reader_lot = trio.lowlevel.ParkingLot()
                     await self._reader_lot.park()
-                    opened = writes.begin()
-                    try:
+                    with writes:
                         io.resume_input()
                         self._after_session_call()
-                    finally:
-                        if opened:
-                            writes.end(self._after_input)
                 try:
                     if fd < 0:
                         data = await stream.receive_some(RECEIVE_BYTES)
@@ -379,12 +378,9 @@ class Connection:
                             ready = False
                             continue
                         ready = len(data) == RECEIVE_BYTES
-                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                # OSError: what the stream would have wrapped (a reset on the fd).
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                     session.close(f"connection lost: {exc.__cause__ or exc}")
-                    self._after_session_call()
-                    return
-                except OSError as exc:  # what the stream would have wrapped (a reset)
-                    session.close(f"connection lost: {exc}")
                     self._after_session_call()
                     return
                 self.bytes_in += len(data)
@@ -392,13 +388,9 @@ class Connection:
                     if not data:
                         return
                     continue  # lingering: discard input after we closed
-                opened = writes.begin()
-                try:
+                with writes:
                     io.receive_data(data)
                     self._after_session_call()
-                finally:
-                    if opened:
-                        writes.end(self._after_input)
                 if not data:
                     return
         finally:
@@ -429,8 +421,6 @@ class Connection:
         outbox = io.outbox
         stream = self.stream
         writes = self._pass
-        if self._fd < 0:
-            self._writer_lot = trio.lowlevel.ParkingLot()
         while True:
             data = self._unsent or outbox.drain(self._durable_lsn())
             self._unsent = b""
@@ -440,9 +430,12 @@ class Connection:
                 if outbox:
                     self._gated.add(self)  # held for the store: wake me when it writes
                 self._writer_idle = True
-                if self._fd >= 0:
+                if self._fd >= 0 and not io.closed:
                     return  # passes write from here on; wake_writer starts another
-                assert self._writer_lot is not None
+                # Else wait here: a closing connection ends only once what it
+                # owes (a receipt held for the store) is flushed, or at its bound.
+                if self._writer_lot is None:
+                    self._writer_lot = trio.lowlevel.ParkingLot()
                 await self._writer_lot.park()
                 continue
             try:
@@ -451,14 +444,9 @@ class Connection:
                 session.close(f"connection lost: {exc.__cause__ or exc}")
                 self._after_session_call()
                 break
-            opened = writes.begin()
-            try:
-                self._drained()
-                if self._after_input is not None:
+            with writes:
+                if self._drained() and self._after_input is not None:
                     self._after_input()  # deliveries it resumed may have acked stored messages
-            finally:
-                if opened:
-                    writes.end(self._after_input)
         # Closed and flushed: send EOF, give the peer a moment to read it and
         # close its side, then end the connection.
         if self._reading:
@@ -488,11 +476,6 @@ class Connection:
         if deadline != self._armed or self.ended or self.io.closed:
             return  # superseded by an earlier one, or nothing left to time
         self._armed = math.inf
-        writes = self._pass
-        opened = writes.begin()
-        try:
+        with self._pass:
             self.io.on_deadline(now)
             self._after_session_call()
-        finally:
-            if opened:
-                writes.end(self._after_input)

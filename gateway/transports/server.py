@@ -1,5 +1,6 @@
-"""Listeners and connections: the only place (with the admin server) that owns
-sockets and tasks.
+"""Listeners and connections: with connection.py (one connection's reads,
+writes and tasks) and the admin server, the only place that owns sockets and
+tasks.
 
 The server accepts sockets (plain, TLS, WebSocket) and runs each as a
 :class:`~gateway.transports.connection.Connection` over a protocol-agnostic
@@ -91,12 +92,22 @@ class Server:
         self._gated: set[Connection] = set()
         self._pass = Pass()  # output of the pass running now, written at its end
         self._timers = Timers()  # every connection's deadlines, one task
-        self.after_input: Callable[[], None] | None = None
         # Totals of connections already gone (live ones are added on demand).
         self.closed_bytes_in = 0
         self.closed_bytes_out = 0
         self.accepted: dict[str, int] = {}  # connections accepted, by protocol
         self.stopping = False
+
+    @property
+    def after_input(self) -> Callable[[], None] | None:
+        """What to call once a session has acted (the app starts a store
+        write): after each connection's input, and after a pass's writes
+        resumed deliveries."""
+        return self._pass.after_output
+
+    @after_input.setter
+    def after_input(self, hook: Callable[[], None] | None) -> None:
+        self._pass.after_output = hook
 
     @property
     def admitted(self) -> int:
@@ -117,13 +128,8 @@ class Server:
         # In place: every connection holds this very set.
         gated = list(self._gated)
         self._gated.clear()
-        writes = self._pass
-        opened = writes.begin()
-        try:
-            writes.dirty.extend(gated)
-        finally:
-            if opened:
-                writes.end(self.after_input)
+        with self._pass:
+            self._pass.dirty.extend(gated)
 
     def durable_failed(self, first_lsn: int, last_lsn: int, reason: str, *, stored: bool = False) -> None:
         """The store could not write this LSN range (``stored``: an HA primary
@@ -241,10 +247,7 @@ class Server:
         try:
             await connection.run()
         except Exception:
-            # A bug met by one connection costs that connection, never the
-            # broker and its other clients.
-            log.exception("connection_failed")
-            session.close("internal error")
+            connection.failed()
         finally:
             session.close(self.stop_reason)
             del self.connections[conn_id]

@@ -7,6 +7,7 @@ and in order, and a durability promise still waits for the store."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -101,6 +102,24 @@ def test_a_receipt_and_what_follows_it_wait_for_the_store(broker, raw_client, mo
         held.release.set()
     assert [producer.expect("RECEIPT").headers["receipt-id"] for _ in range(2)] == ["stored", "after"]
     assert not held.pending()
+
+
+def test_a_receipt_held_for_the_store_still_reaches_a_client_that_closed_its_sending_side(broker, raw_client, monkeypatch):
+    # SEND, DISCONNECT, then EOF from the client (it only reads from now on):
+    # the session is closed and the reader has ended while the receipt still
+    # waits for the store; the connection must stay until it is written.
+    held = HeldStore(broker, monkeypatch)
+    producer = raw_client(broker)
+    producer.connect(heart_beat="0,0")
+    try:
+        producer.send_frame("SEND", {"destination": f"/queue/{unique('kept')}", "persistent": "true", "receipt": "stored"}, b"kept")
+        producer.send_frame("DISCONNECT", {"receipt": "bye"})
+        producer.sock.shutdown(socket.SHUT_WR)
+        assert producer.quiet_for(0.5) == []
+        assert held.pending()
+    finally:
+        held.release.set()
+    assert [producer.expect("RECEIPT").headers["receipt-id"] for _ in range(2)] == ["stored", "bye"]
 
 
 def test_a_qos1_puback_waits_for_the_store(broker, monkeypatch):
