@@ -10,14 +10,14 @@ PUBREC wait in the outbox for the store's LSN, like a STOMP RECEIPT.
 
 Synchronous and socket-free.  The session's :class:`Skeleton` takes the
 server's bytes and deadlines and hands each packet to this session's handler
-table; what remains here is what MQTT says: the handlers, the will, clean and
-persistent sessions, and how a PUBLISH is delivered (its in-flight record and
+table; what remains here is what MQTT says: the handlers (CONNECT's in
+:mod:`gateway.mqtt.connect`), the will, clean and persistent sessions, and
+how a PUBLISH is delivered (its in-flight record and
 transitions: :mod:`gateway.mqtt.inflight`).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -30,8 +30,8 @@ from core.messages import Message
 from core.names import Address
 from core.ports import Clock
 from core.subscriptions import AckMode, Subscription
-from gateway.auth import AccessDenied, VerificationPending, spent_door
 from gateway.mqtt import codec, packets, topics
+from gateway.mqtt.connect import on_connect
 from gateway.mqtt.inflight import FIRST_STAGE, InFlight, SessionState
 from gateway.mqtt.registry import OWNER_MARK, OWNER_PREFIX, QOS2_NOTES, Registry, qos2_note
 from gateway.mqtt.settings import MqttSettings
@@ -190,88 +190,6 @@ class MqttSession:
 
     # -- packets -----------------------------------------------------------
 
-    def _on_connect(self, packet: packets.Connect) -> None:
-        password = packet.password.decode("utf-8", "replace") if packet.password is not None else None
-        try:
-            principal = self.admit(packet.username, password)
-        except VerificationPending as pending:
-            if pending.start(self.skeleton.gate.release):
-                self.skeleton.defer(packet)
-            else:
-                self._refuse(packets.SERVER_UNAVAILABLE, "the broker is busy checking logins")
-            return
-        except AccessDenied as exc:
-            self.log.warning("login_refused", login=(packet.username or "")[:80], kind=exc.kind, reason=exc.reason)
-            if exc.kind == "unavailable":
-                code = packets.SERVER_UNAVAILABLE
-            elif exc.kind == "credentials" and packet.username is not None:
-                code = packets.BAD_USERNAME_OR_PASSWORD
-            else:
-                code = packets.NOT_AUTHORIZED
-            self._refuse(code, exc.reason)
-            return
-        self.admit = spent_door  # asked once: let go of what it knew of the transport
-        client_id = packet.client_id
-        if not client_id:
-            if not packet.clean_session:
-                self._refuse(packets.IDENTIFIER_REJECTED, "an empty client id needs clean session")  # [MQTT-3.1.3-8]
-                return
-            client_id = f"gw-{os.urandom(6).hex()}"  # [MQTT-3.1.3-6]
-        owners = [d.owner for d in self.broker.durables.of_client(OWNER_PREFIX + client_id)]
-        refusal = self.registry.claim_refusal(client_id, principal, packet.clean_session, owners, self.broker.secured)
-        if refusal is None and not packet.clean_session:
-            refusal = self.registry.quota_refusal(client_id, owner_of(principal), self.settings.max_persistent_sessions_per_user,
-                                                  self.settings.max_persistent_sessions)
-        if refusal is not None:  # checked before anything is taken over or cleaned
-            self._refuse(packets.NOT_AUTHORIZED, f"user {principal.name!r} may not use client id {client_id[:80]!r}: {refusal}")
-            return
-        if packet.clean_session:
-            self.registry.release(client_id)  # [MQTT-3.1.2-6]: whatever was kept goes
-        else:
-            self.registry.hold(client_id, owner_of(principal))
-        previous = self.registry.active.get(client_id)
-        if previous is not None:
-            previous.close("session taken over by a new connection")  # [MQTT-3.1.4-2]
-        self.client_id = client_id
-        self.clean_session = packet.clean_session
-        self.will = packet.will
-        self.skeleton.silence.limit_s = packet.keep_alive * self.settings.keepalive_grace  # [MQTT-3.1.2-24]
-        self.codec.max_packet_bytes = self.settings.max_packet_bytes
-        self.client = self.broker.open_client(self, client_id=client_id, principal=principal)
-        self.registry.active[client_id] = self
-        self.skeleton.connected(self.client)
-        owner = OWNER_PREFIX + client_id
-        durables = [d for d in self.broker.durables.of_client(owner) if d.active is None]
-        saved = self.registry.states.pop(client_id, None)
-        lsn = 0
-        if packet.clean_session:
-            for durable in durables:  # [MQTT-3.1.2-6]: a clean session starts from nothing
-                lsn = self.client.remove_durable(owner, durable.name)
-            for packet_id in saved.inbound_qos2 if saved is not None else ():
-                lsn = max(lsn, self.broker.store.note(QOS2_NOTES, qos2_note(client_id, packet_id), None))
-            durables = []
-            present = False
-        else:
-            present = bool(durables) or saved is not None  # [MQTT-3.2.2-2]
-            if saved is not None:
-                self.session = saved
-        self.outbox.append(self.codec.send(packets.ConnAck(present, packets.ACCEPTED)), lsn)
-        self.log.info("mqtt_connected", client_id=client_id, clean_session=packet.clean_session,
-                      keep_alive=packet.keep_alive, session_present=present)
-        for packet_id in self.session.released():
-            self.outbox.append(self.codec.send(packets.PubRel(packet_id)))
-        dropped = 0
-        for durable in durables:
-            qos_text, _, topic_filter = durable.name.partition(":")
-            dropped += durable.queue.stats.discarded
-            durable.queue.stats.discarded = 0
-            refusal = self._subscribe(topic_filter, int(qos_text) if qos_text in ("0", "1", "2") else 1)
-            if isinstance(refusal, str):
-                self.log.info("mqtt_subscribe_refused", filter=topic_filter[:200], reason=refusal)
-        if dropped:
-            self.log.warning("mqtt_session_overflow", client_id=client_id, dropped=dropped,
-                             limit=self.settings.max_queued_messages)
-
     def _on_publish(self, packet: packets.Publish) -> None:
         address = topics.to_address(packet.topic)
         if isinstance(address, str):
@@ -348,7 +266,7 @@ class MqttSession:
         for topic_filter, qos in packet.topics:
             reason = codec.validate_topic_filter(topic_filter)
             pattern = topics.to_pattern(topic_filter) if reason is None else reason
-            subscription = self._subscribe(topic_filter, qos, start=False) if not isinstance(pattern, str) else pattern
+            subscription = self.subscribe(topic_filter, qos, start=False) if not isinstance(pattern, str) else pattern
             if isinstance(subscription, str):
                 refused.append((topic_filter, subscription))
                 codes.append(packets.SUBACK_FAILURE)  # that filter alone fails
@@ -366,7 +284,7 @@ class MqttSession:
             # A durable one's backlog, then the retained values its filter matches.
             self.client.start(subscription, retained=True)  # type: ignore[union-attr]
 
-    def _subscribe(self, topic_filter: str, qos: int, *, start: bool = True) -> Subscription | str:
+    def subscribe(self, topic_filter: str, qos: int, *, start: bool = True) -> Subscription | str:
         """The new subscription, or why the core refused it."""
         client = self.client
         assert client is not None
@@ -465,7 +383,7 @@ class MqttSession:
         if not self.closed:
             self.close("peer closed the connection" + (" mid-packet" if self.codec.mid_packet else ""))
 
-    def _refuse(self, code: int, reason: str) -> None:
+    def refuse(self, code: int, reason: str) -> None:
         self.outbox.append(self.codec.send(packets.ConnAck(False, code)))
         self._fail(reason, None)
 
@@ -479,7 +397,7 @@ class MqttSession:
 # packet), called with the dialect's owner, so a session holds no table of
 # bound methods.  CONNECT first and only once [MQTT-3.1.0-1, -2].
 TABLE: dict[State, dict[type, Callable[[MqttSession, Any], None]]] = {
-    State.AWAITING_CONNECT: {packets.Connect: MqttSession._on_connect},
+    State.AWAITING_CONNECT: {packets.Connect: on_connect},
     State.CONNECTED: {
         packets.Publish: MqttSession._on_publish,
         packets.PubAck: MqttSession._on_puback,
