@@ -20,9 +20,13 @@ from core.durables import owner_of
 from gateway.auth import AccessDenied, VerificationPending, spent_door
 from gateway.mqtt import packets
 from gateway.mqtt.codec import MqttConnection
+from gateway.mqtt.peer import Peer, connack_properties, negotiate
+from gateway.mqtt.reasons import ReasonCode as R
 from gateway.mqtt.inflight import SessionState
-from gateway.mqtt.registry import OWNER_PREFIX, QOS2_NOTES, Registry, qos2_note
+from gateway.mqtt.registry import OWNER_PREFIX, QOS2_NOTES, QUOTA, Registry, qos2_note
 from gateway.mqtt.settings import MqttSettings
+from gateway.mqtt.subscribing import Token, resume
+from gateway.mqtt.wire import MQTT5
 from gateway.session.outbox import Outbox
 from gateway.session.skeleton import Skeleton
 
@@ -45,43 +49,65 @@ class Connecting(Protocol):
     session: SessionState
     will: packets.Will | None
 
-    def refuse(self, code: int, reason: str) -> None: ...
+    peer: Peer | None
+    window: int
+    subs: dict[str, Token]
 
-    def subscribe(self, topic_filter: str, qos: int) -> object: ...
+    def refuse(self, code: int, reason: str, v5_code: int | None = None) -> None: ...
+
+    def fail(self, reason: str, packet: Any = None, code: int | None = None) -> None: ...
 
 
 
 def on_connect(session: Connecting, packet: packets.Connect) -> None:
+    settings = session.settings
+    peer = None
+    if session.codec.protocol_level == MQTT5:
+        peer = session.peer = negotiate(packet.properties, packet.keep_alive, settings)
+        if packet.properties is not None and packet.properties.authentication_method is not None:
+            # No enhanced authentication method is offered: user name and password only.
+            session.refuse(packets.NOT_AUTHORIZED, "no authentication method is supported but user name and password",
+                           R.BAD_AUTHENTICATION_METHOD)  # [MQTT-4.12.0-1]
+            return
     principal = _admitted(session, packet)
     if principal is None:
         return
+    # Kept after this connection: 3.1.1's clean session 0, v5's Session
+    # Expiry Interval over 0 [MQTT-3.1.2-23].  Clean Start (3.1.1's same bit)
+    # says only whether what was kept before is discarded now.
+    keep = peer.session_expiry > 0 if peer is not None else not packet.clean_session
     client_id = packet.client_id
+    assigned = None
     if not client_id:
-        if not packet.clean_session:
+        if peer is None and not packet.clean_session:
             session.refuse(packets.IDENTIFIER_REJECTED, "an empty client id needs clean session")  # [MQTT-3.1.3-8]
             return
-        client_id = f"gw-{os.urandom(6).hex()}"  # [MQTT-3.1.3-6]
-    refusal = _claim_refusal(session, client_id, principal, packet.clean_session)
+        client_id = assigned = f"gw-{os.urandom(6).hex()}"  # [MQTT-3.1.3-6]
+    refusal = _claim_refusal(session, client_id, principal, not keep)
     if refusal is not None:  # checked before anything is taken over or cleaned
-        session.refuse(packets.NOT_AUTHORIZED, f"user {principal.name!r} may not use client id {client_id[:80]!r}: {refusal}")
+        session.refuse(packets.NOT_AUTHORIZED, f"user {principal.name!r} may not use client id {client_id[:80]!r}: {refusal}",
+                       R.QUOTA_EXCEEDED if refusal.startswith(QUOTA) else R.NOT_AUTHORIZED)
         return
     registry = session.registry
     if packet.clean_session:
         registry.release(client_id)  # [MQTT-3.1.2-6]: whatever was kept goes
-    else:
+    if keep:
         registry.hold(client_id, owner_of(principal))
     previous = registry.active.get(client_id)
     if previous is not None:
-        previous.close("session taken over by a new connection")  # [MQTT-3.1.4-2]
+        previous.close("session taken over by a new connection", R.SESSION_TAKEN_OVER)  # [MQTT-3.1.4-2]
     session.client_id = client_id
-    session.clean_session = packet.clean_session
+    session.clean_session = not keep
     session.will = packet.will
-    session.skeleton.silence.limit_s = packet.keep_alive * session.settings.keepalive_grace  # [MQTT-3.1.2-24]
-    session.codec.max_packet_bytes = session.settings.max_packet_bytes
+    keep_alive = packet.keep_alive if peer is None else peer.keep_alive
+    session.skeleton.silence.limit_s = keep_alive * settings.keepalive_grace  # [MQTT-3.1.2-24]
+    session.codec.max_packet_bytes = settings.max_packet_bytes
+    if peer is not None:
+        session.window = min(settings.max_inflight, peer.receive_maximum)  # [MQTT-3.3.4-9]
     client = session.client = session.broker.open_client(session, client_id=client_id, principal=principal)
     registry.active[client_id] = session
     session.skeleton.connected(client)
-    _resume(session, packet)
+    _resume(session, packet, assigned)
 
 
 def _admitted(session: Connecting, packet: packets.Connect) -> Principal | None:
@@ -123,7 +149,7 @@ def _claim_refusal(session: Connecting, client_id: str, principal: Principal, cl
     return refusal
 
 
-def _resume(session: Connecting, packet: packets.Connect) -> None:
+def _resume(session: Connecting, packet: packets.Connect, assigned: str | None) -> None:
     """Answer CONNACK, then pick up what the session kept: PUBRELs owed, and
     its durable subscriptions with what they collected while it was away."""
     client = session.client
@@ -144,19 +170,42 @@ def _resume(session: Connecting, packet: packets.Connect) -> None:
         present = bool(durables) or saved is not None  # [MQTT-3.2.2-2]
         if saved is not None:
             session.session = saved
-    session.outbox.append(session.codec.send(packets.ConnAck(present, packets.ACCEPTED)), lsn)
+        if present:
+            # A v5 session resumed but not to be kept: its durable queues
+            # are taken up (their backlog is owed) and removed at the close.
+            session.clean_session = False
+    peer = session.peer
+    if peer is None:
+        connack = packets.ConnAck(present, packets.ACCEPTED)
+    else:
+        props = packet.properties
+        asked = props.session_expiry_interval or 0 if props is not None else 0
+        connack = packets.ConnAck(present, packets.ACCEPTED, connack_properties(
+            peer, session.settings, requested_expiry=asked, requested_keep_alive=packet.keep_alive,
+            assigned_client_id=assigned))
+    session.outbox.append(session.codec.send(connack), lsn)
     session.log.info("mqtt_connected", client_id=client_id, clean_session=packet.clean_session,
                      keep_alive=packet.keep_alive, session_present=present)
     for packet_id in session.session.released():
         session.outbox.append(session.codec.send(packets.PubRel(packet_id)))
     dropped = 0
     for durable in durables:
-        qos_text, _, topic_filter = durable.name.partition(":")
         dropped += durable.queue.stats.discarded
         durable.queue.stats.discarded = 0
-        refusal = session.subscribe(topic_filter, int(qos_text) if qos_text in ("0", "1", "2") else 1)
-        if isinstance(refusal, str):
-            session.log.info("mqtt_subscribe_refused", filter=topic_filter[:200], reason=refusal)
+    resume(session, [durable.name for durable in durables], session.log.info)
     if dropped:
         session.log.warning("mqtt_session_overflow", client_id=client_id, dropped=dropped,
                             limit=session.settings.max_queued_messages)
+
+
+def end_session(session: Connecting) -> None:
+    """A resumed v5 session whose Session Expiry Interval is 0 ends with its
+    connection: what it kept goes (its durable subscriptions, its QoS 2 ids)."""
+    client_id = session.client_id
+    broker = session.broker
+    for durable in broker.durables.of_client(OWNER_PREFIX + client_id):
+        broker.remove_durable(durable.key)
+    saved = session.registry.states.pop(client_id, None)
+    for packet_id in saved.inbound_qos2 if saved is not None else session.session.inbound_qos2:
+        broker.store.note(QOS2_NOTES, qos2_note(client_id, packet_id), None)
+    session.registry.release(client_id)

@@ -23,6 +23,7 @@ OWNER_PREFIX = MQTT_PREFIX
 # value names the session's owner after this mark (empty in older folders).
 QOS2_NOTES = "mqtt-qos2"
 OWNER_MARK = b"owner:"
+QUOTA = "too many persistent sessions"  # how a quota refusal starts (MQTT 5 answers it with 0x97)
 
 
 class Connected(Protocol):
@@ -30,7 +31,7 @@ class Connected(Protocol):
 
     client: Client | None
 
-    def close(self, reason: str) -> None: ...
+    def close(self, reason: str, code: int | None = None) -> None: ...
 
 
 class Registry:
@@ -113,9 +114,9 @@ class Registry:
         if client_id in self.persistent:
             return None
         if limit and owner != ANONYMOUS_OWNER and self.by_owner[owner] >= limit:
-            return f"too many persistent sessions for user {owner!r} (limit {limit})"
+            return f"{QUOTA} for user {owner!r} (limit {limit})"
         if total and len(self.persistent) >= total:
-            return f"too many persistent sessions on the broker (limit {total})"
+            return f"{QUOTA} on the broker (limit {total})"
         return None
 
 
