@@ -191,6 +191,9 @@ class MqttSession:
     # -- packets -----------------------------------------------------------
 
     def _on_connect(self, packet: packets.Connect) -> None:
+        if packet.protocol_level == 5:  # the codec speaks MQTT 5, this session not yet: 0x84, v5's refusal
+            self._refuse(0x84, "MQTT 5 is not served yet")
+            return
         password = packet.password.decode("utf-8", "replace") if packet.password is not None else None
         try:
             principal = self.admit(packet.username, password)
@@ -450,8 +453,9 @@ class MqttSession:
         """The one mapping of what a packet (or the codec) raised onto the
         wire: a CONNACK code if the codec names one before CONNECT, then close."""
         if isinstance(exc, codec.ProtocolError):
-            if exc.return_code is not None and self.skeleton.state is State.AWAITING_CONNECT:
-                self.outbox.append(self.codec.send(packets.ConnAck(False, exc.return_code)))
+            code = exc.reason_code if self.codec.protocol_level == 5 else exc.return_code
+            if code is not None and self.skeleton.state is State.AWAITING_CONNECT:
+                self.outbox.append(self.codec.send(packets.ConnAck(False, code)))
             self._fail(exc.message, None)
         else:
             assert isinstance(exc, CoreError)
