@@ -25,8 +25,15 @@ def mqtt_clients(paho):
 
 def test_an_unsupported_protocol_level_gets_connack_1_and_a_close(broker, raw_mqtt):
     raw = raw_mqtt(broker)
-    raw.send(p.Connect("x", protocol_level=5))
+    raw.send(p.Connect("x", protocol_level=6))
     assert raw.next() == p.ConnAck(False, p.UNACCEPTABLE_PROTOCOL_VERSION)
+    raw.wait_closed()
+
+
+def test_mqtt_5_gets_a_v5_connack_unsupported_protocol_version_and_a_close(broker, raw_mqtt):
+    raw = raw_mqtt(broker)
+    raw.send(p.Connect("x", protocol_level=5))  # a v5 CONNECT: the raw client's codec speaks v5 from here
+    assert raw.next() == p.ConnAck(False, 0x84)
     raw.wait_closed()
 
 
