@@ -103,6 +103,24 @@ class QueueRegistry:
         """A non-durable topic subscriber's own queue, filtered as the topic fans out."""
         return self.configure(Queue(pattern, owner=owner), selector=selector)
 
+    def shared_queue(self, pattern: Address, key: str | None, selector: Any) -> Queue:
+        """A shared subscription group's queue (core.shared), stored under
+        ``key`` if the group is durable."""
+        queue = Queue(pattern, store=self.store, key=key)
+        self.configure(queue, selector=selector)
+        return self.configure_shared(queue, durable=key is not None)
+
+    def configure_shared(self, queue: Queue, *, durable: bool) -> Queue:
+        """A group's queue holds producers back as a topic subscriber's does
+        while its members lag, and past max_shared_group_messages loses its
+        oldest (with nobody attached it would otherwise grow without bound);
+        a durable group's stored messages page out as a durable's."""
+        policy = self.policies.for_address(queue.address)
+        return queue.configure(
+            limit=self.settings.max_shared_group_messages, high_water=policy.topic_high_water,
+            resident=policy.resident_messages if durable else 0,
+        )
+
     def destination_count(self) -> int:
         return len(self.queues) - self.temporaries
 

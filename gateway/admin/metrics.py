@@ -102,8 +102,9 @@ def render(broker: Any, server: Any, store: Any, writes: Histogram, gatekeeper: 
                     for kind in ("credentials", "rate_limited", "unavailable")))
     out.family("gateway_tls_handshakes_failed_total", "counter", "TLS handshakes that failed or timed out.",
                [("", server.tls_handshakes_failed)])
-    # A durable subscription's queue (its address a topic) is named by its key.
-    queues = [(q.address.text if q.address.is_queue else q.key, q) for q in broker.all_queues()]
+    # A durable subscription's or shared group's queue (its address a topic)
+    # is named by its key (a non-durable group's queue has none: its group's).
+    queues = [(q.address.text if q.address.is_queue else q.key or q.owner.key, q) for q in broker.all_queues()]
     fields = (
         ("gateway_destination_depth", "gauge", "Messages waiting in a queue or durable subscription.", lambda q: q.depth),
         ("gateway_destination_consumers", "gauge", "Consumers attached.", lambda q: len(q.consumers)),
