@@ -42,6 +42,7 @@ class Message:
         "location",
         "qos",
         "retain",
+        "retain_published",
         "origin",
     )
 
@@ -78,6 +79,9 @@ class Message:
         # Set only on the copy a new subscription gets from the retained
         # store ([MQTT-3.3.1-8]); live deliveries never carry it.
         self.retain = False
+        # The RETAIN flag as published (MQTT), for MQTT 5 subscriptions with
+        # Retain As Published [MQTT-3.3.1-13].  Not stored.
+        self.retain_published = False
         # Who published it: the publishing client's core.nolocal.Origin (set
         # by Client.send), for No Local subscriptions.  None: the broker's own
         # (a dead letter, an administrator's send) or recovered from the
