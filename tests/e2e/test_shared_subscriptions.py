@@ -6,6 +6,8 @@ messages."""
 
 from __future__ import annotations
 
+import json
+
 from tests.helpers import unique, wait_for
 
 
@@ -80,3 +82,24 @@ def test_no_local_leaves_out_the_connections_own_messages(broker, stomp_client):
     me.barrier()
     assert me.bodies == [b"from other"]
     assert other.bodies == [b"from me", b"from other"]
+
+
+def test_a_group_shows_in_the_admin_list_and_the_metrics(broker_factory, stomp_client):
+    from tests.e2e.test_admin import USERS, call
+
+    broker = broker_factory(admin={"users": USERS})
+    topic = f"/topic/{unique('jobs')}"
+    member = stomp_client(broker)
+    member.subscribe(topic, "s", ack="client-individual",
+                     **{"shared-subscription-name": "w", "activemq.prefetchSize": "1"})
+    producer = stomp_client(broker)
+    for i in range(3):
+        producer.send(topic, f"m{i}".encode())
+    member.wait_messages(1)
+    status, body, _ = call(broker, "GET", "/api/v1/destinations")
+    key = f"shared:1:w:{topic}"
+    entries = [d for d in json.loads(body) if d["name"] == key]
+    assert status == 200 and len(entries) == 1
+    assert entries[0]["type"] == "shared-subscription" and entries[0]["depth"] == 2 and entries[0]["consumers"] == 1
+    metrics = call(broker, "GET", "/metrics")[1].decode()
+    assert f'gateway_destination_depth{{destination="{key}"}} 2\n' in metrics
