@@ -325,6 +325,9 @@ class StompSession:
             state.core = self.client.subscribe(  # type: ignore[union-attr]
                 state, address, mode, prefetch, durable=durable_owner(frame, sub_id, self.client),  # type: ignore[arg-type]
                 selector=selector(frame), priority=priority, exclusive=exclusive, start=False,
+                # ActiveMQ's noLocal (a queue ignores it there); a shared group (core.shared) by name.
+                no_local=frame.headers.get("activemq.noLocal") == "true" and not address.is_queue,
+                shared=frame.headers.get("shared-subscription-name") or None,
             )
         except CoreError:
             del self._subs[sub_id]

@@ -228,3 +228,30 @@ def test_groups_show_with_the_queues_and_in_the_statistics() -> None:
     queue = broker.shared[group_key("g", T)].queue
     assert queue in broker.all_queues() and queue.owner is broker.shared[group_key("g", T)]
     assert broker.statistics()["shared_subscriptions"] == {group_key("g", T): (2, 1)}
+
+
+def test_a_delayed_redelivery_in_a_group_that_was_once_empty_still_comes_back() -> None:
+    broker, _ = make(redelivery_delay_ms=100)
+    first, _ = member(broker, "a", client_id="c1", durable=("c1", "n"))
+    first.close()
+    publish(broker, 1)
+    broker.release_redeliveries(0)  # a tick of the broker's timer while nobody is attached
+    back, sink = member(broker, "a", client_id="c1", durable=("c1", "n"))
+    back.nack("a", sink.ids[0])
+    due = broker.next_redelivery_ms()
+    assert due is not None and broker.release_redeliveries(due) == 1
+    assert len(sink.ids) == 2 and sink.messages[1].redelivered
+
+
+def test_a_delayed_redelivery_of_a_durable_subscription_once_away_still_comes_back() -> None:
+    broker, _ = make(redelivery_delay_ms=100)  # the same for a durable subscription's queue
+    sink = RecordingSink()
+    client = broker.open_client(sink, client_id="c1")
+    client.subscribe("d", T, INDIVIDUAL, durable=("c1", "n"))
+    client.unsubscribe("d")
+    broker.release_redeliveries(0)
+    client.subscribe("d", T, INDIVIDUAL, durable=("c1", "n"))
+    publish(broker, 1)
+    client.nack("d", sink.ids[0])
+    due = broker.next_redelivery_ms()
+    assert due is not None and broker.release_redeliveries(due) == 1 and len(sink.ids) == 2
