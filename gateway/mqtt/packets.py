@@ -73,7 +73,7 @@ NOT_AUTHORIZED = ConnectReturnCode.NOT_AUTHORIZED
 SUBACK_FAILURE = SubscribeReturnCode.FAILURE
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, repr=False)
 class Properties:
     """Every MQTT 5 property (v5 §2.2.2.2), None when absent.  The two that may
     repeat are tuples: ``subscription_identifiers`` (a PUBLISH to a subscriber
@@ -109,6 +109,10 @@ class Properties:
     wildcard_subscription_available: int | None = None
     subscription_identifier_available: int | None = None
     shared_subscription_available: int | None = None
+
+    def __repr__(self) -> str:  # only what is set: 27 fields of None say nothing
+        fields = (f"{name}={getattr(self, name)!r}" for name in self.__slots__)  # type: ignore[attr-defined]
+        return f"Properties({', '.join(f for f in fields if not f.endswith(('=None', '=()')))})"
 
 
 # -- subscription options (v5 §3.8.3.1): the int beside each SUBSCRIBE filter --
