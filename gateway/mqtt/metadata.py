@@ -118,6 +118,8 @@ def to_properties(headers: dict[str, str], expires_ms: int, now_ms: int) -> Prop
         pairs = _pairs(exact)
         if pairs is not None:
             user = pairs
+        else:  # a STOMP client's header by that name, not our list: kept like any other
+            user.append((USER_PROPERTIES, exact))
     properties.user_properties = tuple(user)
     return properties
 
