@@ -4,6 +4,11 @@ a v5 subscriber as properties, and v5 and 3.1.1 clients on one topic."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
+import pytest
+
 from gateway.mqtt import packets as p
 from tests.helpers import unique
 from tests.mqtt5_helpers import Paho5, connect5, props
@@ -110,3 +115,17 @@ def test_3_1_1_subscriber_gets_a_v5_publish_with_aliases_and_properties(broker, 
         assert [(m.topic, m.payload) for m in old.wait(2)] == [(topic, b"1"), (topic, b"2")]
     finally:
         old.close()
+
+
+@pytest.mark.skipif(shutil.which("mosquitto_pub") is None or shutil.which("mosquitto_sub") is None,
+                    reason="mosquitto-clients not installed")
+def test_mosquitto_v5_properties_through_a_retained_message(broker):
+    topic = unique("mosq5")
+    common = ["-h", "127.0.0.1", "-p", str(broker.mqtt_port), "-V", "mqttv5"]
+    subprocess.run(["mosquitto_pub", *common, "-q", "1", "-r", "-t", topic, "-m", "hello",
+                    "-D", "publish", "user-property", "k", "v", "-D", "publish", "user-property", "k", "w",
+                    "-D", "publish", "content-type", "text/x", "-D", "publish", "response-topic", "r/1"],
+                   check=True, timeout=10)
+    got = subprocess.run(["mosquitto_sub", *common, "-t", topic, "-C", "1", "-W", "10", "-F", "%t|%p|%P|%C|%R|%r"],
+                         capture_output=True, check=True, timeout=15)
+    assert got.stdout.decode().strip() == f"{topic}|hello|k:v k:w|text/x|r/1|1"
