@@ -294,7 +294,7 @@ class _Wiring:
         self.api = AdminApi(
             self.broker, server, users=users, ready=lambda: self.listening and not server.stopping,
             metrics=lambda: metrics.render(self.broker, server, store, self.writes, self.gatekeeper, self.disk,
-                                           group.view()),
+                                           group.view(), self.registry),
             archive=store.archive, origins=config.admin.allowed_origins + config.admin.websocket_origins,
             gate=self.gatekeeper, cluster=group,
         )

@@ -51,6 +51,9 @@ class Registry:
         # retain flag).  One entry; the reference keeps that one message alive.
         self.last_message: object = None
         self.last_qos0 = b""
+        # MQTT 5 messages not sent for being over their subscriber's Maximum
+        # Packet Size [MQTT-3.1.2-25], all connections since start (a metric).
+        self.oversize_dropped = 0
 
     def restore(self, notes: dict[str, bytes], durables: Iterable[tuple[str, str | None]] = ()) -> None:
         """Inbound QoS 2 ids the store kept (``QOS2_NOTES``) from before a

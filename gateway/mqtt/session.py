@@ -213,6 +213,7 @@ class MqttSession:
         data = publish_v5(self.peer, field, topics.from_address(message.address), message.headers,  # type: ignore[arg-type]
                           message.expires, self.clock.wall_ms(), body, qos, retain, dup, packet_id, sub.identifier)
         if data is None:
+            self.registry.oversize_dropped += 1
             return True  # too large for the client: settled as if sent [MQTT-3.1.2-25]
         if qos:
             state.outbound[packet_id] = InFlight(sub, message.id, FIRST_STAGE[qos])  # type: ignore[arg-type,index]

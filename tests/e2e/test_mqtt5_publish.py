@@ -170,7 +170,10 @@ def test_no_alias_to_a_client_that_takes_none(broker, raw_mqtt):
         assert isinstance(got, p.Publish) and got.topic == topic and got.properties is None
 
 
-def test_maximum_packet_size_outbound(broker, raw_mqtt):
+def test_maximum_packet_size_outbound_and_the_drops_counted_in_metrics(broker_factory, raw_mqtt):
+    from tests.e2e.test_admin import USERS, call
+
+    broker = broker_factory(admin={"users": USERS})
     topic = unique("max")
     sub = raw_mqtt(broker)
     assert connect5(sub, unique("s"), properties=p.Properties(maximum_packet_size=200)).return_code == 0
@@ -184,6 +187,8 @@ def test_maximum_packet_size_outbound(broker, raw_mqtt):
         pub.close()
     got = sub.next()
     assert isinstance(got, p.Publish) and got.payload == b"small"
+    metrics = call(broker, "GET", "/metrics")[1].decode()
+    assert "gateway_mqtt_oversize_dropped_total 1\n" in metrics
 
 
 def test_receive_maximum_outbound(broker, raw_mqtt):
