@@ -231,7 +231,10 @@ class MqttSession:
         expires = 0
         state = self.session
         if self.peer is not None:
-            outcome = incoming.accept(self.peer, packet, self.clock.wall_ms(), self._in_flight(), self.settings.receive_maximum)
+            in_flight = self._in_flight()
+            if packet.qos == 2 and packet.packet_id in state.inbound_qos2:
+                in_flight -= 1  # a resend of one already counted (v5 §4.9), not one more
+            outcome = incoming.accept(self.peer, packet, self.clock.wall_ms(), in_flight, self.settings.receive_maximum)
             if isinstance(outcome, incoming.Refused):
                 if outcome.disconnect:
                     self.fail(outcome.reason, packet, outcome.code)

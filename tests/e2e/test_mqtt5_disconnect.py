@@ -102,3 +102,25 @@ def test_protocol_error(broker, raw_mqtt):
     # a second CONNECT [MQTT-3.1.0-2]
     client.send_raw(b"\x10\x0e\x00\x04MQTT\x05\x02\x00\x3c\x00\x00\x01c")
     assert disconnect_code(client) == R.PROTOCOL_ERROR
+
+
+def test_a_qos2_resend_awaiting_pubrel_is_not_counted_again(broker_factory, raw_mqtt):
+    broker = broker_factory(mqtt={"receive_maximum": 2})
+    client = raw_mqtt(broker)
+    assert connect5(client, unique("q2")).return_code == 0
+    for packet_id in (1, 2):
+        client.send(p.Publish("t/q2", b"m", 2, packet_id=packet_id))
+        assert client.next() == p.PubRec(packet_id)
+    client.send(p.Publish("t/q2", b"m", 2, dup=True, packet_id=1))  # its PUBREC lost, say
+    assert client.next() == p.PubRec(1)  # answered again, not 0x93: it is one of the two
+    client.send(p.PubRel(1))
+    assert client.next() == p.PubComp(1)
+    client.send(p.Publish("t/q2", b"m", 2, packet_id=3))
+    assert client.next() == p.PubRec(3)
+
+
+def test_disconnect_cannot_make_a_session_persist(broker, raw_mqtt):
+    client = raw_mqtt(broker)
+    assert connect5(client, unique("d")).return_code == 0
+    client.send(p.Disconnect(properties=p.Properties(session_expiry_interval=60)))
+    assert disconnect_code(client) == R.PROTOCOL_ERROR  # [MQTT-3.14.2-2]
