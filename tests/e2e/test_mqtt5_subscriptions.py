@@ -163,3 +163,30 @@ def test_shared_group_gets_no_retained_message(broker):
     finally:
         pub.close()
         member.close()
+
+
+def test_a_kept_session_keeps_its_subscription_options_and_identifier(broker, raw_mqtt):
+    topic = unique("kept")
+    client_id = unique("c")
+    kept = p.Properties(session_expiry_interval=300)
+    first = raw_mqtt(broker)
+    assert connect5(first, client_id, properties=kept).return_code == 0
+    first.send(p.Subscribe(1, [(topic, 1 | p.NO_LOCAL)], properties=p.Properties(subscription_identifiers=(5,))))
+    assert isinstance(first.next(), p.SubAck)
+    first.send(p.Disconnect())
+    first.wait_closed()
+    pub = Paho5(broker.mqtt_port, unique("p"))
+    try:
+        pub.publish(topic, b"while away", 1)
+    finally:
+        pub.close()
+    back = raw_mqtt(broker)
+    assert connect5(back, client_id, clean_session=False, properties=kept).session_present
+    got = back.next()
+    assert isinstance(got, p.Publish) and got.payload == b"while away"
+    assert got.properties is not None and got.properties.subscription_identifiers == (5,)
+    back.send(p.PubAck(got.packet_id))  # type: ignore[arg-type]
+    back.send(p.Publish(topic, b"own", 1, packet_id=9))  # No Local kept too
+    assert back.next() == p.PubAck(9)
+    back.pump(0.3)
+    assert back.packets == []
