@@ -4,6 +4,9 @@ made.  :data:`SENDERS` holds, for each role, the encoders of the packets that
 role may send; PUBLISH, the hot path, is :func:`encode_publish`, called
 directly by the connection.  MQTT 5's are gateway.mqtt.encoders_v5; the
 PUBLISH bytes are shared (:func:`publish_bytes` takes v5's property block).
+These write the 3.1.1 form and leave out what 3.1.1 has no room for (an
+ack's v5 reason code, properties), so a session may build one packet for
+either level; a code 3.1.1 cannot carry (CONNACK, SUBACK) is refused.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ Protocol Error (Receive Maximum 0, Topic Alias 0, ...) is a Protocol Error
 
 from __future__ import annotations
 
+import operator
 from typing import Any, NamedTuple
 
 from gateway.mqtt import packets as p
@@ -79,7 +80,8 @@ SPECS: dict[int, Spec] = {
     0x29: Spec("subscription_identifier_available", BYTE, frozenset({PT.CONNACK})),
     0x2A: Spec("shared_subscription_available", BYTE, frozenset({PT.CONNACK})),
 }
-_BY_ATTR = [(ident, spec) for ident, spec in SPECS.items()]
+_BY_ATTR = list(SPECS.items())
+_ALL_VALUES = operator.attrgetter(*(spec.attr for spec in SPECS.values()))  # one C call for all 27
 
 # Values the spec calls a Protocol Error (v5 §3.1.2.11, §3.2.2.3, §3.3.2.3).
 _ZERO_OR_ONE = "must be 0 or 1"
@@ -182,8 +184,7 @@ def encode_properties(props: p.Properties | None, where: Where = PT.PUBLISH) -> 
     if props is None:
         return EMPTY_PROPERTIES
     out: list[bytes] = []
-    for ident, spec in _BY_ATTR:
-        value = getattr(props, spec.attr)
+    for (ident, spec), value in zip(_BY_ATTR, _ALL_VALUES(props)):
         if value is None or value == ():
             continue
         if where not in spec.where:
