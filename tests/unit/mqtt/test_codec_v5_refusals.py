@@ -36,6 +36,7 @@ def publish(props: bytes, topic: bytes = b"\x00\x01t", qos: int = 0) -> bytes:
         (block(b"\x03\x00\x02\xc3\x28"), MALFORMED),  # not UTF-8 [MQTT-1.5.4-1]
         (block(b"\x08\x00\x01\x00"), MALFORMED),  # U+0000 [MQTT-1.5.4-2]
         (block(b"\x26\x00\x01a"), MALFORMED),  # a user property without its value
+        (block(b"\x08\x00\x03a/#"), PROTOCOL_ERROR),  # a response topic with a wildcard [MQTT-3.3.2-14]
         (b"\x7f", MALFORMED),  # a property length past the packet
         (b"\xff\xff\xff\xff\x01", MALFORMED),  # a property length of five bytes (v5 §1.5.5)
     ],
@@ -219,6 +220,7 @@ def test_auth_and_a_server_disconnect_exist_only_in_v5() -> None:
         (Role.CLIENT, p.Publish("t", b"", properties=p.Properties(message_expiry_interval=1 << 32))),
         (Role.CLIENT, p.Publish("t", b"", properties=p.Properties(payload_format_indicator=2))),
         (Role.CLIENT, p.Publish("", b"")),  # an empty topic needs an alias
+        (Role.CLIENT, p.Publish("t", b"", properties=p.Properties(response_topic="r/+"))),  # [MQTT-3.3.2-14]
         (Role.CLIENT, p.Connect("c", protocol_level=5, properties=p.Properties(receive_maximum=0))),
         (Role.CLIENT, p.Connect("c", protocol_level=5, will=p.Will("w", b"", properties=p.Properties(topic_alias=1)))),
     ],
