@@ -39,6 +39,7 @@ _U16 = struct.Struct(">H")
 # little-endian u16: low 7 bits | 0x80, then the rest): faster than bytes((...)).
 _HEAD1 = struct.Struct(">BB")
 _HEAD2 = struct.Struct("<BH")
+_ID_NO_PROPS = struct.Struct(">Hx")  # v5: a packet identifier, then a property length of 0
 
 
 def topic_field(topic: str) -> bytes:
@@ -115,7 +116,8 @@ def _publish_v5(
         if packet_id is None or not 0 < packet_id <= 65535:
             raise LocalProtocolError(f"invalid packet identifier {packet_id!r}")  # [MQTT-2.2.1-3]
         first |= qos << 1
-        head = field + _U16.pack(packet_id) + props
+        # The packet identifier and an empty property block packed at once: the common case.
+        head = field + (_ID_NO_PROPS.pack(packet_id) if props == b"\x00" else _U16.pack(packet_id) + props)
     length = len(head) + len(payload)
     if length < 128:
         return _HEAD1.pack(first, length) + head + payload
