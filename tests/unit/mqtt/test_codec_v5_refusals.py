@@ -179,6 +179,20 @@ def test_an_oversize_packet_on_v5_is_0x95_and_errors_stay_with_their_reason() ->
         assert caught.value.reason_code == 0x95
 
 
+def test_a_v5_connect_too_large_to_read_is_still_answered_in_v5() -> None:
+    conn = MqttConnection(Role.SERVER, max_packet_bytes=100)
+    conn.receive_data(b"\x10\xc8\x01\x00\x04MQTT\x05\x02")  # 200 bytes announced, 10 of them here
+    with pytest.raises(RemoteProtocolError) as caught:
+        list(conn.events())
+    assert caught.value.reason_code == 0x95 and conn.protocol_level == 5
+    assert conn.send(p.ConnAck(False, 0x95)) == b"\x20\x03\x00\x95\x00"
+    v311 = MqttConnection(Role.SERVER, max_packet_bytes=100)
+    v311.receive_data(b"\x10\xc8\x01\x00\x04MQTT\x04\x02")
+    with pytest.raises(RemoteProtocolError):
+        list(v311.events())
+    assert v311.protocol_level == 4
+
+
 def test_a_second_connect_is_a_protocol_error() -> None:
     assert refused5(Role.SERVER, frame(0x10, b"\x00\x04MQTT\x05\x02\x00\x3c\x00\x00\x01c")).reason_code == PROTOCOL_ERROR
 
