@@ -82,6 +82,8 @@ def values(attr: str, kind: int) -> st.SearchStrategy[Any]:
     if kind in _NUMBERS:
         low = 1 if attr in {"receive_maximum", "maximum_packet_size", "topic_alias", "subscription_identifiers"} else 0
         return st.integers(low, _NUMBERS[kind])
+    if attr == "response_topic":
+        return topic_names  # a topic name [MQTT-3.3.2-14]
     if kind == STRING:
         return texts
     if kind == BINARY:

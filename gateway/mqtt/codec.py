@@ -115,13 +115,15 @@ for _kind in SENT_BY[Role.CLIENT] - {PT.CONNECT}:  # a second CONNECT is refused
     _TRANSITIONS[(State.CONNECTED, _kind)] = State.CONNECTED
 for _kind in SENT_BY[Role.SERVER] - {PT.CONNACK}:  # CONNACK comes once, first [MQTT-3.2.0-1]
     _TRANSITIONS[(State.CONNECTED, _kind)] = State.CONNECTED
-# MQTT 5's additions (the 3.1.1 first-byte tables refuse these types before the
-# order is looked at): AUTH and a server's DISCONNECT once connected, and AUTH
-# exchanged before CONNACK (enhanced authentication, v5 §4.12).
-_TRANSITIONS[(State.CONNECTED, PT.AUTH)] = State.CONNECTED
+# MQTT 5's additions (the 3.1.1 first-byte tables refuse AUTH before the order is
+# looked at): AUTH once connected, and AUTH exchanged before CONNACK (enhanced
+# authentication, v5 §4.12).  A server's DISCONNECT (SENT_BY_V5) needs no entry:
+# (CONNECTED, DISCONNECT) is there for the client's.
+for _kind in SENT_BY_V5[Role.CLIENT] - SENT_BY[Role.CLIENT]:
+    _TRANSITIONS[(State.CONNECTED, _kind)] = State.CONNECTED
 _TRANSITIONS[(State.AWAITING_CONNACK, PT.AUTH)] = State.AWAITING_CONNACK
-assert PT.DISCONNECT in SENT_BY_V5[Role.SERVER] and (State.CONNECTED, PT.DISCONNECT) in _TRANSITIONS
 _CONNECTED = State.CONNECTED
+_V5_CONNECT_START = b"\x00\x04MQTT\x05"  # a v5 CONNECT's protocol name and level
 # The same table indexed by state first, so the per-packet lookup builds no tuple.
 _ALLOWED: dict[State, dict[PT, State]] = {state: {} for state in State}
 for (_state, _kind), _next_state in _TRANSITIONS.items():
@@ -280,8 +282,11 @@ class MqttConnection:
                 if shift == 28:
                     raise RemoteProtocolError("remaining length longer than 4 bytes")  # §2.2.3
         if length > self.max_packet_bytes:
+            if kind is PT.CONNECT and buf[i : i + 7] == _V5_CONNECT_START:
+                # Too large to read, but plainly a v5 CONNECT: answered with a v5 CONNACK 0x95.
+                self.protocol_level = MQTT5
             raise RemoteProtocolError(f"packet of {length} bytes is over the limit of {self.max_packet_bytes}",
-                                      reason_code=PACKET_TOO_LARGE)  # v5 [MQTT-3.1.2-24]
+                                      reason_code=PACKET_TOO_LARGE)  # v5 §3.2.2.3.6, §3.1.2.11.4
         end = i + length
         if end > n:
             self._need = end - pos

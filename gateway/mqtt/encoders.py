@@ -4,6 +4,9 @@ made.  :data:`SENDERS` holds, for each role, the encoders of the packets that
 role may send; PUBLISH, the hot path, is :func:`encode_publish`, called
 directly by the connection.  MQTT 5's are gateway.mqtt.encoders_v5; the
 PUBLISH bytes are shared (:func:`publish_bytes` takes v5's property block).
+These write the 3.1.1 form and leave out what 3.1.1 has no room for (an
+ack's v5 reason code, properties), so a session may build one packet for
+either level; a code 3.1.1 cannot carry (CONNACK, SUBACK) is refused.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ _U16 = struct.Struct(">H")
 # little-endian u16: low 7 bits | 0x80, then the rest): faster than bytes((...)).
 _HEAD1 = struct.Struct(">BB")
 _HEAD2 = struct.Struct("<BH")
+_ID_NO_PROPS = struct.Struct(">Hx")  # v5: a packet identifier, then a property length of 0
 
 
 def topic_field(topic: str) -> bytes:
@@ -112,7 +116,8 @@ def _publish_v5(
         if packet_id is None or not 0 < packet_id <= 65535:
             raise LocalProtocolError(f"invalid packet identifier {packet_id!r}")  # [MQTT-2.2.1-3]
         first |= qos << 1
-        head = field + _U16.pack(packet_id) + props
+        # The packet identifier and an empty property block packed at once: the common case.
+        head = field + (_ID_NO_PROPS.pack(packet_id) if props == b"\x00" else _U16.pack(packet_id) + props)
     length = len(head) + len(payload)
     if length < 128:
         return _HEAD1.pack(first, length) + head + payload

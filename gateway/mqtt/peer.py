@@ -71,7 +71,7 @@ def connack_properties(peer: Peer, settings: MqttSettings, *, requested_expiry: 
     server changed what the client asked; the client id it made up."""
     props = Properties(
         receive_maximum=settings.receive_maximum,
-        maximum_packet_size=settings.max_packet_bytes,
+        maximum_packet_size=whole_packet_limit(settings.max_packet_bytes),
         topic_alias_maximum=settings.topic_alias_maximum,
         retain_available=1,
         wildcard_subscription_available=1,
@@ -85,6 +85,14 @@ def connack_properties(peer: Peer, settings: MqttSettings, *, requested_expiry: 
     if assigned_client_id is not None:
         props.assigned_client_identifier = assigned_client_id  # [MQTT-3.2.2-16]
     return props
+
+
+def whole_packet_limit(max_remaining: int) -> int:
+    """The Maximum Packet Size to announce for a limit on the remaining length
+    (what the codec checks): v5's counts the whole packet [MQTT-3.2.2-15], the
+    fixed header's first byte and the remaining length's own bytes too."""
+    length_bytes = 1 if max_remaining < 128 else 2 if max_remaining < 16_384 else 3 if max_remaining < 2_097_152 else 4
+    return max_remaining + 1 + length_bytes
 
 
 _NONE = Properties()

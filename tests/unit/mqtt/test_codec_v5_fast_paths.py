@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from gateway.mqtt import codec
 from gateway.mqtt import packets as p
+from gateway.mqtt import properties
 from gateway.mqtt.codec import LocalProtocolError, MqttConnection, RemoteProtocolError, Role
 from gateway.mqtt.decoders import DECODERS_V5
 from gateway.mqtt.wire import PT, remaining_length
@@ -173,3 +174,20 @@ def test_an_aliased_publish_goes_with_an_empty_topic() -> None:
 def test_puback_bytes_are_the_v5_puback_with_reason_0(packet_id: int) -> None:
     assert codec.puback_bytes(packet_id) == encode5(Role.SERVER, [p.PubAck(packet_id)])
     assert codec.puback_bytes(packet_id) == MqttConnection(Role.SERVER).send(p.PubAck(packet_id))
+
+
+def test_a_delivery_builds_its_block_from_kept_items_and_its_own() -> None:
+    kept = properties.property_items(p.Properties(content_type="text/plain", user_properties=(("k", "v"),)))
+    own = (properties.topic_alias_item(300) + properties.subscription_identifier_item(200)
+           + properties.message_expiry_item(59))
+    expected = p.Properties(message_expiry_interval=59, content_type="text/plain", subscription_identifiers=(200,),
+                            topic_alias=300, user_properties=(("k", "v"),))
+    block = properties.property_block(kept + own)
+    assert properties.read_properties(block, 0, len(block), PT.PUBLISH) == (expected, len(block))
+    assert properties.property_block(b"") == codec.EMPTY_PROPERTIES
+    for bad in (lambda: properties.topic_alias_item(0), lambda: properties.topic_alias_item(65536),
+                lambda: properties.subscription_identifier_item(0),
+                lambda: properties.subscription_identifier_item(268_435_456),
+                lambda: properties.message_expiry_item(1 << 32)):
+        with pytest.raises(LocalProtocolError):
+            bad()

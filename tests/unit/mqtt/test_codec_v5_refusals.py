@@ -36,6 +36,7 @@ def publish(props: bytes, topic: bytes = b"\x00\x01t", qos: int = 0) -> bytes:
         (block(b"\x03\x00\x02\xc3\x28"), MALFORMED),  # not UTF-8 [MQTT-1.5.4-1]
         (block(b"\x08\x00\x01\x00"), MALFORMED),  # U+0000 [MQTT-1.5.4-2]
         (block(b"\x26\x00\x01a"), MALFORMED),  # a user property without its value
+        (block(b"\x08\x00\x03a/#"), PROTOCOL_ERROR),  # a response topic with a wildcard [MQTT-3.3.2-14]
         (b"\x7f", MALFORMED),  # a property length past the packet
         (b"\xff\xff\xff\xff\x01", MALFORMED),  # a property length of five bytes (v5 §1.5.5)
     ],
@@ -178,6 +179,20 @@ def test_an_oversize_packet_on_v5_is_0x95_and_errors_stay_with_their_reason() ->
         assert caught.value.reason_code == 0x95
 
 
+def test_a_v5_connect_too_large_to_read_is_still_answered_in_v5() -> None:
+    conn = MqttConnection(Role.SERVER, max_packet_bytes=100)
+    conn.receive_data(b"\x10\xc8\x01\x00\x04MQTT\x05\x02")  # 200 bytes announced, 10 of them here
+    with pytest.raises(RemoteProtocolError) as caught:
+        list(conn.events())
+    assert caught.value.reason_code == 0x95 and conn.protocol_level == 5
+    assert conn.send(p.ConnAck(False, 0x95)) == b"\x20\x03\x00\x95\x00"
+    v311 = MqttConnection(Role.SERVER, max_packet_bytes=100)
+    v311.receive_data(b"\x10\xc8\x01\x00\x04MQTT\x04\x02")
+    with pytest.raises(RemoteProtocolError):
+        list(v311.events())
+    assert v311.protocol_level == 4
+
+
 def test_a_second_connect_is_a_protocol_error() -> None:
     assert refused5(Role.SERVER, frame(0x10, b"\x00\x04MQTT\x05\x02\x00\x3c\x00\x00\x01c")).reason_code == PROTOCOL_ERROR
 
@@ -219,6 +234,7 @@ def test_auth_and_a_server_disconnect_exist_only_in_v5() -> None:
         (Role.CLIENT, p.Publish("t", b"", properties=p.Properties(message_expiry_interval=1 << 32))),
         (Role.CLIENT, p.Publish("t", b"", properties=p.Properties(payload_format_indicator=2))),
         (Role.CLIENT, p.Publish("", b"")),  # an empty topic needs an alias
+        (Role.CLIENT, p.Publish("t", b"", properties=p.Properties(response_topic="r/+"))),  # [MQTT-3.3.2-14]
         (Role.CLIENT, p.Connect("c", protocol_level=5, properties=p.Properties(receive_maximum=0))),
         (Role.CLIENT, p.Connect("c", protocol_level=5, will=p.Will("w", b"", properties=p.Properties(topic_alias=1)))),
     ],
