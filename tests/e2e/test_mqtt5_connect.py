@@ -20,7 +20,7 @@ def test_connack_announces_the_limits(broker_factory):
         present, code, announced = client.connack
         assert (present, code) == (False, 0)
         assert announced.ReceiveMaximum == 7
-        assert announced.MaximumPacketSize == 100_000
+        assert announced.MaximumPacketSize == 100_004  # the whole packet: 100,000 after its fixed header
         assert announced.TopicAliasMaximum == 5
         assert announced.RetainAvailable == 1
         assert announced.WildcardSubscriptionAvailable == 1

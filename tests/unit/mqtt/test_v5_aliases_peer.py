@@ -7,7 +7,7 @@ import dataclasses
 
 from gateway.mqtt.aliases import InboundAliases, OutboundAliases
 from gateway.mqtt.packets import Properties
-from gateway.mqtt.peer import NEVER, UNLIMITED, connack_properties, negotiate
+from gateway.mqtt.peer import NEVER, UNLIMITED, connack_properties, negotiate, whole_packet_limit
 from gateway.mqtt.settings import MqttSettings
 
 SETTINGS = MqttSettings()
@@ -92,7 +92,7 @@ def test_connack_properties_announce_the_limits() -> None:
     peer = negotiate(None, 30, SETTINGS)
     props = connack_properties(peer, SETTINGS, requested_expiry=0, requested_keep_alive=30, assigned_client_id=None)
     assert props == Properties(
-        receive_maximum=SETTINGS.receive_maximum, maximum_packet_size=SETTINGS.max_packet_bytes,
+        receive_maximum=SETTINGS.receive_maximum, maximum_packet_size=whole_packet_limit(SETTINGS.max_packet_bytes),
         topic_alias_maximum=SETTINGS.topic_alias_maximum, retain_available=1, wildcard_subscription_available=1,
         subscription_identifier_available=1, shared_subscription_available=1)
 
