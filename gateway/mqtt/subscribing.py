@@ -33,13 +33,13 @@ class Token:
     """The session's token for one core subscription: what a delivery needs
     of the filter that matched."""
 
-    __slots__ = ("filter", "qos", "retain_as_published", "identifier", "name")
+    __slots__ = ("filter", "options", "qos", "retain_as_published", "identifier", "name")
 
-    def __init__(self, topic_filter: str, qos: int, retain_as_published: bool = False, identifier: int = 0,
-                 name: str = "") -> None:
+    def __init__(self, topic_filter: str, options: int, identifier: int = 0, name: str = "") -> None:
         self.filter = topic_filter
-        self.qos = qos
-        self.retain_as_published = retain_as_published
+        self.options = options  # the subscription options byte (3.1.1: the QoS)
+        self.qos = options & 3
+        self.retain_as_published = bool(options & packets.RETAIN_AS_PUBLISHED)
         self.identifier = identifier  # the v5 Subscription Identifier, 0 for none
         self.name = name  # the durable subscription's name, "" when not durable
 
@@ -144,11 +144,21 @@ def subscribe(session: Subscribing, topic_filter: str, options: int, identifier:
     assert not isinstance(pattern, str)
     qos = options & 3
     name = "" if session.clean_session else durable_name(qos, options, identifier, topic_filter)
-    existing = session.subs.pop(topic_filter, None)
-    if existing is not None:  # [MQTT-3.8.4-3]: a new subscription replaces it
+    existing = session.subs.get(topic_filter)
+    if existing is not None:
+        # [MQTT-3.8.4-3]: a new subscription replaces it, and no message may
+        # be lost or sent twice for that.  The same one again (what a client
+        # that keeps its session sends on every connect) keeps the core
+        # subscription: what it has in flight stays in flight, under the same
+        # packet ids.  Otherwise its unacknowledged messages go back to its
+        # queue (kept, for a durable one) and come again as redeliveries.
+        if existing.name == name and existing.options == options:
+            existing.identifier = identifier
+            return client.subscription(existing)
+        del session.subs[topic_filter]
         client.unsubscribe(existing, remove_durable=existing.name != name)
     mode = AckMode.AUTO if qos == 0 else AckMode.CLIENT_INDIVIDUAL
-    token = Token(topic_filter, qos, bool(options & packets.RETAIN_AS_PUBLISHED), identifier, name)
+    token = Token(topic_filter, options, identifier, name)
     durable = (OWNER_PREFIX + session.client_id, name) if name else None
     try:
         subscription = client.subscribe(token, pattern, mode, session.settings.max_inflight, durable=durable,
