@@ -91,7 +91,7 @@ def expiry_note(kind: str, value: int, owner: str | None) -> bytes:
     return f"{kind}:{value}:".encode() + (owner or "").encode()
 
 
-def read_note(value: bytes, now_ms: int) -> tuple[int, str | None] | None:
+def read_note(value: bytes, now_ms: int) -> tuple[int, str] | None:
     """(deadline, owner) of an ``EXPIRY_NOTES`` value read at start-up
     (``now_ms``), or None if it is not one."""
     kind, _, rest = value.decode("utf-8", "replace").partition(":")
@@ -99,7 +99,7 @@ def read_note(value: bytes, now_ms: int) -> tuple[int, str | None] | None:
     if not colon or not number.isdigit() or kind not in (OPEN, CLOSED):
         return None
     due = now_ms + int(number) * 1000 if kind == OPEN else int(number)
-    return due, owner or None
+    return due, owner  # "" is anonymous's (core.durables.ANONYMOUS_OWNER)
 
 
 def _nothing() -> None:
