@@ -120,6 +120,10 @@ class Lifetimes:
         self._heap: list[tuple[int, int, str]] = []  # (due, END or WILL, client id); stale entries skipped
         self.on_earlier: Callable[[], None] = _nothing  # the timer's wake-up, set by whoever runs it
 
+    def __len__(self) -> int:
+        """Entries held, called off ones included (bounded: see _push)."""
+        return len(self._heap)
+
     def end_at(self, client_id: str, due_ms: int) -> None:
         """``client_id``'s kept session ends at ``due_ms``."""
         self.ends[client_id] = due_ms
