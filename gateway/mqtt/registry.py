@@ -129,7 +129,10 @@ class Registry:
         """``client_id``'s connection ended; its session is kept ``expiry_s``
         seconds (``NEVER``: for ever), noted in the store so a restart keeps
         the deadline."""
-        if expiry_s >= NEVER:
+        if expiry_s >= NEVER:  # (a DISCONNECT may have made it so: the note from CONNECT goes)
+            if client_id in self.lifetimes.noted:
+                self.lifetimes.noted.discard(client_id)
+                broker.store.note(EXPIRY_NOTES, client_id, None)
             return
         due = broker.clock.wall_ms() + expiry_s * 1000
         self.lifetimes.end_at(client_id, due)

@@ -293,3 +293,15 @@ def test_an_expired_session_takes_its_shared_membership() -> None:
     drop(session)
     world.tick(1)
     assert world.broker.shared.of_client(OWNER_PREFIX + "c") == [] and not world.broker.shared
+
+
+def test_a_disconnect_may_change_the_interval_to_never_or_to_zero() -> None:
+    world = World()
+    session, conn, _ = world.client("c", expiry=30)
+    send(session, conn, packets.Disconnect(properties=packets.Properties(session_expiry_interval=NEVER)))
+    assert world.notes()[-1] == ("c", None)  # a restart must not end it after all
+    assert world.registry.lifetimes.next_due() is None and "c" in world.registry.persistent
+    session, conn, connack = world.client("c", clean=False, expiry=30)
+    assert connack.session_present
+    send(session, conn, packets.Disconnect(properties=packets.Properties(session_expiry_interval=0)))
+    assert world.notes()[-1] == ("c", None) and "c" not in world.registry.persistent
