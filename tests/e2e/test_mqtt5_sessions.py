@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -19,6 +20,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from tests.helpers import unique, wait_for
+from tests.processes import accepting, free_port
 
 NEVER = 0xFFFFFFFF
 
@@ -187,6 +189,26 @@ def test_an_expiry_pending_at_a_restart_ends_after_it(broker_factory, paho5):
     broker = broker_factory()
     time.sleep(max(0.0, closed + 7 - time.monotonic()))
     assert not paho5(broker, cid, clean_start=False, expiry=5).present
+
+
+def test_a_session_connected_at_a_crash_ends_its_interval_after_the_restart(broker_process, paho5):
+    mqtt_port = free_port()
+    process = broker_process("--mqtt-port", str(mqtt_port))
+    broker = SimpleNamespace(mqtt_port=mqtt_port)
+    process.start()
+    wait_for(lambda: accepting(mqtt_port), 10, what="the MQTT port")
+    short, long_ = unique("short"), unique("long")
+    clients = [paho5(broker, cid, expiry=expiry) for cid, expiry in ((short, 3), (long_, 600))]
+    for client in clients:
+        client.subscribe(unique("crash/t"))  # acknowledged: on disk
+    process.kill()  # SIGKILL: the connections never closed
+    for client in clients:
+        client.drop()  # before paho reconnects on its own (a second later at the soonest)
+    process.start()
+    wait_for(lambda: accepting(mqtt_port), 10, what="the MQTT port")
+    time.sleep(5)
+    assert not paho5(broker, short, clean_start=False, expiry=3).present
+    assert paho5(broker, long_, clean_start=False, expiry=600).present
 
 
 # -- Will Delay Interval -------------------------------------------------------
