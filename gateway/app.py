@@ -257,7 +257,8 @@ class _Wiring:
 
     def build_listeners(self) -> None:
         """The MQTT sessions' registry as the store left it (who owns durable
-        state, QoS 2 ids awaiting PUBREL), and which ports to bind: plain, TLS
+        state, QoS 2 ids awaiting PUBREL, when kept v5 sessions end, with the
+        timer that ends them), and which ports to bind: plain, TLS
         or both, the TLS context loaded here so a bad certificate stops startup."""
         config = self.config
         broker, kv = self.broker, self.recovered.kv
