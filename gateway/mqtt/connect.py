@@ -17,12 +17,15 @@ from core.authorization import Principal
 from core.broker import Broker
 from core.clients import Client
 from core.durables import owner_of
+from core.errors import CoreError
+from core.ports import Clock
 from gateway.auth import AccessDenied, VerificationPending, spent_door
 from gateway.mqtt import packets
 from gateway.mqtt.codec import MqttConnection
 from gateway.mqtt.peer import Peer, connack_properties, negotiate
 from gateway.mqtt.reasons import ReasonCode as R
 from gateway.mqtt.inflight import SessionState
+from gateway.mqtt.lifetime import PendingWill, prepare_will, publish_will, will_delay
 from gateway.mqtt.registry import OWNER_PREFIX, QOS2_NOTES, QUOTA, Registry, qos2_note
 from gateway.mqtt.settings import MqttSettings
 from gateway.mqtt.subscribing import Token, resume
@@ -36,6 +39,7 @@ class Connecting(Protocol):
     named here so this module need not import the one that imports it."""
 
     broker: Broker
+    clock: Clock
     settings: MqttSettings
     registry: Registry
     log: Any
@@ -89,13 +93,16 @@ def on_connect(session: Connecting, packet: packets.Connect) -> None:
                        R.QUOTA_EXCEEDED if refusal.startswith(QUOTA) else R.NOT_AUTHORIZED)
         return
     registry = session.registry
+    previous = registry.active.get(client_id)
+    if previous is not None:  # first: its close may keep or end what this connection then finds
+        previous.close("session taken over by a new connection", R.SESSION_TAKEN_OVER)  # [MQTT-3.1.4-2]
+    owner = owner_of(principal)
+    registry.connected(session.broker, client_id, packet.clean_session, peer.session_expiry if keep and peer else 0,
+                       owner, session.log)
     if packet.clean_session:
         registry.release(client_id)  # [MQTT-3.1.2-6]: whatever was kept goes
     if keep:
-        registry.hold(client_id, owner_of(principal))
-    previous = registry.active.get(client_id)
-    if previous is not None:
-        previous.close("session taken over by a new connection", R.SESSION_TAKEN_OVER)  # [MQTT-3.1.4-2]
+        registry.hold(client_id, owner)
     session.client_id = client_id
     session.clean_session = not keep
     session.will = packet.will
@@ -140,7 +147,8 @@ def _claim_refusal(session: Connecting, client_id: str, principal: Principal, cl
     """Why ``principal`` may not take ``client_id`` (its owner's, or over quota)."""
     registry = session.registry
     broker = session.broker
-    owners = [d.owner for d in broker.durables.of_client(OWNER_PREFIX + client_id)]
+    held = [*broker.durables.of_client(OWNER_PREFIX + client_id), *broker.shared.of_client(OWNER_PREFIX + client_id)]
+    owners = [kept.owner for kept in held]
     refusal = registry.claim_refusal(client_id, principal, clean, owners, broker.secured)
     if refusal is None and not clean:
         settings = session.settings
@@ -157,17 +165,21 @@ def _resume(session: Connecting, packet: packets.Connect, assigned: str | None) 
     client_id = session.client_id
     owner = OWNER_PREFIX + client_id
     durables = [d for d in session.broker.durables.of_client(owner) if d.active is None]
+    memberships = [m for m in session.broker.shared.of_client(owner) if m.active is None]
     saved = session.registry.states.pop(client_id, None)
     lsn = 0
     if packet.clean_session:
         for durable in durables:  # [MQTT-3.1.2-6]: a clean session starts from nothing
             lsn = client.remove_durable(owner, durable.name)
+        for membership in memberships:
+            lsn = max(lsn, client.drop_shared(owner, membership.name))  # type: ignore[arg-type]
         for packet_id in saved.inbound_qos2 if saved is not None else ():
             lsn = max(lsn, session.broker.store.note(QOS2_NOTES, qos2_note(client_id, packet_id), None))
         durables = []
+        memberships = []
         present = False
     else:
-        present = bool(durables) or saved is not None  # [MQTT-3.2.2-2]
+        present = bool(durables) or bool(memberships) or saved is not None  # [MQTT-3.2.2-2]
         if saved is not None:
             session.session = saved
         if present:
@@ -192,20 +204,61 @@ def _resume(session: Connecting, packet: packets.Connect, assigned: str | None) 
     for durable in durables:
         dropped += durable.queue.stats.discarded
         durable.queue.stats.discarded = 0
-    resume(session, [durable.name for durable in durables], session.log.info)
+    names = [durable.name for durable in durables] + [membership.name for membership in memberships]
+    resume(session, names, session.log.info)  # type: ignore[arg-type]
     if dropped:
         session.log.warning("mqtt_session_overflow", client_id=client_id, dropped=dropped,
                             limit=session.settings.max_queued_messages)
 
 
+def connection_closed(session: Connecting, will: packets.Will | None) -> None:
+    """The connection is gone (its client still open): the will, now or
+    after its Will Delay Interval; then the session kept (ending after its
+    Session Expiry Interval) or ended."""
+    client = session.client
+    assert client is not None
+    peer = session.peer
+    registry = session.registry
+    # The session ends with this connection: a clean one, or a resumed v5 one whose interval is 0.
+    ends = session.clean_session or (peer is not None and peer.session_expiry == 0)
+    if will is not None:
+        pending = prepare_will(session.broker, client, will)
+        delay = will_delay(will) if peer is not None and not ends else 0
+        if isinstance(pending, str):
+            session.log.warning("mqtt_will_refused", client_id=session.client_id, topic=will.topic[:200], reason=pending)
+        elif delay:  # [MQTT-3.1.3-9]: unless the client id connects first
+            registry.lifetimes.will_at(session.client_id, session.clock.wall_ms() + delay * 1000, pending)
+        else:
+            _publish_now(session, client, pending)
+    client.close()
+    if session.clean_session:
+        registry.states.pop(session.client_id, None)
+        return
+    if ends:
+        end_session(session)  # resumed, but not to be kept past this connection
+        return
+    owner = owner_of(client.principal)
+    session.session.suspend(owner)
+    registry.states[session.client_id] = session.session
+    if peer is not None:
+        registry.kept(session.broker, session.client_id, peer.session_expiry, owner)
+
+
+def _publish_now(session: Connecting, client: Client, pending: PendingWill) -> None:
+    client.retain_refusal = None
+    try:
+        publish_will(session.broker, pending, session.clock.wall_ms(), client)
+    except CoreError as exc:
+        session.log.warning("mqtt_will_refused", client_id=session.client_id, topic=pending.topic[:200], reason=exc.reason)
+        return
+    if client.retain_refusal is not None:  # routed, not kept: counted by the core, said here
+        session.log.warning("retained_refused", client_id=session.client_id, topic=pending.topic[:200],
+                            reason=client.retain_refusal)
+    session.log.info("mqtt_will_published", client_id=session.client_id, topic=pending.topic[:200])
+
+
 def end_session(session: Connecting) -> None:
     """A resumed v5 session whose Session Expiry Interval is 0 ends with its
-    connection: what it kept goes (its durable subscriptions, its QoS 2 ids)."""
-    client_id = session.client_id
-    broker = session.broker
-    for durable in broker.durables.of_client(OWNER_PREFIX + client_id):
-        broker.remove_durable(durable.key)
-    saved = session.registry.states.pop(client_id, None)
-    for packet_id in saved.inbound_qos2 if saved is not None else session.session.inbound_qos2:
-        broker.store.note(QOS2_NOTES, qos2_note(client_id, packet_id), None)
-    session.registry.release(client_id)
+    connection: what it kept goes (its durable subscriptions, its shared
+    memberships, its QoS 2 ids)."""
+    session.registry.end(session.broker, session.client_id, session.session.inbound_qos2)

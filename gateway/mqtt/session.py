@@ -29,18 +29,19 @@ from core.errors import CoreError, NotAuthorized, UnknownMessage, UnknownSubscri
 from core.messages import Message
 from core.ports import Clock
 from core.subscriptions import Subscription
-from gateway.mqtt import codec, incoming, metadata, packets, topics
-from gateway.mqtt.connect import end_session, on_connect
+from gateway.mqtt import codec, incoming, packets, topics
+from gateway.mqtt.connect import connection_closed, on_connect
 from gateway.mqtt.inflight import FIRST_STAGE, InFlight, SessionState
 from gateway.mqtt.outgoing import publish_v5
 from gateway.mqtt.peer import Peer
 from gateway.mqtt.reasons import ReasonCode as R
+from gateway.mqtt.lifetime import EXPIRY_NOTES
 from gateway.mqtt.registry import OWNER_MARK, OWNER_PREFIX, QOS2_NOTES, Registry, qos2_note
 from gateway.mqtt.settings import MqttSettings
 from gateway.mqtt.subscribing import Token, on_subscribe, on_unsubscribe
 from gateway.session.skeleton import Dialect, Skeleton, State
 
-__all__ = ["OWNER_PREFIX", "QOS2_NOTES", "MqttSession", "MqttSettings", "Registry"]  # what app.py wires
+__all__ = ["EXPIRY_NOTES", "OWNER_PREFIX", "QOS2_NOTES", "MqttSession", "MqttSettings", "Registry"]  # what app.py wires
 
 _CLOSED = State.CLOSED  # an Enum member read through its class is a Python-level lookup
 DENIED_LOGGED = 64  # topics whose denied publishes are logged (once each)
@@ -144,17 +145,7 @@ class MqttSession:
         if self.registry.active.get(self.client_id) is self:
             del self.registry.active[self.client_id]
         will, self.will = self.will, None
-        if will is not None:
-            self._publish_will(will)
-        self.client.close()
-        if self.clean_session:
-            self.registry.states.pop(self.client_id, None)
-            return
-        if self.peer is not None and self.peer.session_expiry == 0:
-            end_session(self)  # resumed, but not to be kept past this connection
-            return
-        self.session.suspend(owner_of(self.client.principal))
-        self.registry.states[self.client_id] = self.session
+        connection_closed(self, will)  # the will (now or delayed), the session kept or ended
 
     # -- Sink --------------------------------------------------------------
 
@@ -374,30 +365,6 @@ class MqttSession:
 
     def _inflight_room(self) -> bool:
         return len(self.session.outbound) < self.window
-
-    def _publish_will(self, will: packets.Will) -> None:
-        address = topics.to_address(will.topic)
-        if isinstance(address, str) or self.client is None:
-            return
-        headers = metadata.to_headers(will.properties) if will.properties is not None else {}
-        if isinstance(headers, str):
-            self.log.warning("mqtt_will_refused", client_id=self.client_id, topic=will.topic[:200], reason=headers)
-            return
-        message = self.broker.message(address, headers, will.payload, persistent=will.qos > 0)
-        message.qos = will.qos
-        expiry = will.properties.message_expiry_interval if will.properties is not None else None
-        if expiry:
-            message.expires = self.clock.wall_ms() + expiry * 1000
-        if will.retain:
-            message.retain_published = True
-        try:
-            self.client.send(message, retain=will.retain)  # authorized like any publish, retained value included
-        except CoreError as exc:
-            self.log.warning("mqtt_will_refused", client_id=self.client_id, topic=will.topic[:200], reason=exc.reason)
-            return
-        if will.retain:
-            self._retain_refused(message)
-        self.log.info("mqtt_will_published", client_id=self.client_id, topic=will.topic[:200])
 
     def _retain_refused(self, message: Message) -> None:
         """The broker's bounds did not let ``message`` be kept as its topic's
