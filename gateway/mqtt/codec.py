@@ -134,6 +134,18 @@ _ORDER_ERRORS = {
 }  # else, when CONNECTED: "a second CONNECT" [MQTT-3.1.0-2] (or, to a client, a second CONNACK)
 
 
+# The Properties of a PUBLISH carrying only a Topic Alias, one per alias up to
+# ALIAS_CACHE and shared: building one (27 fields) costs more than the rest of
+# the parse.  Read only, like every decoded packet (nothing changes a packet
+# it received).
+ALIAS_CACHE = 256
+_ALIAS_ONLY = [p.Properties(topic_alias=alias) for alias in range(ALIAS_CACHE + 1)]
+
+
+def _alias_only(alias: int) -> p.Properties:
+    return _ALIAS_ONLY[alias] if alias <= ALIAS_CACHE else p.Properties(topic_alias=alias)
+
+
 # -- the connection ----------------------------------------------------------
 
 
@@ -300,9 +312,9 @@ class MqttConnection:
     def _publish(self, buf: bytes, pos: int, n: int, first: int) -> p.Publish | None:
         """The fast path for a whole, well-formed PUBLISH of QoS 0 or 1
         without DUP and a remaining length of 1 or 2 bytes, on a connected
-        connection (on a v5 one, also without properties: a property length
-        of 0): the packet the PUBLISH decoder would return.  None for
-        anything else (a part missing, a limit or rule broken, properties):
+        connection (on a v5 one, with no properties or a Topic Alias alone):
+        the packet the PUBLISH decoder would return.  None for anything else
+        (a part missing, a limit or rule broken, other properties):
         the general path then parses it, and says what is wrong."""
         length = buf[pos + 1]
         if length < 0x80:
@@ -328,17 +340,28 @@ class MqttConnection:
             topic = buf[i + 2 : topic_end].decode("utf-8")
         except UnicodeDecodeError:
             return None
-        if not topic or "+" in topic or "#" in topic or "\x00" in topic:
+        if "+" in topic or "#" in topic or "\x00" in topic:
             return None
+        props = None
         if self._v5:  # the property length, after the packet identifier (v5 §3.3.2.3)
-            if data >= end or buf[data]:
+            if data >= end:
                 return None
-            data += 1
+            if buf[data] == 0:
+                data += 1
+            elif buf[data] == 3 and data + 4 <= end and buf[data + 1] == 0x23 and (buf[data + 2] or buf[data + 3]):
+                # A Topic Alias and nothing else: what a device using aliases sends.
+                props = _alias_only((buf[data + 2] << 8) | buf[data + 3])
+                data += 4
+            else:
+                return None
+        if not topic and props is None:
+            return None  # (an empty topic name needs an alias: the general path says so)
         self._need = 1
         self._pos = end
         if first < 0x32:
-            return p.Publish(topic, buf[data:end], 0, first == 0x31)
-        return p.Publish(topic, buf[data:end], 1, first == 0x33, False, (buf[topic_end] << 8) | buf[topic_end + 1])
+            return p.Publish(topic, buf[data:end], 0, first == 0x31, False, None, props)
+        return p.Publish(topic, buf[data:end], 1, first == 0x33, False, (buf[topic_end] << 8) | buf[topic_end + 1],
+                         props)
 
     # -- sending -------------------------------------------------------------
 

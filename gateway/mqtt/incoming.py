@@ -18,7 +18,7 @@ from gateway.mqtt.reasons import ReasonCode as R
 class Accepted(NamedTuple):
     topic: str
     headers: dict[str, str]
-    expires_ms: int  # 0: never
+    expiry_s: int  # the Message Expiry Interval; 0: never
 
 
 class Refused(NamedTuple):
@@ -27,9 +27,10 @@ class Refused(NamedTuple):
     disconnect: bool  # True: the connection ends (else only this PUBLISH is refused, in its ack)
 
 
-def accept(peer: Peer, packet: Publish, now_ms: int, in_flight: int, receive_maximum: int) -> Accepted | Refused:
+def accept(peer: Peer, packet: Publish, in_flight: int, receive_maximum: int) -> Accepted | Refused:
     """What to route for ``packet``, or why not.  ``in_flight``: the client's
-    QoS 1/2 PUBLISHes the server has not answered yet, this one excluded."""
+    QoS 1/2 PUBLISHes the server has not answered yet, this one excluded
+    (the caller counts them only for a QoS 1/2 one)."""
     if packet.qos and in_flight >= receive_maximum:
         return Refused(R.RECEIVE_MAXIMUM_EXCEEDED, f"more than {receive_maximum} QoS 1/2 PUBLISHes unacknowledged",
                        True)  # [MQTT-3.3.4-8]
@@ -48,6 +49,10 @@ def accept(peer: Peer, packet: Publish, now_ms: int, in_flight: int, receive_max
                                f"{peer.aliases_in.maximum}", True)  # [MQTT-3.3.2-9], [MQTT-3.3.2-10]
             return Refused(R.PROTOCOL_ERROR, f"topic alias {alias} was never set", True)
         topic = resolved
+        if (props.message_expiry_interval is None and props.payload_format_indicator is None
+                and props.content_type is None and props.response_topic is None and props.correlation_data is None
+                and not props.user_properties):
+            return Accepted(topic, {}, 0)  # an alias and nothing else: most PUBLISHes of a device using aliases
     if props.payload_format_indicator == 1:
         try:
             packet.payload.decode("utf-8")
@@ -58,5 +63,4 @@ def accept(peer: Peer, packet: Publish, now_ms: int, in_flight: int, receive_max
     headers = metadata.to_headers(props)
     if isinstance(headers, str):
         return Refused(R.PROTOCOL_ERROR, headers, True)
-    expiry = props.message_expiry_interval
-    return Accepted(topic, headers, now_ms + expiry * 1000 if expiry else 0)
+    return Accepted(topic, headers, props.message_expiry_interval or 0)

@@ -1,49 +1,57 @@
-"""A delivery to an MQTT 5 client: the PUBLISH's properties (the message's
-metadata, its expiry left, the subscription's identifier), the topic alias,
-and the client's Maximum Packet Size.  3.1.1 deliveries never come here (the
-session encodes them inline, on the hot path).  Sans-IO.
+"""A delivery to an MQTT 5 client: the PUBLISH's property block (the
+message's metadata and expiry left, the subscription's identifier, the topic
+alias) and the client's Maximum Packet Size.  3.1.1 deliveries never come
+here (the session encodes them inline, on the hot path).  Sans-IO.
+
+The block is assembled from property items, not a Properties object: a
+message's own items are made once and shared by every subscriber it fans out
+to (the session caches them), a subscription's identifier item once per
+subscription, and only the alias and the expiry left are per delivery.
 """
 
 from __future__ import annotations
 
 from gateway.mqtt import metadata
-from gateway.mqtt.codec import publish_bytes
-from gateway.mqtt.packets import Properties
+from gateway.mqtt.codec import EMPTY_PROPERTIES, EMPTY_TOPIC_FIELD, publish_bytes
 from gateway.mqtt.peer import Peer
-from gateway.mqtt.properties import EMPTY_PROPERTIES, encode_properties
+from gateway.mqtt.properties import message_expiry_item, property_items
+from gateway.mqtt.wire import remaining_length
 
-NO_TOPIC = b"\x00\x00"  # the topic name of a PUBLISH that goes by its alias alone
+
+def message_items(headers: dict[str, str] | None, expires_ms: int, now_ms: int) -> bytes:
+    """The property items of a message's metadata (gateway.mqtt.metadata's
+    table) and, if it expires, the interval left [MQTT-3.3.2-6]."""
+    items = b""
+    if headers:
+        properties = metadata.to_properties(headers, 0, now_ms)
+        if properties is not None:
+            items = property_items(properties)
+    if expires_ms:
+        items += message_expiry_item(max(1, -((now_ms - expires_ms) // 1000)))
+    return items
 
 
-def publish_v5(peer: Peer, field: bytes, topic: str, headers: dict[str, str] | None, expires_ms: int, now_ms: int,
-               body: bytes, qos: int, retain: bool, dup: bool, packet_id: int | None,
-               subscription_id: int) -> bytes | None:
-    """The whole PUBLISH, or None when it is larger than the client takes
-    (then it is not sent, and counted: the caller settles it as if it had
-    been [MQTT-3.1.2-25])."""
-    properties: Properties | None = None
-    if headers or expires_ms:
-        properties = metadata.to_properties(headers or {}, expires_ms, now_ms)
-    if subscription_id:
-        if properties is None:
-            properties = Properties()
-        properties.subscription_identifiers = (subscription_id,)  # [MQTT-3.3.4-3]
+def publish_v5(peer: Peer, field: bytes, key: str, items: bytes, body: bytes, qos: int, retain: bool, dup: bool,
+               packet_id: int | None) -> bytes | None:
+    """The whole PUBLISH of ``items`` (the message's and the subscription's
+    property items) to the topic ``field`` names (``key``: its address, what
+    the aliases are kept by), or None when it is larger than the client
+    takes: then it is not sent, and counted, and the caller settles it as if
+    it had been [MQTT-3.1.2-25]."""
     aliases = peer.aliases_out
     alias = None
     named = True
     if aliases.maximum:
-        alias, named = aliases.alias(topic)
+        alias, named = aliases.alias(key)
         if alias is not None:
-            if properties is None:
-                properties = Properties()
-            properties.topic_alias = alias
+            items += bytes((0x23, alias >> 8, alias & 0xFF))  # Topic Alias (v5 §3.3.2.3.4)
             if not named:
-                field = NO_TOPIC
-    block = EMPTY_PROPERTIES if properties is None else encode_properties(properties)
+                field = EMPTY_TOPIC_FIELD
+    block = remaining_length(len(items)) + items if items else EMPTY_PROPERTIES
     packet = publish_bytes(field, body, qos, retain, dup, packet_id, block)
     if len(packet) > peer.maximum_packet_size:
         if alias is not None and named:
-            aliases.forget(topic)  # the client never learnt it
+            aliases.forget(key)  # the client never learnt it
         peer.oversize_dropped += 1
         return None
     return packet

@@ -55,6 +55,9 @@ class Registry:
         # retain flag).  One entry; the reference keeps that one message alive.
         self.last_message: object = None
         self.last_qos0 = b""
+        # The same for MQTT 5: the last message's own property items.
+        self.last_v5_message: object = None
+        self.last_v5_items = b""
         # MQTT 5 messages not sent for being over their subscriber's Maximum
         # Packet Size [MQTT-3.1.2-25], all connections since start (a metric).
         self.oversize_dropped = 0

@@ -32,7 +32,7 @@ from core.subscriptions import Subscription
 from gateway.mqtt import codec, incoming, packets, topics
 from gateway.mqtt.connect import connection_closed, on_connect
 from gateway.mqtt.inflight import FIRST_STAGE, InFlight, SessionState
-from gateway.mqtt.outgoing import publish_v5
+from gateway.mqtt.outgoing import message_items, publish_v5
 from gateway.mqtt.peer import Peer
 from gateway.mqtt.reasons import ReasonCode as R
 from gateway.mqtt.lifetime import EXPIRY_NOTES
@@ -201,8 +201,16 @@ class MqttSession:
             packet_id = state.ids_by_message.pop(message.id, None) if dup else None
             if packet_id is None or packet_id in state.outbound:
                 packet_id = state.next_packet_id()
-        data = publish_v5(self.peer, field, topics.from_address(message.address), message.headers,  # type: ignore[arg-type]
-                          message.expires, self.clock.wall_ms(), body, qos, retain, dup, packet_id, sub.identifier)
+        items = sub.item
+        headers = message.headers
+        if headers:
+            registry = self.registry  # the next subscriber of the same message: the same items
+            if registry.last_v5_message is not message:
+                registry.last_v5_items, registry.last_v5_message = message_items(headers, 0, 0), message
+            items = registry.last_v5_items + items
+        if message.expires:
+            items += message_items(None, message.expires, self.clock.wall_ms())
+        data = publish_v5(self.peer, field, message.address.text, items, body, qos, retain, dup, packet_id)  # type: ignore[arg-type]
         if data is None:
             self.registry.oversize_dropped += 1
             return True  # too large for the client: settled as if sent [MQTT-3.1.2-25]
@@ -222,17 +230,21 @@ class MqttSession:
         expires = 0
         state = self.session
         if self.peer is not None:
-            in_flight = self._in_flight()
-            if packet.qos == 2 and packet.packet_id in state.inbound_qos2:
-                in_flight -= 1  # a resend of one already counted (v5 §4.9), not one more
-            outcome = incoming.accept(self.peer, packet, self.clock.wall_ms(), in_flight, self.settings.receive_maximum)
+            in_flight = 0
+            if packet.qos:
+                in_flight = self._in_flight()
+                if packet.qos == 2 and packet.packet_id in state.inbound_qos2:
+                    in_flight -= 1  # a resend of one already counted (v5 §4.9), not one more
+            outcome = incoming.accept(self.peer, packet, in_flight, self.settings.receive_maximum)
             if isinstance(outcome, incoming.Refused):
                 if outcome.disconnect:
                     self.fail(outcome.reason, packet, outcome.code)
                 else:
                     self._ack(packet, 0, outcome.code, outcome.reason)
                 return
-            topic, headers, expires = outcome
+            topic, headers, expiry_s = outcome
+            if expiry_s:
+                expires = self.clock.wall_ms() + expiry_s * 1000
         address = topics.to_address(topic)
         if isinstance(address, str):
             self.fail(f"topic {topic[:80]!r} cannot be used: {address}", packet, R.TOPIC_NAME_INVALID)
@@ -285,7 +297,10 @@ class MqttSession:
         if packet.qos == 1:
             if lsn and self.peer is not None:
                 self.peer.held_acks.append(lsn)
-            self.outbox.append(self.codec.send(packets.PubAck(packet_id, code, self._problem(reason))), lsn)
+            if code:
+                self.outbox.append(self.codec.send(packets.PubAck(packet_id, code, self._problem(reason))), lsn)
+            else:  # success: the short form, the same bytes in both versions (v5 §3.4.2.1)
+                self.outbox.append(codec.puback_bytes(packet_id), lsn)
             return
         if packet.qos != 2:
             return

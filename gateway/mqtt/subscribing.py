@@ -20,6 +20,7 @@ from core.errors import CoreError, InvalidRequest, LimitExceeded, NotAuthorized
 from core.subscriptions import AckMode, Subscription
 from gateway.mqtt import packets, topics
 from gateway.mqtt.codec import MqttConnection, validate_topic_filter
+from gateway.mqtt.properties import subscription_identifier_item
 from gateway.mqtt.reasons import ReasonCode as R
 from gateway.mqtt.registry import OWNER_PREFIX
 from gateway.mqtt.settings import MqttSettings
@@ -33,7 +34,7 @@ class Token:
     """The session's token for one core subscription: what a delivery needs
     of the filter that matched."""
 
-    __slots__ = ("filter", "options", "qos", "retain_as_published", "identifier", "name")
+    __slots__ = ("filter", "options", "qos", "retain_as_published", "identifier", "item", "name")
 
     def __init__(self, topic_filter: str, options: int, identifier: int = 0, name: str = "") -> None:
         self.filter = topic_filter
@@ -41,6 +42,8 @@ class Token:
         self.qos = options & 3
         self.retain_as_published = bool(options & packets.RETAIN_AS_PUBLISHED)
         self.identifier = identifier  # the v5 Subscription Identifier, 0 for none
+        # Its property item, made once: every v5 delivery carries it [MQTT-3.3.4-3].
+        self.item = subscription_identifier_item(identifier) if identifier else b""
         self.name = name  # the durable subscription's name, "" when not durable
 
 
@@ -154,6 +157,7 @@ def subscribe(session: Subscribing, topic_filter: str, options: int, identifier:
         # queue (kept, for a durable one) and come again as redeliveries.
         if existing.name == name and existing.options == options:
             existing.identifier = identifier
+            existing.item = subscription_identifier_item(identifier) if identifier else b""
             return client.subscription(existing)
         del session.subs[topic_filter]
         client.unsubscribe(existing, remove_durable=existing.name != name)

@@ -1,6 +1,7 @@
 """MQTT 5's use of the hot path, pinned to the general path it stands in for:
 the connection's inline PUBLISH parse takes a v5 PUBLISH whose property
-length is 0 (and leaves anything else to the v5 decoder), the inline PUBACK
+block is empty or a Topic Alias alone (and leaves anything else to the v5
+decoder), the inline PUBACK
 parse serves v5's two-byte form, and ``publish_bytes`` with a property block
 makes what the v5 PUBLISH encoder makes."""
 
@@ -26,7 +27,7 @@ TOPIC_BYTES = st.one_of(
 )
 SIZES = st.one_of(st.integers(0, 140), st.integers(16_360, 16_400))
 # Property blocks: empty (the fast path's), valid, and broken.
-BLOCKS = st.sampled_from([b"\x00", b"\x02\x23\x00", b"\x03\x23\x00\x07", b"\x05\x02\x00\x00\x00\x09", b"\x01", b"\x7f",
+BLOCKS = st.sampled_from([b"\x00", b"\x02\x23\x00", b"\x03\x23\x00\x07", b"\x03\x23\x00\x00", b"\x03\x23\x01\x2c", b"\x05\x02\x00\x00\x00\x09", b"\x01", b"\x7f",
                           b"\x02\x0b\x05", b"\x80\x00"])
 
 

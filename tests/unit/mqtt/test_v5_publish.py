@@ -6,7 +6,8 @@ from __future__ import annotations
 from gateway.mqtt import packets as p
 from gateway.mqtt.codec import MqttConnection, Role
 from gateway.mqtt.incoming import Accepted, Refused, accept
-from gateway.mqtt.outgoing import publish_v5
+from gateway.mqtt.outgoing import message_items, publish_v5
+from gateway.mqtt.properties import subscription_identifier_item
 from gateway.mqtt.peer import Peer, negotiate
 from gateway.mqtt.reasons import ReasonCode as R
 from gateway.mqtt.settings import MqttSettings
@@ -29,57 +30,57 @@ def publish(topic: str = "a/b", payload: bytes = b"x", qos: int = 1, **props: ob
 
 
 def test_plain_publish_is_accepted() -> None:
-    assert accept(peer(), publish(), NOW, 0, 10) == Accepted("a/b", {}, 0)
+    assert accept(peer(), publish(), 0, 10) == Accepted("a/b", {}, 0)
 
 
 def test_receive_maximum_exceeded_disconnects() -> None:
-    outcome = accept(peer(), publish(), NOW, 10, 10)
+    outcome = accept(peer(), publish(), 10, 10)
     assert isinstance(outcome, Refused)
     assert (outcome.code, outcome.disconnect) == (R.RECEIVE_MAXIMUM_EXCEEDED, True)
-    assert isinstance(accept(peer(), publish(qos=0), NOW, 10, 10), Accepted)  # QoS 0 does not count
+    assert isinstance(accept(peer(), publish(qos=0), 10, 10), Accepted)  # QoS 0 does not count
 
 
 def test_empty_topic_without_alias_is_a_protocol_error() -> None:
     for packet in (publish(""), publish("", content_type="x")):
-        outcome = accept(peer(), packet, NOW, 0, 10)
+        outcome = accept(peer(), packet, 0, 10)
         assert isinstance(outcome, Refused) and (outcome.code, outcome.disconnect) == (R.PROTOCOL_ERROR, True)
 
 
 def test_alias_set_then_resolved() -> None:
     session = peer()
-    assert accept(session, publish("a/b", topic_alias=1), NOW, 0, 10) == Accepted("a/b", {}, 0)
-    assert accept(session, publish("", topic_alias=1), NOW, 0, 10) == Accepted("a/b", {}, 0)
-    assert accept(session, publish("c", topic_alias=1), NOW, 0, 10) == Accepted("c", {}, 0)
-    assert accept(session, publish("", topic_alias=1), NOW, 0, 10) == Accepted("c", {}, 0)
+    assert accept(session, publish("a/b", topic_alias=1), 0, 10) == Accepted("a/b", {}, 0)
+    assert accept(session, publish("", topic_alias=1), 0, 10) == Accepted("a/b", {}, 0)
+    assert accept(session, publish("c", topic_alias=1), 0, 10) == Accepted("c", {}, 0)
+    assert accept(session, publish("", topic_alias=1), 0, 10) == Accepted("c", {}, 0)
 
 
 def test_alias_over_the_maximum_is_invalid() -> None:
-    outcome = accept(peer(), publish("a", topic_alias=3), NOW, 0, 10)
+    outcome = accept(peer(), publish("a", topic_alias=3), 0, 10)
     assert isinstance(outcome, Refused) and (outcome.code, outcome.disconnect) == (R.TOPIC_ALIAS_INVALID, True)
 
 
 def test_alias_never_set_is_a_protocol_error() -> None:
-    outcome = accept(peer(), publish("", topic_alias=2), NOW, 0, 10)
+    outcome = accept(peer(), publish("", topic_alias=2), 0, 10)
     assert isinstance(outcome, Refused) and (outcome.code, outcome.disconnect) == (R.PROTOCOL_ERROR, True)
 
 
 def test_payload_not_utf8_refused_in_the_ack_or_by_closing_at_qos0() -> None:
     for qos, disconnect in ((1, False), (2, False), (0, True)):
-        outcome = accept(peer(), publish(payload=b"\xff", qos=qos, payload_format_indicator=1), NOW, 0, 10)
+        outcome = accept(peer(), publish(payload=b"\xff", qos=qos, payload_format_indicator=1), 0, 10)
         assert isinstance(outcome, Refused)
         assert (outcome.code, outcome.disconnect) == (R.PAYLOAD_FORMAT_INVALID, disconnect)
-    outcome = accept(peer(), publish(payload="é".encode(), payload_format_indicator=1), NOW, 0, 10)
+    outcome = accept(peer(), publish(payload="é".encode(), payload_format_indicator=1), 0, 10)
     assert outcome == Accepted("a/b", {"mqtt-payload-format": "utf-8"}, 0)
 
 
 def test_response_topic_with_wildcard_is_a_protocol_error() -> None:
-    outcome = accept(peer(), publish(response_topic="r/+"), NOW, 0, 10)
+    outcome = accept(peer(), publish(response_topic="r/+"), 0, 10)
     assert isinstance(outcome, Refused) and (outcome.code, outcome.disconnect) == (R.PROTOCOL_ERROR, True)
 
 
 def test_expiry_and_headers() -> None:
-    outcome = accept(peer(), publish(message_expiry_interval=5, content_type="t"), NOW, 0, 10)
-    assert outcome == Accepted("a/b", {"content-type": "t"}, NOW + 5000)
+    outcome = accept(peer(), publish(message_expiry_interval=5, content_type="t"), 0, 10)
+    assert outcome == Accepted("a/b", {"content-type": "t"}, 5)
 
 
 # -- out ------------------------------------------------------------------------
@@ -99,7 +100,8 @@ FIELD = b"\x00\x03a/b"
 
 def out(session: Peer, topic: str = "a/b", headers: dict[str, str] | None = None, expires_ms: int = 0,
         body: bytes = b"hello", subscription_id: int = 0, field: bytes = FIELD) -> bytes | None:
-    return publish_v5(session, field, topic, headers, expires_ms, NOW, body, 1, False, False, 7, subscription_id)
+    items = message_items(headers, expires_ms, NOW) + (subscription_identifier_item(subscription_id) if subscription_id else b"")
+    return publish_v5(session, field, topic, items, body, 1, False, False, 7)
 
 
 def test_delivery_without_metadata_has_no_properties() -> None:
