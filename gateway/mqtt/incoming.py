@@ -7,7 +7,7 @@ answer with (an ack's reason code, or a DISCONNECT).  Sans-IO.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from gateway.mqtt import metadata
 from gateway.mqtt.packets import Publish
@@ -15,13 +15,14 @@ from gateway.mqtt.peer import Peer
 from gateway.mqtt.reasons import ReasonCode as R
 
 
-class Accepted(NamedTuple):
-    topic: str
-    headers: dict[str, str]
-    expiry_s: int  # the Message Expiry Interval; 0: never
+# What to route: (topic, headers, Message Expiry Interval in seconds, 0 for
+# never).  A plain tuple, not a NamedTuple: one is made per PUBLISH, and a
+# NamedTuple's constructor is Python code.
+Accepted = tuple[str, dict[str, str], int]
 
 
-class Refused(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Refused:
     code: int
     reason: str
     disconnect: bool  # True: the connection ends (else only this PUBLISH is refused, in its ack)
@@ -39,7 +40,7 @@ def accept(peer: Peer, packet: Publish, in_flight: int, receive_maximum: int) ->
     if props is None:
         if not topic:
             return Refused(R.PROTOCOL_ERROR, "a PUBLISH with neither a topic name nor a topic alias", True)
-        return Accepted(topic, {}, 0)
+        return topic, {}, 0
     if props.topic_alias is not None or not topic:
         resolved = peer.aliases_in.resolve(topic, props.topic_alias)
         if resolved is None:
@@ -52,7 +53,7 @@ def accept(peer: Peer, packet: Publish, in_flight: int, receive_maximum: int) ->
         if (props.message_expiry_interval is None and props.payload_format_indicator is None
                 and props.content_type is None and props.response_topic is None and props.correlation_data is None
                 and not props.user_properties):
-            return Accepted(topic, {}, 0)  # an alias and nothing else: most PUBLISHes of a device using aliases
+            return topic, {}, 0  # an alias and nothing else: most PUBLISHes of a device using aliases
     if props.payload_format_indicator == 1:
         try:
             packet.payload.decode("utf-8")
@@ -63,4 +64,4 @@ def accept(peer: Peer, packet: Publish, in_flight: int, receive_maximum: int) ->
     headers = metadata.to_headers(props)
     if isinstance(headers, str):
         return Refused(R.PROTOCOL_ERROR, headers, True)
-    return Accepted(topic, headers, props.message_expiry_interval or 0)
+    return topic, headers, props.message_expiry_interval or 0

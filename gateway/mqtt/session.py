@@ -229,7 +229,8 @@ class MqttSession:
         headers: dict[str, str] = {}
         expires = 0
         state = self.session
-        if self.peer is not None:
+        if self.peer is not None and (packet.qos or packet.properties is not None or not topic):
+            # (A QoS 0 PUBLISH with a topic name and no properties has nothing to check.)
             in_flight = 0
             if packet.qos:
                 in_flight = self._in_flight()

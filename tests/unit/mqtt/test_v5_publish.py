@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gateway.mqtt import packets as p
 from gateway.mqtt.codec import MqttConnection, Role
-from gateway.mqtt.incoming import Accepted, Refused, accept
+from gateway.mqtt.incoming import Refused, accept
 from gateway.mqtt.outgoing import message_items, publish_v5
 from gateway.mqtt.properties import subscription_identifier_item
 from gateway.mqtt.peer import Peer, negotiate
@@ -30,14 +30,14 @@ def publish(topic: str = "a/b", payload: bytes = b"x", qos: int = 1, **props: ob
 
 
 def test_plain_publish_is_accepted() -> None:
-    assert accept(peer(), publish(), 0, 10) == Accepted("a/b", {}, 0)
+    assert accept(peer(), publish(), 0, 10) == ("a/b", {}, 0)
 
 
 def test_receive_maximum_exceeded_disconnects() -> None:
     outcome = accept(peer(), publish(), 10, 10)
     assert isinstance(outcome, Refused)
     assert (outcome.code, outcome.disconnect) == (R.RECEIVE_MAXIMUM_EXCEEDED, True)
-    assert isinstance(accept(peer(), publish(qos=0), 10, 10), Accepted)  # QoS 0 does not count
+    assert not isinstance(accept(peer(), publish(qos=0), 10, 10), Refused)  # QoS 0 does not count
 
 
 def test_empty_topic_without_alias_is_a_protocol_error() -> None:
@@ -48,10 +48,10 @@ def test_empty_topic_without_alias_is_a_protocol_error() -> None:
 
 def test_alias_set_then_resolved() -> None:
     session = peer()
-    assert accept(session, publish("a/b", topic_alias=1), 0, 10) == Accepted("a/b", {}, 0)
-    assert accept(session, publish("", topic_alias=1), 0, 10) == Accepted("a/b", {}, 0)
-    assert accept(session, publish("c", topic_alias=1), 0, 10) == Accepted("c", {}, 0)
-    assert accept(session, publish("", topic_alias=1), 0, 10) == Accepted("c", {}, 0)
+    assert accept(session, publish("a/b", topic_alias=1), 0, 10) == ("a/b", {}, 0)
+    assert accept(session, publish("", topic_alias=1), 0, 10) == ("a/b", {}, 0)
+    assert accept(session, publish("c", topic_alias=1), 0, 10) == ("c", {}, 0)
+    assert accept(session, publish("", topic_alias=1), 0, 10) == ("c", {}, 0)
 
 
 def test_alias_over_the_maximum_is_invalid() -> None:
@@ -70,7 +70,7 @@ def test_payload_not_utf8_refused_in_the_ack_or_by_closing_at_qos0() -> None:
         assert isinstance(outcome, Refused)
         assert (outcome.code, outcome.disconnect) == (R.PAYLOAD_FORMAT_INVALID, disconnect)
     outcome = accept(peer(), publish(payload="é".encode(), payload_format_indicator=1), 0, 10)
-    assert outcome == Accepted("a/b", {"mqtt-payload-format": "utf-8"}, 0)
+    assert outcome == ("a/b", {"mqtt-payload-format": "utf-8"}, 0)
 
 
 def test_response_topic_with_wildcard_is_a_protocol_error() -> None:
@@ -80,7 +80,7 @@ def test_response_topic_with_wildcard_is_a_protocol_error() -> None:
 
 def test_expiry_and_headers() -> None:
     outcome = accept(peer(), publish(message_expiry_interval=5, content_type="t"), 0, 10)
-    assert outcome == Accepted("a/b", {"content-type": "t"}, 5)
+    assert outcome == ("a/b", {"content-type": "t"}, 5)
 
 
 # -- out ------------------------------------------------------------------------
