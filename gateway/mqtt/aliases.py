@@ -40,11 +40,14 @@ class OutboundAliases:
     every alias is given, further topics go by name (aliases are never
     reassigned, so a topic keeps the alias the client learnt)."""
 
-    __slots__ = ("maximum", "aliases")
+    __slots__ = ("maximum", "aliases", "items")
 
     def __init__(self, maximum: int) -> None:
         self.maximum = maximum
         self.aliases: dict[str, int] = {}
+        # The Topic Alias property item of each, made once (a delivery by
+        # alias adds it to its property block as it is).
+        self.items: dict[str, bytes] = {}
 
     def alias(self, topic: str) -> tuple[int | None, bool]:
         """(the alias to send ``topic`` by, or None; whether the topic name
@@ -55,9 +58,11 @@ class OutboundAliases:
         if len(self.aliases) >= self.maximum:
             return None, True
         alias = self.aliases[topic] = len(self.aliases) + 1
+        self.items[topic] = bytes((0x23, alias >> 8, alias & 0xFF))  # Topic Alias (v5 §3.3.2.3.4)
         return alias, True
 
     def forget(self, topic: str) -> None:
         """Take back the alias just given to ``topic`` (its PUBLISH was not sent)."""
         if self.aliases.get(topic) == len(self.aliases):
             del self.aliases[topic]
+            del self.items[topic]

@@ -39,18 +39,24 @@ def publish_v5(peer: Peer, field: bytes, key: str, items: bytes, body: bytes, qo
     takes: then it is not sent, and counted, and the caller settles it as if
     it had been [MQTT-3.1.2-25]."""
     aliases = peer.aliases_out
-    alias = None
-    named = True
+    named = False  # an alias set by this PUBLISH, which names the topic too
     if aliases.maximum:
-        alias, named = aliases.alias(key)
-        if alias is not None:
-            items += bytes((0x23, alias >> 8, alias & 0xFF))  # Topic Alias (v5 §3.3.2.3.4)
-            if not named:
-                field = EMPTY_TOPIC_FIELD
-    block = remaining_length(len(items)) + items if items else EMPTY_PROPERTIES
+        item = aliases.items.get(key)
+        if item is not None:  # known to the client: the alias alone
+            items += item
+            field = EMPTY_TOPIC_FIELD
+        elif aliases.alias(key)[0] is not None:
+            items += aliases.items[key]
+            named = True
+    if not items:
+        block = EMPTY_PROPERTIES
+    elif len(items) < 128:
+        block = bytes((len(items),)) + items  # a one-byte length: most blocks
+    else:
+        block = remaining_length(len(items)) + items
     packet = publish_bytes(field, body, qos, retain, dup, packet_id, block)
     if len(packet) > peer.maximum_packet_size:
-        if alias is not None and named:
+        if named:
             aliases.forget(key)  # the client never learnt it
         peer.oversize_dropped += 1
         return None
