@@ -298,8 +298,8 @@ class Client:
         self.check_durable_owner(existing, client_id, name)
         if existing is not None and existing.active is not None:
             raise DuplicateSubscription(f"durable subscription {name!r} of client {client_id!r} is already active")
-        owner = owner_of(self.principal)
-        durable, self.last_lsn = self.broker.durables.subscribe(client_id, name, address, selector, owner)
+        stored_owner = owner_of(self.principal)  # who created it: not ``owner``, the (client id, name) key
+        durable, self.last_lsn = self.broker.durables.subscribe(client_id, name, address, selector, stored_owner)
         subscription = Subscription(token, address, durable.queue, self.sink, ack_mode, window, private=False, owner=self)
         subscription.durable = durable
         durable.active = subscription

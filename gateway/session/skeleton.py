@@ -55,7 +55,8 @@ class Dialect:
 
     # The transition table: per state (all three), the events it accepts and
     # their handlers.  Anything else goes to ``reject``.
-    handlers: Mapping[State, Mapping[type, Callable[[Any], None]]]
+    # Each handler takes (event), or (owner, event) when ``owner`` is set.
+    handlers: Mapping[State, Mapping[type, Callable[..., None]]]
     reject: Callable[[Any], None]
     # What a handler or the codec raises about the peer, and the one place
     # that answers it (the event being handled, or None before the first).
