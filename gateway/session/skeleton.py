@@ -129,11 +129,11 @@ class Skeleton:
         read, or the core is holding this producer back."""
         return not self.gate.blocked and not self.outbox.full
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes | bytearray) -> None:
         if self.state is _CLOSED:
             return
         self.silence.last_heard = self.clock.monotonic()
-        self.codec.receive_data(data)
+        self.codec.receive_data(bytes(data))  # a stream may hand a bytearray; codecs keep bytes
         if data:
             self.process()
         else:
