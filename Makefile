@@ -60,8 +60,8 @@ FAST_MODULES := \
 fast: $(BIN)/.installed  ## compile the hot path with mypyc (about 25 s; `make unfast` undoes it)
 	$(BIN)/pip install --quiet 'mypy==$(MYPY_VERSION)'
 	$(MAKE) --no-print-directory unfast
-	FAST_MODULES="$(FAST_MODULES)" $(BIN)/python build_fast.py >build-fast.log 2>&1 || { cat build-fast.log; exit 1; }
-	@rm -f build-fast.log
+	@mkdir -p build
+	FAST_MODULES="$(FAST_MODULES)" $(BIN)/python build_fast.py >build/fast.log 2>&1 || { cat build/fast.log; exit 1; }
 	@echo "compiled: $(words $(FAST_MODULES)) modules"
 
 # What CI runs against the compiled build (after `make test`, pure): the unit
@@ -74,7 +74,7 @@ test-fast: fast system-packages  ## build with mypyc, then run FAST_TESTS agains
 	$(BIN)/python -X dev -bb -m pytest $(PYTEST_ARGS) $(FAST_TESTS)
 
 unfast:  ## back to pure Python: remove what `make fast` built
-	rm -rf build/temp.* build/lib.* build/__native* build/setup.py build/ops.txt build/core build/gateway .mypy_cache
+	rm -rf build/temp.* build/lib.* build/__native* build/ops.txt build/fast.log build/core build/gateway .mypy_cache
 	rm -f gateway/_fast__mypyc.*.so $(patsubst %.py,%.cpython-*.so,$(FAST_MODULES))
 
 clean: unfast
