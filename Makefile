@@ -69,7 +69,7 @@ fast: $(BIN)/.installed  ## compile the hot path with mypyc (about 25 s; `make u
 FAST_TESTS := tests/unit tests/test_layering.py tests/test_compiled.py \
 	$(addprefix tests/e2e/test_,smoke.py connect.py acks.py queues.py topics.py transactions.py \
 	selectors.py errors.py flow_control.py connection_writes.py mqtt.py mqtt_paho.py mqtt_clients.py \
-	durability_queues.py memory_bound.py websocket.py)
+	durability_queues.py memory_bound.py websocket.py fault_isolation.py)
 test-fast: fast system-packages  ## build with mypyc, then run FAST_TESTS against the build (about 3 min)
 	$(BIN)/python -X dev -bb -m pytest $(PYTEST_ARGS) $(FAST_TESTS)
 
