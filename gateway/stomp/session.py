@@ -86,8 +86,8 @@ class StompSession:
         self._sub_numbers = 0
         # The transition table: the frames each state accepts (STOMP 1.2
         # §Connecting: CONNECT or STOMP first, and only once).
-        connect = {frames.Connect: self._on_connect, frames.Stomp: self._on_connect}
-        connected = {
+        connect: dict[type, Callable[..., None]] = {frames.Connect: self._on_connect, frames.Stomp: self._on_connect}
+        connected: dict[type, Callable[..., None]] = {
             frames.Send: self._on_send,
             frames.Subscribe: self._on_subscribe,
             frames.Unsubscribe: self._on_unsubscribe,
