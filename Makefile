@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: run test bench clean system-packages js-bundles
+.PHONY: run test bench clean system-packages js-bundles fast unfast test-fast
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,5 +43,39 @@ system-packages:
 bench: $(BIN)/.installed  ## throughput and latency benchmarks (prints msgs/s, percentiles, RSS)
 	$(BIN)/python benchmarks/run.py $(ARGS)
 
-clean:
+# Optional: the sans-IO hot path (STOMP codec and session, the session
+# skeleton, the core's routing) compiled with mypyc into extension modules next
+# to their .py files, which the same imports then load; `make run` and `make
+# test` use them while they are there. `make unfast` (or `make clean`) removes
+# them: the .py files are the fallback and stay the source. Rebuild after
+# editing any of these (tests/test_compiled.py fails on a stale build).
+# Nothing that imports trio is compiled, and MQTT is left out while its codec moves.
+MYPY_VERSION := 2.4.1
+FAST_MODULES := \
+	core/broker.py core/buffers.py core/clients.py core/destinations.py core/matching.py \
+	core/messages.py core/names.py core/registry.py core/subscriptions.py \
+	gateway/session/flow.py gateway/session/outbox.py gateway/session/skeleton.py \
+	gateway/stomp/codec.py gateway/stomp/delivery.py gateway/stomp/frames.py \
+	gateway/stomp/headers.py gateway/stomp/session.py
+fast: $(BIN)/.installed  ## compile the hot path with mypyc (about 25 s; `make unfast` undoes it)
+	$(BIN)/pip install --quiet 'mypy==$(MYPY_VERSION)'
+	$(MAKE) --no-print-directory unfast
+	@mkdir -p build
+	FAST_MODULES="$(FAST_MODULES)" $(BIN)/python build_fast.py >build/fast.log 2>&1 || { cat build/fast.log; exit 1; }
+	@echo "compiled: $(words $(FAST_MODULES)) modules"
+
+# What CI runs against the compiled build (after `make test`, pure): the unit
+# tests and the end-to-end files that drive STOMP and MQTT through it.
+FAST_TESTS := tests/unit tests/test_layering.py tests/test_compiled.py \
+	$(addprefix tests/e2e/test_,smoke.py connect.py acks.py queues.py topics.py transactions.py \
+	selectors.py errors.py flow_control.py connection_writes.py mqtt.py mqtt_paho.py mqtt_clients.py \
+	durability_queues.py memory_bound.py websocket.py fault_isolation.py)
+test-fast: fast system-packages  ## build with mypyc, then run FAST_TESTS against the build (about 3 min)
+	$(BIN)/python -X dev -bb -m pytest $(PYTEST_ARGS) $(FAST_TESTS)
+
+unfast:  ## back to pure Python: remove what `make fast` built
+	rm -rf build/temp.* build/lib.* build/__native* build/ops.txt build/fast.log build/core build/gateway .mypy_cache
+	rm -f gateway/_fast__mypyc.*.so $(patsubst %.py,%.cpython-*.so,$(FAST_MODULES))
+
+clean: unfast
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -23,6 +23,7 @@ from core.registry import QueueRegistry
 from core.retained import RetainedMessages
 from core.selectors import SelectorError, compile_selector
 from core.settings import BrokerSettings, BrokerStatistics
+from core.shared import SharedGroups
 from core.storage import MessageStore, NoStore
 from core.temporaries import Temporaries
 
@@ -67,6 +68,7 @@ class Broker:
         self.registry = QueueRegistry(self.settings, self.policies, clock, self.store, self.stats, self._dead_letter)
         self.queues = self.registry.queues  # by address; temporary ones too
         self.durables = Durables(self.registry, self.store, self.settings)
+        self.shared = SharedGroups(self.registry, self.store, self.settings)  # shared subscription groups
         # The last retained message of each topic (MQTT's retain flag), by name.
         self.retained = RetainedMessages()
         self.temporaries = Temporaries(self.registry)
@@ -398,9 +400,9 @@ class Broker:
         return self.queues.get(address)
 
     def all_queues(self) -> list[Queue]:
-        """Every queue that holds messages: each destination's and each
-        durable subscription's (not topic subscribers' own buffers)."""
-        return list(self.queues.values()) + [d.queue for d in self.durables.values()]
+        """Every queue that holds messages: each destination's, each durable
+        subscription's and each shared group's (not topic subscribers' own buffers)."""
+        return [*self.queues.values(), *(d.queue for d in self.durables.values()), *(g.queue for g in self.shared.values())]
 
     def remove_queue(self, address: Address, *, force: bool = False) -> int:
         """Delete a queue nobody consumes; one that still holds messages only
@@ -471,6 +473,7 @@ class Broker:
             "dead_lettered": self.stats.dead_lettered,
             "queues": {q.address.text: (q.depth, len(q.consumers)) for q in self.queues.values()},
             "durable_subscriptions": {d.key: (d.queue.depth, d.active is not None) for d in self.durables.values()},
+            "shared_subscriptions": {g.key: (g.queue.depth, len(g.queue.consumers)) for g in self.shared.values()},
         }
 
 

@@ -8,26 +8,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from core.attachments import drop_shared, remove_durable, subscribe_durable, subscribe_shared
 from core.authorization import ANONYMOUS_PRINCIPAL, DECISION_CACHE, Authorizer, Principal
 from core.destinations import Queue
-from core.durables import DurableSubscription, Durables, claim_refusal, durable_key, owner_of
+from core.durables import Durables
 from core.errors import (
-    CoreError,
-    DuplicateSubscription,
-    InvalidDestination,
-    InvalidRequest,
-    LimitExceeded,
-    NotAuthorized,
-    TransactionExists,
-    UnknownSubscription,
-    UnknownTransaction,
+    CoreError, DuplicateSubscription, InvalidDestination, InvalidRequest, LimitExceeded, NotAuthorized, TransactionExists,
+    UnknownSubscription, UnknownTransaction,
 )
 from core.messages import Message
-from core.names import Address, Kind, is_private
+from core.names import Address, is_private
+from core.nolocal import Origin, with_no_local
 from core.policies import Policies
 from core.ports import Clock, Sink
 from core.registry import QueueRegistry
 from core.settings import BrokerSettings
+from core.shared import SharedGroups
 from core.subscriptions import AckMode, Subscription
 from core.temporaries import Temporaries
 from core.transactions import Transaction
@@ -45,6 +41,7 @@ class Core(Protocol):
     clock: Clock
     registry: QueueRegistry
     durables: Durables
+    shared: SharedGroups
     temporaries: Temporaries
     commit_keys: dict[str, int]
 
@@ -76,7 +73,8 @@ class Client:
     """One connected client's view of the broker: its subscriptions, transactions and
     temporary destinations, all released by :meth:`close`.  Slotted: one per connection."""
     __slots__ = ("broker", "sink", "number", "client_id", "principal", "_decisions", "subscriptions", "transactions",
-                 "temporaries", "transaction_bytes", "blocked_on", "last_lsn", "retain_refusal", "held_until", "closed")
+                 "temporaries", "transaction_bytes", "blocked_on", "last_lsn", "retain_refusal", "held_until", "closed",
+                 "origin")
 
     def __init__(
         self, broker: Core, sink: Sink, number: int, client_id: str | None, principal: Principal = ANONYMOUS_PRINCIPAL
@@ -102,6 +100,7 @@ class Client:
         self.retain_refusal: str | None = None
         self.held_until = 0.0  # when to check_held next, on the broker clock
         self.closed = False
+        self.origin = Origin(client_id)  # what its messages carry (core.nolocal)
 
     # -- producing ---------------------------------------------------------
 
@@ -110,6 +109,7 @@ class Client:
         a durability promise (a receipt) must wait for.  ``retain``: keep it
         as its topic's retained value too (MQTT); if the broker's bounds do
         not allow that, ``retain_refusal`` says why."""
+        message.origin = self.origin
         if message.address.is_temporary:
             message.address = self.temporary(message.address)
         if self.broker.authorizer is not None:
@@ -234,10 +234,19 @@ class Client:
         priority: int = 0,
         exclusive: bool = False,
         start: bool = True,
+        no_local: bool = False,
+        shared: str | None = None,
     ) -> Subscription:
         """Start consuming.  With ``durable`` = (client id, subscription name)
         a topic subscription outlives the connection.  The LSN that makes a
         new durable subscription durable is left in ``last_lsn``.
+
+        ``no_local``: a topic subscription that never gets what a client with
+        this client's id (this one, or without an id, this connection)
+        publishes (core.nolocal).  ``shared``: join the shared subscription
+        group of that name on ``address`` (core.shared): each message goes
+        to one of its members; with ``durable`` the membership outlives the
+        connection and the group is durable.  Not both [MQTT-3.8.3-4].
 
         With ``start=False`` the subscription is in place but nothing is
         delivered to it until :meth:`start`: a protocol that confirms the
@@ -248,8 +257,10 @@ class Client:
             raise DuplicateSubscription(f"subscription {token!r} already exists on this connection")
         if len(self.subscriptions) >= self.broker.settings.max_subscriptions_per_client:
             raise LimitExceeded(f"too many subscriptions (limit {self.broker.settings.max_subscriptions_per_client})")
-        if address.is_pattern and address.is_queue:
-            raise InvalidDestination("wildcards are supported on topic subscriptions only")
+        if address.is_queue and (address.is_pattern or no_local or shared is not None):
+            raise InvalidDestination("wildcards, No Local and shared subscriptions are for topics only")
+        if no_local and shared is not None:
+            raise InvalidRequest("a shared subscription cannot be No Local")  # [MQTT-3.8.3-4]
         if self.broker.authorizer is not None:
             self.authorize("read", address)
         if address.is_temporary:
@@ -260,8 +271,11 @@ class Client:
             self.broker.temporaries.check_owner(address, self)  # another's private name: only its owner reads it
         policy = self.broker.policies.for_address(address)
         window = prefetch if prefetch and prefetch > 0 else policy.default_prefetch
-        if durable is not None:
-            subscription = self._subscribe_durable(token, address, ack_mode, window, durable, selector)
+        if shared is not None:
+            subscription = subscribe_shared(self, token, address, ack_mode, window, shared, durable, selector)
+        elif durable is not None:
+            origin = self.origin if no_local else None
+            subscription = subscribe_durable(self, token, address, ack_mode, window, durable, selector, origin)
         else:
             if address.is_queue:
                 queue = self.broker.registry.get(address)
@@ -270,6 +284,8 @@ class Client:
                 subscription.priority = priority
                 subscription.exclusive = exclusive
             else:
+                if no_local:
+                    selector = with_no_local(selector, self.origin)
                 queue = self.broker.registry.topic_queue(address, self, selector)  # filtered as the topic fans out
                 subscription = Subscription(token, address, queue, self.sink, ack_mode, window, private=True, owner=self)
                 self.broker.registry.attach(address, subscription)
@@ -284,60 +300,35 @@ class Client:
         ``retained``: then the retained values of the topics it matches
         (MQTT), as many as its queue can hold."""
         subscription.queue.dispatch()
-        if retained:
+        if retained and subscription.shared is None:  # a group gets none on joining (MQTT 5 §4.8.2)
             queue = subscription.queue
-            self.broker.publish(self.broker.retained_for(subscription.address, queue.limit), to=queue)
-
-    def _subscribe_durable(
-        self, token: Any, address: Address, ack_mode: AckMode, window: int, owner: tuple[str, str], selector: Any = None
-    ) -> Subscription:
-        client_id, name = owner
-        if address.kind is not Kind.TOPIC:
-            raise InvalidDestination("durable subscriptions are for /topic/ destinations")
-        existing = self.broker.durables.get(durable_key(client_id, name))
-        self.check_durable_owner(existing, client_id, name)
-        if existing is not None and existing.active is not None:
-            raise DuplicateSubscription(f"durable subscription {name!r} of client {client_id!r} is already active")
-        owner = owner_of(self.principal)
-        durable, self.last_lsn = self.broker.durables.subscribe(client_id, name, address, selector, owner)
-        subscription = Subscription(token, address, durable.queue, self.sink, ack_mode, window, private=False, owner=self)
-        subscription.durable = durable
-        durable.active = subscription
-        self.subscriptions[token] = subscription
-        durable.queue.add_consumer(subscription)  # what waited while away goes out on start
-        return subscription
+            retained = self.broker.retained_for(subscription.address, queue.limit)
+            if queue.selector is not None:  # as the topic's fan-out would (No Local, a selector)
+                retained = [message for message in retained if queue.selector.matches(message)]
+            self.broker.publish(retained, to=queue)
 
     def unsubscribe(self, token: Any, *, remove_durable: bool = False) -> int:
         """Stop consuming.  A durable subscription stays (and keeps collecting)
-        unless ``remove_durable``; returns the LSN of its removal."""
+        unless ``remove_durable``, a persistent shared membership likewise;
+        returns the LSN of its removal."""
         subscription = self.subscriptions.pop(token, None)
         if subscription is None:
             raise UnknownSubscription(f"no subscription {token!r} on this connection")
-        self._detach(subscription)
+        lsn = self._detach(subscription, remove_durable)
         if remove_durable and subscription.durable is not None:
             return self.broker.durables.drop(subscription.durable)
-        return 0
+        return lsn
 
     def remove_durable(self, client_id: str, name: str) -> int:
         """Remove the offline durable subscription ``name`` of ``client_id``."""
-        durable = self.broker.durables.get(durable_key(client_id, name))
-        self.check_durable_owner(durable, client_id, name)
-        if durable is None:
-            raise UnknownSubscription(f"no durable subscription {name!r} for client {client_id!r}")
-        if durable.active is not None:
-            raise InvalidRequest(f"durable subscription {name!r} is in use by another connection")
-        return self.broker.durables.drop(durable)
+        return remove_durable(self, client_id, name)
 
-    def check_durable_owner(self, durable: DurableSubscription | None, client_id: str, name: str) -> None:
-        """Refuse (:class:`NotAuthorized`) resuming, replacing or removing a
-        durable subscription another principal made, or any durable state
-        this client may not hold (core.durables.claim_refusal)."""
-        owner = durable.owner if durable is not None else owner_of(self.principal)
-        reason = claim_refusal(owner, self.principal, self.broker.secured)
-        if reason is not None:
-            raise NotAuthorized(f"durable subscription {name!r} of client {client_id!r}: {reason}")
+    def drop_shared(self, client_id: str, name: str) -> int:
+        """End the offline persistent shared membership ``name`` of
+        ``client_id`` (core.shared); its group goes if it was the last."""
+        return drop_shared(self, client_id, name)
 
-    def _detach(self, subscription: Subscription) -> None:
+    def _detach(self, subscription: Subscription, remove: bool = False) -> int:
         queue = subscription.queue
         if subscription.durable is not None:
             subscription.durable.active = None
@@ -347,7 +338,10 @@ class Client:
             self.broker.registry.detach(subscription.address, subscription)
             queue.relieve()  # nobody will drain it now; free its producers
         elif unacked:
-            queue.requeue(unacked)
+            queue.requeue(unacked)  # to the queue's other consumers (a shared group's other members)
+        if subscription.shared is not None:
+            return self.broker.shared.leave(subscription.shared, remove=remove)
+        return 0
 
     def subscription(self, token: Any) -> Subscription:
         subscription = self.subscriptions.get(token)
@@ -491,6 +485,7 @@ class Client:
         for tx in transactions.values():
             self._release_bytes(tx)
             self._roll_back(tx)
+        self._decisions.clear()
         for private in self.temporaries.values():
             self.broker.temporaries.release(private)
         self.temporaries.clear()

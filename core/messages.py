@@ -42,6 +42,8 @@ class Message:
         "location",
         "qos",
         "retain",
+        "retain_published",
+        "origin",
     )
 
     def __init__(
@@ -77,6 +79,14 @@ class Message:
         # Set only on the copy a new subscription gets from the retained
         # store ([MQTT-3.3.1-8]); live deliveries never carry it.
         self.retain = False
+        # The RETAIN flag as published (MQTT), for MQTT 5 subscriptions with
+        # Retain As Published [MQTT-3.3.1-13].  Not stored.
+        self.retain_published = False
+        # Who published it: the publishing client's core.nolocal.Origin (set
+        # by Client.send), for No Local subscriptions.  None: the broker's own
+        # (a dead letter, an administrator's send) or recovered from the
+        # store, which does not keep it, so it goes to every subscriber.
+        self.origin: Any = None
 
     @property
     def redelivered(self) -> bool:
@@ -84,7 +94,7 @@ class Message:
 
     def redelivery(self) -> Message:
         """A copy to put back in a queue, with one more delivery counted."""
-        return Message(
+        again = Message(
             self.id,
             self.address,
             self.headers,
@@ -97,11 +107,13 @@ class Message:
             location=self.location,
             qos=self.qos,
         )
+        again.origin = self.origin
+        return again
 
     def stub(self) -> Message:
         """A copy without headers and body, to hold while they stay on disk.
         A copy, not a change: a topic shares this message with other queues."""
-        return Message(
+        stub = Message(
             self.id,
             self.address,
             None,
@@ -114,6 +126,8 @@ class Message:
             location=self.location,
             qos=self.qos,
         )
+        stub.origin = self.origin
+        return stub
 
     def retained_copy(self) -> Message:
         """What a new subscription gets from the retained store: flagged, and
@@ -124,6 +138,7 @@ class Message:
             timestamp=self.timestamp, qos=self.qos,
         )
         copy.retain = True
+        copy.origin = self.origin  # a No Local subscription does not get its own retained value back
         return copy
 
     def record(self) -> StoredMessage:

@@ -32,7 +32,8 @@ class Sink(Protocol):
     :meth:`core.broker.Client.resume`.
     """
 
-    accepting: bool
+    @property
+    def accepting(self) -> bool: ...
 
     # ``subscription``: a core.subscriptions.Subscription, not imported here,
     # so this module stays a leaf that the core's modules all depend on.

@@ -11,7 +11,9 @@ from core.broker import Broker
 from core.destinations import Queue
 from core.durables import parse_durable_key
 from core.messages import Message
-from core.storage import Recovered, StoredMessage
+from core.selectors import SelectorError, compile_selector
+from core.shared import GROUP_PREFIX, MEMBER_PREFIX, split_key
+from core.storage import Recovered, StoredMessage, StoredSubscription
 
 
 def restore(broker: Broker, recovered: Recovered) -> int:
@@ -24,7 +26,11 @@ def restore(broker: Broker, recovered: Recovered) -> int:
     """
     skipped = 0
     subscriptions: dict[str, tuple[str, str, names.Address, str | None, str | None]] = {}
+    shared = []
     for subscription in recovered.subscriptions:
+        if subscription.key.startswith((GROUP_PREFIX, MEMBER_PREFIX)):
+            shared.append(subscription)
+            continue
         named = parse_durable_key(subscription.key)
         address = names.parse(subscription.pattern)
         if named is None or isinstance(address, str):
@@ -48,8 +54,36 @@ def restore(broker: Broker, recovered: Recovered) -> int:
         if message is not None:
             message.qos = kept.qos
             retained.append(message)
+    skipped += _restore_shared(broker, shared, queues)  # takes its groups' messages out of ``queues``
     broker.restore(subscriptions, queues, retained)
     broker.restore_commit_keys(recovered.commit_keys)
+    return skipped
+
+
+def _restore_shared(broker: Broker, records: list[StoredSubscription], queues: dict[str, list[Message]]) -> int:
+    """Durable shared subscription groups, their messages, then their
+    persistent memberships (a group whose last membership went is dropped);
+    returns how many records were unusable."""
+    skipped = 0
+    groups = broker.shared
+    for record in records:
+        named = split_key(record.key, GROUP_PREFIX)
+        pattern = names.parse(record.pattern)
+        if named is None or isinstance(pattern, str):
+            continue  # a membership, or unusable (counted with the memberships' below)
+        try:
+            selector = compile_selector(record.selector) if record.selector else None
+        except SelectorError:  # compiled once already: keep everything rather than lose anything
+            selector = None
+        group = groups.restore_group(record.key, named[0], pattern, selector, record.owner)
+        group.queue.restore(queues.pop(record.key, []))
+    for record in records:
+        if split_key(record.key, GROUP_PREFIX) is not None and record.key in groups:
+            continue
+        member = split_key(record.key, MEMBER_PREFIX)
+        if member is None or not groups.restore_member(record.key, member[0], member[1], record.pattern, record.owner):
+            skipped += 1
+    groups.settle_restored()
     return skipped
 
 

@@ -44,7 +44,8 @@ class QueueRegistry:
         self.temporaries = 0  # of ``queues``, the temporary ones (capped per connection instead)
         # Topic patterns -> what they feed: a Subscription or a DurableSubscription (its ``queue``).
         self.trees: dict[Kind, SubscriptionTree[Any]] = {Kind.TOPIC: SubscriptionTree(), Kind.TEMP_TOPIC: SubscriptionTree()}
-        self._delaying: list[Queue] = []  # queues that hold redeliveries back
+        # Queues that may hold redeliveries back, for the broker's timer (a dict as an ordered set).
+        self._delaying: dict[Queue, None] = {}
 
     # -- making queues -----------------------------------------------------
 
@@ -61,11 +62,19 @@ class QueueRegistry:
             limit, high_water, resident = 0, 0, policy.resident_messages
         else:
             limit, high_water, resident = policy.topic_buffer_limit, policy.topic_high_water, 0
-        delay = None
+        delay: Callable[[int], int] | None = None
         if policy.redelivery_delay_ms:
             first, backoff, cap = policy.redelivery_delay_ms, policy.redelivery_backoff, policy.max_redelivery_delay_ms
-            delay = lambda n: int(min(cap, first * backoff ** max(0, n - 1)))  # noqa: E731
-            self._delaying.append(queue)
+            delaying = self._delaying
+
+            def held_for(n: int) -> int:
+                # Back in the timer's sight: a queue nobody consumed was let go
+                # of (a durable subscription or shared group, say, while away).
+                delaying[queue] = None
+                return int(min(cap, first * backoff ** max(0, n - 1)))
+
+            delay = held_for
+            delaying[queue] = None
         dead = not queue.address.text.startswith(policy.dead_letter_queue)
         return queue.configure(
             limit=limit,
@@ -102,6 +111,24 @@ class QueueRegistry:
     def topic_queue(self, pattern: Address, owner: Any, selector: Any) -> Queue:
         """A non-durable topic subscriber's own queue, filtered as the topic fans out."""
         return self.configure(Queue(pattern, owner=owner), selector=selector)
+
+    def shared_queue(self, pattern: Address, key: str | None, selector: Any) -> Queue:
+        """A shared subscription group's queue (core.shared), stored under
+        ``key`` if the group is durable."""
+        queue = Queue(pattern, store=self.store, key=key)
+        self.configure(queue, selector=selector)
+        return self.configure_shared(queue, durable=key is not None)
+
+    def configure_shared(self, queue: Queue, *, durable: bool) -> Queue:
+        """A group's queue holds producers back as a topic subscriber's does
+        while its members lag, and past max_shared_group_messages loses its
+        oldest (with nobody attached it would otherwise grow without bound);
+        a durable group's stored messages page out as a durable's."""
+        policy = self.policies.for_address(queue.address)
+        return queue.configure(
+            limit=self.settings.max_shared_group_messages, high_water=policy.topic_high_water,
+            resident=policy.resident_messages if durable else 0,
+        )
 
     def destination_count(self) -> int:
         return len(self.queues) - self.temporaries
@@ -175,5 +202,7 @@ class QueueRegistry:
 
     def release_redeliveries(self, now_ms: int) -> int:
         """Put back every held redelivery that is due; returns how many."""
-        self._delaying = [q for q in self._delaying if q.delayed or q.consumers or q.address in self.queues]
-        return sum(q.release_delayed(now_ms) for q in self._delaying)
+        delaying = self._delaying  # changed in place: each queue's delay function holds it
+        for queue in [q for q in delaying if not (q.delayed or q.consumers or q.address in self.queues)]:
+            del delaying[queue]
+        return sum(q.release_delayed(now_ms) for q in list(delaying))

@@ -70,6 +70,12 @@ class BrokerSettings:
     # of a broker without users, not one user to be fair to.
     max_durable_subscriptions_per_user: int = 1_000
     max_durable_subscriptions: int = 100_000
+    # Shared subscription groups (MQTT 5 $share, JMS 2.0 shared) on the
+    # broker, and the messages one group's queue holds before its oldest are
+    # discarded (0 = no limit): a durable group collects while no member is
+    # connected.
+    max_shared_groups: int = 10_000
+    max_shared_group_messages: int = 100_000
     # Topic archives (per-destination policy, usually): every message
     # published to an archived topic gets the topic's next offset and is kept
     # until retention drops it, by age and by bytes per topic (0 = no limit).

@@ -27,7 +27,7 @@ class Subscription:
 
     __slots__ = (
         "token", "address", "queue", "sink", "ack_mode", "prefetch", "unacked", "private", "owner", "durable", "selector",
-        "priority", "exclusive",
+        "priority", "exclusive", "shared",
     )
 
     def __init__(
@@ -52,6 +52,7 @@ class Subscription:
         self.private = private
         self.owner = owner
         self.durable: Any = None  # the DurableSubscription this consumes, if any
+        self.shared: Any = None  # its core.shared.Membership, if a shared group's member
         self.selector: Any = None  # a core.selectors.Selector, or None: every message
         self.priority = 0  # consumer priority: higher is served first while it has room
         self.exclusive = False  # an exclusive consumer gets the whole queue while it lives

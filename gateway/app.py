@@ -257,13 +257,25 @@ class _Wiring:
 
     def build_listeners(self) -> None:
         """The MQTT sessions' registry as the store left it (who owns durable
-        state, QoS 2 ids awaiting PUBREL), and which ports to bind: plain, TLS
+        state, QoS 2 ids awaiting PUBREL, when kept v5 sessions end, with the
+        timer that ends them), and which ports to bind: plain, TLS
         or both, the TLS context loaded here so a bad certificate stops startup."""
         config = self.config
-        self.registry = mqtt_session.Registry()
-        self.registry.restore(
-            self.recovered.kv.get(mqtt_session.QOS2_NOTES, {}), [(d.client_id, d.owner) for d in self.broker.durables.values()]
-        )
+        broker, kv = self.broker, self.recovered.kv
+        self.registry = registry = mqtt_session.Registry()
+        kept = [(d.client_id, d.owner) for d in broker.durables.values()]
+        kept += [(m.client_id, m.owner) for m in broker.shared.memberships.values() if m.client_id is not None]
+        registry.restore(kv.get(mqtt_session.QOS2_NOTES, {}), kept)
+        # Kept v5 sessions end on time across restarts; the overdue end here, before anyone connects.
+        registry.restore_lifetimes(broker, kv.get(mqtt_session.EXPIRY_NOTES, {}), self.log)
+        commit_lot = self.commit_lot
+
+        def lifetimes_due(now_ms: int) -> None:
+            registry.expire_due(broker, now_ms, self.log)
+            commit_lot.unpark_all()  # what ended is written without waiting for a client's input
+
+        self.lifetimes = tasks.DeadlineTimer(broker.clock, registry.lifetimes.next_due, lifetimes_due)
+        registry.lifetimes.on_earlier = self.lifetimes.reschedule
         self.tls = tls = server_context(config.tls) if config.tls.enabled else None
         self.specs = []
         if config.tls.plain:
@@ -294,7 +306,7 @@ class _Wiring:
         self.api = AdminApi(
             self.broker, server, users=users, ready=lambda: self.listening and not server.stopping,
             metrics=lambda: metrics.render(self.broker, server, store, self.writes, self.gatekeeper, self.disk,
-                                           group.view()),
+                                           group.view(), self.registry),
             archive=store.archive, origins=config.admin.allowed_origins + config.admin.websocket_origins,
             gate=self.gatekeeper, cluster=group,
         )
@@ -306,6 +318,7 @@ class _Wiring:
         nursery.start_soon(tasks.commit, self.store, self.server, self.commit_lot, log, self.writes, self.store_threads, self.disk,
                            self.replicator)
         nursery.start_soon(self.redelivery.run)
+        nursery.start_soon(self.lifetimes.run)  # kept MQTT 5 sessions' ends, delayed wills
         if self.tls is not None and config.tls.reload_interval_s > 0:
             nursery.start_soon(tasks.reload_tls, self.tls, config.tls, log)
         for _ in range(VERIFY_WORKERS):

@@ -15,6 +15,7 @@ import trio
 
 from core import names
 from core.broker import Broker
+from core.ports import Clock
 from gateway import auth
 from gateway.admin import metrics
 from gateway.transports.server import Server
@@ -181,6 +182,34 @@ class RedeliveryTimer:
                     await trio.sleep_forever()
                 await trio.sleep(max(0.0, (due - self.broker.clock.wall_ms()) / 1000))
             self.broker.release_redeliveries(self.broker.clock.wall_ms())
+
+
+class DeadlineTimer:
+    """Sleeps until ``next_due()`` (ms since the epoch, on ``clock``), then
+    calls ``run`` with the time; woken early (:meth:`reschedule`) when an
+    earlier deadline is added.  The MQTT sessions' ends and delayed wills
+    (gateway.mqtt.lifetime): the sessions only add deadlines, never await."""
+
+    def __init__(self, clock: Clock, next_due: Callable[[], int | None], run: Callable[[int], None]) -> None:
+        self.clock = clock
+        self.next_due = next_due
+        self.due_now = run
+        self._scope: trio.CancelScope | None = None
+        self._scheduled: int | None = None
+
+    def reschedule(self) -> None:
+        due = self.next_due()
+        if due is not None and (self._scheduled is None or due < self._scheduled) and self._scope is not None:
+            self._scope.cancel()
+
+    async def run(self) -> None:
+        while True:
+            due = self._scheduled = self.next_due()
+            with trio.CancelScope() as self._scope:
+                if due is None:
+                    await trio.sleep_forever()
+                await trio.sleep(max(0.0, (due - self.clock.wall_ms()) / 1000))
+            self.due_now(self.clock.wall_ms())
 
 
 async def reload_tls(context: ssl.SSLContext, settings: TlsSettings, log: Any) -> None:

@@ -37,6 +37,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from core import names
 from core.broker import Broker
 from core.errors import CoreError, QueueNotEmpty
+from core.shared import SharedGroup
 from gateway.admin import archive, console
 from gateway.admin.access import Access
 from gateway.admin.cluster import ClusterBody, Single, Source
@@ -275,11 +276,13 @@ class AdminApi:
 
     def _destination(self, queue: Any) -> dict[str, Any]:
         durable = queue.key is not None and queue.key.startswith("durable:")
+        shared = isinstance(queue.owner, SharedGroup)
         stats = queue.stats
         owner = self.broker.durables[queue.key].owner if durable and queue.key in self.broker.durables else None
+        kind = "durable-subscription" if durable else queue.address.kind.name.lower().replace("_", "-")
         return {
-            "name": queue.address.text if not durable else queue.key,
-            "type": "durable-subscription" if durable else queue.address.kind.name.lower().replace("_", "-"),
+            "name": queue.owner.key if shared else queue.key if durable else queue.address.text,
+            "type": "shared-subscription" if shared else kind,
             "destination": queue.address.text,
             "depth": queue.depth,
             "consumers": len(queue.consumers),

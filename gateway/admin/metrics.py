@@ -63,7 +63,7 @@ def render_standby(view: View) -> str:
 
 
 def render(broker: Any, server: Any, store: Any, writes: Histogram, gatekeeper: Any = None, disk: Any = None,
-           cluster: View | None = None) -> str:
+           cluster: View | None = None, mqtt: Any = None) -> str:
     out = _Writer()
     for family in families(cluster) if cluster is not None else ():
         out.family(*family)
@@ -100,10 +100,15 @@ def render(broker: Any, server: Any, store: Any, writes: Histogram, gatekeeper: 
                    "CONNECTs refused: wrong or missing credentials, an address locked out, a connection limit.",
                    ((f'{{reason="{kind}"}}', gatekeeper.refused.get(kind, 0))
                     for kind in ("credentials", "rate_limited", "unavailable")))
+    if mqtt is not None:  # the MQTT sessions' registry
+        out.family("gateway_mqtt_oversize_dropped_total", "counter",
+                   "MQTT 5 messages not sent for being over the subscriber's Maximum Packet Size.",
+                   [("", mqtt.oversize_dropped)])
     out.family("gateway_tls_handshakes_failed_total", "counter", "TLS handshakes that failed or timed out.",
                [("", server.tls_handshakes_failed)])
-    # A durable subscription's queue (its address a topic) is named by its key.
-    queues = [(q.address.text if q.address.is_queue else q.key, q) for q in broker.all_queues()]
+    # A durable subscription's or shared group's queue (its address a topic)
+    # is named by its key (a non-durable group's queue has none: its group's).
+    queues = [(q.address.text if q.address.is_queue else q.key or q.owner.key, q) for q in broker.all_queues()]
     fields = (
         ("gateway_destination_depth", "gauge", "Messages waiting in a queue or durable subscription.", lambda q: q.depth),
         ("gateway_destination_consumers", "gauge", "Consumers attached.", lambda q: len(q.consumers)),

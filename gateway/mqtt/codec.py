@@ -1,4 +1,4 @@
-"""A strict sans-IO MQTT 3.1.1 codec in the style of h11 (and of the STOMP codec).
+"""A strict sans-IO MQTT 3.1.1 and 5.0 codec in the style of h11 (and of the STOMP codec).
 
 Feed bytes with :meth:`MqttConnection.receive_data`, take packets from
 :meth:`MqttConnection.events`, turn packets into bytes with
@@ -22,9 +22,13 @@ this one, the connection: buffering, the fixed header's parse, packet order.
 Its public names are all importable from here.
 
 MQTT 5: the protocol level is fixed on the connection by CONNECT
-(``protocol_level``).  A v5 parser would be a second decoder table chosen there,
-its decoders reading the properties that follow each variable header (into
-defaulted fields of the packet classes) and its acks' reason codes.
+(``protocol_level``: decoding it on a server, encoding it on a client).  Level 5
+swaps in v5's first-byte table (AUTH both ways, DISCONNECT from the server), its
+decoders and its encoders (``decoders_v5``, ``encoders_v5``, the property
+block in ``properties``, reason codes in ``reasons``); the connection's parse,
+packet order and fast paths are the same code.  On a v5 connection every
+RemoteProtocolError carries ``reason_code``, the v5 reason code to answer
+with (0x81 Malformed Packet unless the spec names another).
 """
 
 from __future__ import annotations
@@ -33,15 +37,30 @@ import enum
 from collections.abc import Iterator
 
 from gateway.mqtt import packets as p
-from gateway.mqtt.decoders import DECODERS_V311
-from gateway.mqtt.encoders import SENDERS, encode_publish, puback_bytes, publish_bytes, topic_field
+from gateway.mqtt.decoders import DECODERS_V5, DECODERS_V311
+from gateway.mqtt.encoders import (
+    EMPTY_TOPIC_FIELD,
+    SENDERS,
+    encode_publish,
+    puback_bytes,
+    publish_bytes,
+    topic_field,
+)
+from gateway.mqtt.encoders_v5 import SENDERS_V5, encode_publish_v5
+from gateway.mqtt.properties import EMPTY_PROPERTIES, encode_properties
 from gateway.mqtt.wire import (
     FIRST_BYTE,
+    FIRST_BYTE_V5,
     KNOWN_PROTOCOL_NAMES,
+    MALFORMED,
     MAX_PACKET_BYTES,
     MAX_REMAINING_LENGTH,
+    MQTT5,
+    PACKET_TOO_LARGE,
+    PROTOCOL_ERROR,
     PT,
     SENT_BY,
+    SENT_BY_V5,
     SUPPORTED_PROTOCOLS,
     LocalProtocolError,
     ProtocolError,
@@ -52,6 +71,8 @@ from gateway.mqtt.wire import (
 )
 
 __all__ = [
+    "EMPTY_PROPERTIES",
+    "EMPTY_TOPIC_FIELD",
     "KNOWN_PROTOCOL_NAMES",
     "MAX_PACKET_BYTES",
     "MAX_REMAINING_LENGTH",
@@ -62,6 +83,7 @@ __all__ = [
     "RemoteProtocolError",
     "Role",
     "State",
+    "encode_properties",
     "puback_bytes",
     "publish_bytes",
     "topic_field",
@@ -93,7 +115,15 @@ for _kind in SENT_BY[Role.CLIENT] - {PT.CONNECT}:  # a second CONNECT is refused
     _TRANSITIONS[(State.CONNECTED, _kind)] = State.CONNECTED
 for _kind in SENT_BY[Role.SERVER] - {PT.CONNACK}:  # CONNACK comes once, first [MQTT-3.2.0-1]
     _TRANSITIONS[(State.CONNECTED, _kind)] = State.CONNECTED
+# MQTT 5's additions (the 3.1.1 first-byte tables refuse AUTH before the order is
+# looked at): AUTH once connected, and AUTH exchanged before CONNACK (enhanced
+# authentication, v5 §4.12).  A server's DISCONNECT (SENT_BY_V5) needs no entry:
+# (CONNECTED, DISCONNECT) is there for the client's.
+for _kind in SENT_BY_V5[Role.CLIENT] - SENT_BY[Role.CLIENT]:
+    _TRANSITIONS[(State.CONNECTED, _kind)] = State.CONNECTED
+_TRANSITIONS[(State.AWAITING_CONNACK, PT.AUTH)] = State.AWAITING_CONNACK
 _CONNECTED = State.CONNECTED
+_V5_CONNECT_START = b"\x00\x04MQTT\x05"  # a v5 CONNECT's protocol name and level
 # The same table indexed by state first, so the per-packet lookup builds no tuple.
 _ALLOWED: dict[State, dict[PT, State]] = {state: {} for state in State}
 for (_state, _kind), _next_state in _TRANSITIONS.items():
@@ -102,6 +132,18 @@ _ORDER_ERRORS = {
     State.AWAITING_CONNECT: "the first packet must be CONNECT",  # [MQTT-3.1.0-1]
     State.AWAITING_CONNACK: "the first packet from the server must be CONNACK",  # [MQTT-3.2.0-1]
 }  # else, when CONNECTED: "a second CONNECT" [MQTT-3.1.0-2] (or, to a client, a second CONNACK)
+
+
+# The Properties of a PUBLISH carrying only a Topic Alias, one per alias up to
+# ALIAS_CACHE and shared: building one (27 fields) costs more than the rest of
+# the parse.  Read only, like every decoded packet (nothing changes a packet
+# it received).
+ALIAS_CACHE = 256
+_ALIAS_ONLY = [p.Properties(topic_alias=alias) for alias in range(ALIAS_CACHE + 1)]
+
+
+def _alias_only(alias: int) -> p.Properties:
+    return _ALIAS_ONLY[alias] if alias <= ALIAS_CACHE else p.Properties(topic_alias=alias)
 
 
 # -- the connection ----------------------------------------------------------
@@ -120,18 +162,34 @@ class MqttConnection:
     def __init__(self, role: Role = Role.SERVER, *, max_packet_bytes: int = MAX_PACKET_BYTES) -> None:
         self.role = role
         self.max_packet_bytes = max_packet_bytes
-        self.protocol_level = 4  # fixed by CONNECT; decides the decoder table (MQTT 5 later)
         self.state = State.AWAITING_CONNECT if role is Role.SERVER else State.AWAITING_CONNACK
         self.their_eof = False
+        self._level = 4
+        self._v5 = False
         self._first_byte = FIRST_BYTE[role]
         self._decoders = DECODERS_V311
         self._senders = SENDERS[role]
+        self._encode_publish = encode_publish
         self._error: RemoteProtocolError | None = None
         self._buf = b""
         self._pos = 0
         self._pieces: list[bytes] = []  # received after _buf, not yet joined
         self._pieces_bytes = 0
         self._need = 1  # bytes from _pos needed before parsing can progress
+
+    @property
+    def protocol_level(self) -> int:
+        """3 or 4 (3.1/3.1.1) or 5: fixed by CONNECT; decides the tables."""
+        return self._level
+
+    @protocol_level.setter
+    def protocol_level(self, level: int) -> None:
+        self._level = level
+        self._v5 = v5 = level == MQTT5
+        self._first_byte = (FIRST_BYTE_V5 if v5 else FIRST_BYTE)[self.role]
+        self._decoders = DECODERS_V5 if v5 else DECODERS_V311
+        self._senders = (SENDERS_V5 if v5 else SENDERS)[self.role]
+        self._encode_publish = encode_publish_v5 if v5 else encode_publish
 
     # -- receiving -----------------------------------------------------------
 
@@ -165,7 +223,8 @@ class MqttConnection:
         the rest stays buffered.  Raises RemoteProtocolError, and raises it
         again on every later call."""
         if self._error is not None:
-            raise RemoteProtocolError(self._error.message, return_code=self._error.return_code)
+            error = self._error
+            raise RemoteProtocolError(error.message, return_code=error.return_code, reason_code=error.reason_code)
         try:
             while True:
                 packet = self._next()
@@ -174,6 +233,8 @@ class MqttConnection:
                 yield packet
         except RemoteProtocolError as exc:
             self.state = State.ERROR
+            if exc.reason_code is None and self._v5:
+                exc.reason_code = MALFORMED  # v5 §4.13.1: what no rule names otherwise
             self._error = exc
             raise
 
@@ -207,10 +268,11 @@ class MqttConnection:
             return p.PubAck((buf[pos + 2] << 8) | buf[pos + 3])
         kind = self._first_byte[first]
         if isinstance(kind, str):
-            raise RemoteProtocolError(kind)
+            raise RemoteProtocolError(str(kind), reason_code=kind.reason_code)  # type: ignore[attr-defined]
         next_state = _ALLOWED[self.state].get(kind)
         if next_state is None:
-            raise RemoteProtocolError(_ORDER_ERRORS.get(self.state, f"a second {kind.name}"))
+            message = _ORDER_ERRORS.get(self.state, f"a second {kind.name}")
+            raise RemoteProtocolError(message, reason_code=PROTOCOL_ERROR)  # [MQTT-3.1.0-2]
         # Remaining length: 1 to 4 bytes of 7 bits, low first (§2.2.3).
         i = pos + 1
         if i < n and buf[i] < 0x80:
@@ -232,7 +294,11 @@ class MqttConnection:
                 if shift == 28:
                     raise RemoteProtocolError("remaining length longer than 4 bytes")  # §2.2.3
         if length > self.max_packet_bytes:
-            raise RemoteProtocolError(f"packet of {length} bytes is over the limit of {self.max_packet_bytes}")
+            if kind is PT.CONNECT and buf[i : i + 7] == _V5_CONNECT_START:
+                # Too large to read, but plainly a v5 CONNECT: answered with a v5 CONNACK 0x95.
+                self.protocol_level = MQTT5
+            raise RemoteProtocolError(f"packet of {length} bytes is over the limit of {self.max_packet_bytes}",
+                                      reason_code=PACKET_TOO_LARGE)  # v5 §3.2.2.3.6, §3.1.2.11.4
         end = i + length
         if end > n:
             self._need = end - pos
@@ -246,9 +312,10 @@ class MqttConnection:
     def _publish(self, buf: bytes, pos: int, n: int, first: int) -> p.Publish | None:
         """The fast path for a whole, well-formed PUBLISH of QoS 0 or 1
         without DUP and a remaining length of 1 or 2 bytes, on a connected
-        connection: the packet _decode_publish would return.  None for
-        anything else (a part missing, a limit or rule broken): the general
-        path then parses it, and says what is wrong."""
+        connection (on a v5 one, with no properties or a Topic Alias alone):
+        the packet the PUBLISH decoder would return.  None for anything else
+        (a part missing, a limit or rule broken, other properties):
+        the general path then parses it, and says what is wrong."""
         length = buf[pos + 1]
         if length < 0x80:
             i = pos + 2
@@ -273,13 +340,28 @@ class MqttConnection:
             topic = buf[i + 2 : topic_end].decode("utf-8")
         except UnicodeDecodeError:
             return None
-        if not topic or "+" in topic or "#" in topic or "\x00" in topic:
+        if "+" in topic or "#" in topic or "\x00" in topic:
             return None
+        props = None
+        if self._v5:  # the property length, after the packet identifier (v5 §3.3.2.3)
+            if data >= end:
+                return None
+            if buf[data] == 0:
+                data += 1
+            elif buf[data] == 3 and data + 4 <= end and buf[data + 1] == 0x23 and (buf[data + 2] or buf[data + 3]):
+                # A Topic Alias and nothing else: what a device using aliases sends.
+                props = _alias_only((buf[data + 2] << 8) | buf[data + 3])
+                data += 4
+            else:
+                return None
+        if not topic and props is None:
+            return None  # (an empty topic name needs an alias: the general path says so)
         self._need = 1
         self._pos = end
-        if data == topic_end:
-            return p.Publish(topic, buf[data:end], 0, first == 0x31)
-        return p.Publish(topic, buf[data:end], 1, first == 0x33, False, (buf[topic_end] << 8) | buf[topic_end + 1])
+        if first < 0x32:
+            return p.Publish(topic, buf[data:end], 0, first == 0x31, False, None, props)
+        return p.Publish(topic, buf[data:end], 1, first == 0x33, False, (buf[topic_end] << 8) | buf[topic_end + 1],
+                         props)
 
     # -- sending -------------------------------------------------------------
 
@@ -287,7 +369,9 @@ class MqttConnection:
         """Serialize one packet; LocalProtocolError if this role may not send it
         or it cannot be encoded validly."""
         if type(packet) is p.Publish:
-            return encode_publish(self, packet)
+            return self._encode_publish(self, packet)
+        if type(packet) is p.Connect and self.role is Role.CLIENT:
+            self.protocol_level = packet.protocol_level  # the client's choice, as decoding it is the server's
         encode = self._senders.get(type(packet))
         if encode is None:
             raise LocalProtocolError(f"a {self.role.value} cannot send {type(packet).__name__}")

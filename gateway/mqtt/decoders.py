@@ -4,17 +4,21 @@ fixed header named.  The connection (codec.py) has already checked the first
 byte, the packet order and the remaining length; a decoder sees exactly one
 packet's body, ``buf[pos:end]``, and the fixed header's flags.
 
-A v5 parser would be a second table here, chosen by the protocol level CONNECT
-fixed, its decoders reading the properties after each variable header.
+MQTT 5 is a second table, :data:`DECODERS_V5`, chosen by the connection once
+CONNECT fixed level 5: gateway.mqtt.decoders_v5's decoders merged over these.
+The CONNECT decoder serves both: it reads the protocol name and level, then
+the rest as that level lays it out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from gateway.mqtt import decoders_v5
 from gateway.mqtt import packets as p
 from gateway.mqtt.wire import (
     KNOWN_PROTOCOL_NAMES,
+    MQTT5,
     PT,
     SUBACK_CODES,
     SUPPORTED_PROTOCOLS,
@@ -34,11 +38,17 @@ def _decode_connect(conn: Negotiated, buf: bytes, pos: int, end: int, flags: int
     if name not in KNOWN_PROTOCOL_NAMES:
         raise RemoteProtocolError(f"unknown protocol name {name[:20]!r}")  # [MQTT-3.1.2-1]
     if (name, level) not in SUPPORTED_PROTOCOLS:
-        # Answer CONNACK 0x01 and close [MQTT-3.1.2-2].
+        # Answer CONNACK 0x01 and close [MQTT-3.1.2-2]; a v5 server would say 0x84, but a
+        # client of an unknown level is answered in the oldest form it may read.
         raise RemoteProtocolError(
-            f"unsupported protocol {name} level {level}", return_code=p.UNACCEPTABLE_PROTOCOL_VERSION
+            f"unsupported protocol {name} level {level}", return_code=p.UNACCEPTABLE_PROTOCOL_VERSION,
+            reason_code=0x84,
         )
+    # Fixed before anything else is read, so a refusal of what follows is
+    # answered in this level's terms (v5: a CONNACK with a reason code).
     conn.protocol_level = level
+    if level == MQTT5:
+        return decoders_v5.decode_connect_rest(r, name, level)
     connect_flags = r.u8()
     if connect_flags & 0x01:
         raise RemoteProtocolError("reserved CONNECT flag set")  # [MQTT-3.1.2-3]
@@ -187,4 +197,5 @@ DECODERS_V311: dict[PT, Decoder] = {
     PT.PINGRESP: _empty_decoder(p.PingResp, "PINGRESP"),
     PT.DISCONNECT: _empty_decoder(p.Disconnect, "DISCONNECT"),
 }
+DECODERS_V5: dict[PT, Decoder] = {**DECODERS_V311, **decoders_v5.DECODERS}
 

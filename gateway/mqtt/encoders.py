@@ -2,7 +2,11 @@
 checking what the peer would refuse (LocalProtocolError) before any byte is
 made.  :data:`SENDERS` holds, for each role, the encoders of the packets that
 role may send; PUBLISH, the hot path, is :func:`encode_publish`, called
-directly by the connection.
+directly by the connection.  MQTT 5's are gateway.mqtt.encoders_v5; the
+PUBLISH bytes are shared (:func:`publish_bytes` takes v5's property block).
+These write the 3.1.1 form and leave out what 3.1.1 has no room for (an
+ack's v5 reason code, properties), so a session may build one packet for
+either level; a code 3.1.1 cannot carry (CONNACK, SUBACK) is refused.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ _U16 = struct.Struct(">H")
 # little-endian u16: low 7 bits | 0x80, then the rest): faster than bytes((...)).
 _HEAD1 = struct.Struct(">BB")
 _HEAD2 = struct.Struct("<BH")
+_ID_NO_PROPS = struct.Struct(">Hx")  # v5: a packet identifier, then a property length of 0
 
 
 def topic_field(topic: str) -> bytes:
@@ -52,10 +57,20 @@ def topic_field(topic: str) -> bytes:
     return _U16.pack(len(raw)) + raw
 
 
+# A v5 PUBLISH sent by Topic Alias alone has an empty topic name (v5 §3.3.2.3.4).
+EMPTY_TOPIC_FIELD = b"\x00\x00"
+
+
 def publish_bytes(
-    field: bytes, payload: bytes, qos: int, retain: bool, dup: bool = False, packet_id: int | None = None
+    field: bytes, payload: bytes, qos: int, retain: bool, dup: bool = False, packet_id: int | None = None,
+    props: bytes = b"",
 ) -> bytes:
-    """A whole PUBLISH, its topic already a :func:`topic_field`."""
+    """A whole PUBLISH, its topic already a :func:`topic_field`.  On a v5
+    connection ``props`` is the property block, its length first
+    (gateway.mqtt.properties.encode_properties; ``b"\x00"`` for none); 3.1.1
+    has none (``b""``)."""
+    if props:
+        return _publish_v5(field, payload, qos, retain, dup, packet_id, props)
     first = 0x30 | (0x08 if dup else 0) | (0x01 if retain else 0)
     if qos == 0:
         if dup:
@@ -84,9 +99,37 @@ def publish_bytes(
     return head + field + _U16.pack(packet_id) + payload
 
 
+def _publish_v5(
+    field: bytes, payload: bytes, qos: int, retain: bool, dup: bool, packet_id: int | None, props: bytes
+) -> bytes:
+    """publish_bytes with a property block after the packet identifier (v5 §3.3.2)."""
+    first = 0x30 | (0x08 if dup else 0) | (0x01 if retain else 0)
+    if qos == 0:
+        if dup:
+            raise LocalProtocolError("DUP on a QoS 0 PUBLISH")  # [MQTT-3.3.1-2]
+        if packet_id is not None:
+            raise LocalProtocolError("a QoS 0 PUBLISH has no packet identifier")  # [MQTT-2.2.1-2]
+        head = field + props
+    else:
+        if qos != 1 and qos != 2:
+            raise LocalProtocolError(f"invalid QoS {qos!r}")  # [MQTT-3.3.1-4]
+        if packet_id is None or not 0 < packet_id <= 65535:
+            raise LocalProtocolError(f"invalid packet identifier {packet_id!r}")  # [MQTT-2.2.1-3]
+        first |= qos << 1
+        # The packet identifier and an empty property block packed at once: the common case.
+        head = field + (_ID_NO_PROPS.pack(packet_id) if props == b"\x00" else _U16.pack(packet_id) + props)
+    length = len(head) + len(payload)
+    if length < 128:
+        return _HEAD1.pack(first, length) + head + payload
+    if length < 16384:
+        return _HEAD2.pack(first, (length & 0x7F) | 0x80 | (length >> 7) << 8) + head + payload
+    return bytes((first,)) + remaining_length(length) + head + payload
+
+
 def puback_bytes(packet_id: int) -> bytes:
     """A whole PUBACK: what the PubAck encoder makes, without the packet
-    object (one is sent per QoS 1 PUBLISH)."""
+    object (one is sent per QoS 1 PUBLISH).  The same bytes are v5's short
+    form, reason 0x00 without properties (v5 §3.4.2.1)."""
     if not 0 < packet_id <= 65535:
         raise LocalProtocolError(f"invalid packet identifier {packet_id!r}")  # [MQTT-2.3.1-1]
     return bytes((0x40, 2, packet_id >> 8, packet_id & 0xFF))

@@ -10,14 +10,14 @@ PUBREC wait in the outbox for the store's LSN, like a STOMP RECEIPT.
 
 Synchronous and socket-free.  The session's :class:`Skeleton` takes the
 server's bytes and deadlines and hands each packet to this session's handler
-table; what remains here is what MQTT says: the handlers, the will, clean and
-persistent sessions, and how a PUBLISH is delivered (its in-flight record and
+table; what remains here is what MQTT says: the handlers (CONNECT's in
+:mod:`gateway.mqtt.connect`), the will, clean and persistent sessions, and
+how a PUBLISH is delivered (its in-flight record and
 transitions: :mod:`gateway.mqtt.inflight`).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -27,31 +27,34 @@ from core.clients import Client
 from core.durables import owner_of
 from core.errors import CoreError, NotAuthorized, UnknownMessage, UnknownSubscription
 from core.messages import Message
-from core.names import Address
 from core.ports import Clock
-from core.subscriptions import AckMode, Subscription
-from gateway.auth import AccessDenied, VerificationPending, spent_door
-from gateway.mqtt import codec, packets, topics
+from core.subscriptions import Subscription
+from gateway.mqtt import codec, incoming, packets, topics
+from gateway.mqtt.connect import connection_closed, on_connect
 from gateway.mqtt.inflight import FIRST_STAGE, InFlight, SessionState
+from gateway.mqtt.outgoing import message_items, publish_v5
+from gateway.mqtt.peer import Peer
+from gateway.mqtt.reasons import ReasonCode as R
+from gateway.mqtt.lifetime import EXPIRY_NOTES
 from gateway.mqtt.registry import OWNER_MARK, OWNER_PREFIX, QOS2_NOTES, Registry, qos2_note
 from gateway.mqtt.settings import MqttSettings
+from gateway.mqtt.subscribing import Token, on_subscribe, on_unsubscribe
 from gateway.session.skeleton import Dialect, Skeleton, State
 
-__all__ = ["OWNER_PREFIX", "QOS2_NOTES", "MqttSession", "MqttSettings", "Registry"]  # what app.py wires
+__all__ = ["EXPIRY_NOTES", "OWNER_PREFIX", "QOS2_NOTES", "MqttSession", "MqttSettings", "Registry"]  # what app.py wires
 
 _CLOSED = State.CLOSED  # an Enum member read through its class is a Python-level lookup
 DENIED_LOGGED = 64  # topics whose denied publishes are logged (once each)
 ERRORS = (codec.ProtocolError, CoreError)  # what handlers raise about the peer (one tuple for all)
-
-
-class _Sub:
-    """The session's token for one core subscription."""
-
-    __slots__ = ("filter", "qos")
-
-    def __init__(self, topic_filter: str, qos: int) -> None:
-        self.filter = topic_filter
-        self.qos = qos
+REASON_CHARS = 200  # a Reason String's length at most: a reason names a topic, not a payload
+# The v5 CONNACK code for each refusal 3.1.1 has a code for (v5 §3.2.2.2).
+V5_REFUSALS = {
+    packets.UNACCEPTABLE_PROTOCOL_VERSION: R.UNSUPPORTED_PROTOCOL_VERSION,
+    packets.IDENTIFIER_REJECTED: R.CLIENT_IDENTIFIER_NOT_VALID,
+    packets.SERVER_UNAVAILABLE: R.SERVER_UNAVAILABLE,
+    packets.BAD_USERNAME_OR_PASSWORD: R.BAD_USER_NAME_OR_PASSWORD,
+    packets.NOT_AUTHORIZED: R.NOT_AUTHORIZED,
+}
 
 
 class MqttSession:
@@ -59,8 +62,8 @@ class MqttSession:
 
     # Slotted, and what few connections need made on first use: idle ones come by the thousand.
     __slots__ = ("broker", "clock", "settings", "registry", "conn_id", "log", "admit", "_denied_logged",
-                 "_retain_refused_logged", "codec", "client", "client_id", "clean_session", "session", "will", "_subs",
-                 "skeleton", "outbox")
+                 "_retain_refused_logged", "codec", "client", "client_id", "clean_session", "session", "will", "subs",
+                 "skeleton", "outbox", "peer", "window")
 
     def __init__(
         self,
@@ -88,14 +91,16 @@ class MqttSession:
         self.clean_session = True
         self.session = SessionState()
         self.will: packets.Will | None = None
-        self._subs: dict[str, _Sub] = {}  # by topic filter; the core's tokens
+        self.subs: dict[str, Token] = {}  # by topic filter; the core's tokens
+        self.peer: Peer | None = None  # what a v5 CONNECT agreed; None: 3.1.1
+        self.window = settings.max_inflight  # QoS 1/2 deliveries unacknowledged at most
         dialect = Dialect(
             handlers=TABLE,
             owner=self,
             reject=self._unexpected,
             errors=ERRORS,
             on_error=self._on_error,
-            fail=self._fail,
+            fail=self._timed_out,
             on_eof=self._peer_closed,
             silence="keep-alive",
             room=self._inflight_room,
@@ -119,37 +124,34 @@ class MqttSession:
     def shutdown(self, reason: str) -> None:
         """The broker is stopping: no will (the client did nothing wrong)."""
         self.will = None
-        self.close(reason)
+        self.close(reason, R.SERVER_SHUTTING_DOWN)
 
     def storage_failed(self, first_lsn: int, last_lsn: int, reason: str, *, stored: bool = False) -> None:
         # An ack that cannot be made durable must not be sent: close instead,
         # so the client resends (MQTT has no error packet).
         if self.outbox.drop_gated(first_lsn, last_lsn) and not self.closed:
             what = "stored on the primary only" if stored else "the store could not write this client's messages"
-            self._fail(f"{what}: {reason}", None)
+            self.fail(f"{what}: {reason}", None, R.IMPLEMENTATION_SPECIFIC_ERROR)
 
-    def close(self, reason: str) -> None:
+    def close(self, reason: str, code: int | None = None) -> None:
         """The connection is gone (or going): publish the will if it ended
-        without DISCONNECT, release what it held, keep a persistent session."""
+        without DISCONNECT, release what it held, keep a persistent session.
+        ``code``: the server decided it, and a v5 client is told why with a
+        DISCONNECT first [MQTT-4.13.2-1]."""
+        if code is not None and self.peer is not None and not self.closed:
+            self.outbox.append(self.codec.send(packets.Disconnect(code, self._problem(reason))))
         if not self.skeleton.close(reason) or self.client is None:
             return  # closed already, or never connected
         if self.registry.active.get(self.client_id) is self:
             del self.registry.active[self.client_id]
         will, self.will = self.will, None
-        if will is not None:
-            self._publish_will(will)
-        self.client.close()
-        if self.clean_session:
-            self.registry.states.pop(self.client_id, None)
-            return
-        self.session.suspend(owner_of(self.client.principal))
-        self.registry.states[self.client_id] = self.session
+        connection_closed(self, will)  # the will (now or delayed), the session kept or ended
 
     # -- Sink --------------------------------------------------------------
 
     @property
     def accepting(self) -> bool:
-        if self.outbox.nbytes < self.settings.outbox_high_water_bytes and len(self.session.outbound) < self.settings.max_inflight:
+        if self.outbox.nbytes < self.settings.outbox_high_water_bytes and len(self.session.outbound) < self.window:
             return True
         self.skeleton.paused = True
         return False
@@ -166,10 +168,12 @@ class MqttSession:
         qos = message.qos
         if qos is None:
             qos = 2 if message.persistent else 0
-        sub: _Sub = subscription.token
+        sub: Token = subscription.token
         if sub.qos < qos:
             qos = sub.qos
         body = message.body or b""
+        if self.peer is not None:
+            return self._deliver_v5(sub, message, field, body, qos)
         if qos == 0:
             registry = self.registry  # the same message to the next subscriber: the same bytes
             if registry.last_message is not message:
@@ -185,101 +189,69 @@ class MqttSession:
         self.outbox.append(codec.publish_bytes(field, body, qos, message.retain, dup, packet_id))
         return None
 
+    def _deliver_v5(self, sub: Token, message: Message, field: bytes, body: bytes, qos: int) -> bool | None:
+        # Retained copies on subscribe keep RETAIN; live ones as published
+        # only if the subscription asked [MQTT-3.3.1-12, -13].
+        retain = message.retain or (sub.retain_as_published and message.retain_published)
+        packet_id = None
+        dup = False
+        state = self.session
+        if qos:
+            dup = message.redeliveries > 0
+            packet_id = state.ids_by_message.pop(message.id, None) if dup else None
+            if packet_id is None or packet_id in state.outbound:
+                packet_id = state.next_packet_id()
+        items = sub.item
+        headers = message.headers
+        if headers:
+            registry = self.registry  # the next subscriber of the same message: the same items
+            if registry.last_v5_message is not message:
+                registry.last_v5_items, registry.last_v5_message = message_items(headers, 0, 0), message
+            items = registry.last_v5_items + items
+        if message.expires:
+            items += message_items(None, message.expires, self.clock.wall_ms())
+        data = publish_v5(self.peer, field, message.address.text, items, body, qos, retain, dup, packet_id)  # type: ignore[arg-type]
+        if data is None:
+            self.registry.oversize_dropped += 1
+            return True  # too large for the client: settled as if sent [MQTT-3.1.2-25]
+        if qos:
+            state.outbound[packet_id] = InFlight(sub, message.id, FIRST_STAGE[qos])  # type: ignore[arg-type,index]
+        self.outbox.append(data)
+        return None if qos else True
+
     def unblocked(self) -> None:
         self.skeleton.gate.release()
 
     # -- packets -----------------------------------------------------------
 
-    def _on_connect(self, packet: packets.Connect) -> None:
-        password = packet.password.decode("utf-8", "replace") if packet.password is not None else None
-        try:
-            principal = self.admit(packet.username, password)
-        except VerificationPending as pending:
-            if pending.start(self.skeleton.gate.release):
-                self.skeleton.defer(packet)
-            else:
-                self._refuse(packets.SERVER_UNAVAILABLE, "the broker is busy checking logins")
-            return
-        except AccessDenied as exc:
-            self.log.warning("login_refused", login=(packet.username or "")[:80], kind=exc.kind, reason=exc.reason)
-            if exc.kind == "unavailable":
-                code = packets.SERVER_UNAVAILABLE
-            elif exc.kind == "credentials" and packet.username is not None:
-                code = packets.BAD_USERNAME_OR_PASSWORD
-            else:
-                code = packets.NOT_AUTHORIZED
-            self._refuse(code, exc.reason)
-            return
-        self.admit = spent_door  # asked once: let go of what it knew of the transport
-        client_id = packet.client_id
-        if not client_id:
-            if not packet.clean_session:
-                self._refuse(packets.IDENTIFIER_REJECTED, "an empty client id needs clean session")  # [MQTT-3.1.3-8]
-                return
-            client_id = f"gw-{os.urandom(6).hex()}"  # [MQTT-3.1.3-6]
-        owners = [d.owner for d in self.broker.durables.of_client(OWNER_PREFIX + client_id)]
-        refusal = self.registry.claim_refusal(client_id, principal, packet.clean_session, owners, self.broker.secured)
-        if refusal is None and not packet.clean_session:
-            refusal = self.registry.quota_refusal(client_id, owner_of(principal), self.settings.max_persistent_sessions_per_user,
-                                                  self.settings.max_persistent_sessions)
-        if refusal is not None:  # checked before anything is taken over or cleaned
-            self._refuse(packets.NOT_AUTHORIZED, f"user {principal.name!r} may not use client id {client_id[:80]!r}: {refusal}")
-            return
-        if packet.clean_session:
-            self.registry.release(client_id)  # [MQTT-3.1.2-6]: whatever was kept goes
-        else:
-            self.registry.hold(client_id, owner_of(principal))
-        previous = self.registry.active.get(client_id)
-        if previous is not None:
-            previous.close("session taken over by a new connection")  # [MQTT-3.1.4-2]
-        self.client_id = client_id
-        self.clean_session = packet.clean_session
-        self.will = packet.will
-        self.skeleton.silence.limit_s = packet.keep_alive * self.settings.keepalive_grace  # [MQTT-3.1.2-24]
-        self.codec.max_packet_bytes = self.settings.max_packet_bytes
-        self.client = self.broker.open_client(self, client_id=client_id, principal=principal)
-        self.registry.active[client_id] = self
-        self.skeleton.connected(self.client)
-        owner = OWNER_PREFIX + client_id
-        durables = [d for d in self.broker.durables.of_client(owner) if d.active is None]
-        saved = self.registry.states.pop(client_id, None)
-        lsn = 0
-        if packet.clean_session:
-            for durable in durables:  # [MQTT-3.1.2-6]: a clean session starts from nothing
-                lsn = self.client.remove_durable(owner, durable.name)
-            for packet_id in saved.inbound_qos2 if saved is not None else ():
-                lsn = max(lsn, self.broker.store.note(QOS2_NOTES, qos2_note(client_id, packet_id), None))
-            durables = []
-            present = False
-        else:
-            present = bool(durables) or saved is not None  # [MQTT-3.2.2-2]
-            if saved is not None:
-                self.session = saved
-        self.outbox.append(self.codec.send(packets.ConnAck(present, packets.ACCEPTED)), lsn)
-        self.log.info("mqtt_connected", client_id=client_id, clean_session=packet.clean_session,
-                      keep_alive=packet.keep_alive, session_present=present)
-        for packet_id in self.session.released():
-            self.outbox.append(self.codec.send(packets.PubRel(packet_id)))
-        dropped = 0
-        for durable in durables:
-            qos_text, _, topic_filter = durable.name.partition(":")
-            dropped += durable.queue.stats.discarded
-            durable.queue.stats.discarded = 0
-            refusal = self._subscribe(topic_filter, int(qos_text) if qos_text in ("0", "1", "2") else 1)
-            if isinstance(refusal, str):
-                self.log.info("mqtt_subscribe_refused", filter=topic_filter[:200], reason=refusal)
-        if dropped:
-            self.log.warning("mqtt_session_overflow", client_id=client_id, dropped=dropped,
-                             limit=self.settings.max_queued_messages)
-
     def _on_publish(self, packet: packets.Publish) -> None:
-        address = topics.to_address(packet.topic)
+        topic = packet.topic
+        headers: dict[str, str] = {}
+        expires = 0
+        state = self.session
+        if self.peer is not None and (packet.qos or packet.properties is not None or not topic):
+            # (A QoS 0 PUBLISH with a topic name and no properties has nothing to check.)
+            in_flight = 0
+            if packet.qos:
+                in_flight = self._in_flight()
+                if packet.qos == 2 and packet.packet_id in state.inbound_qos2:
+                    in_flight -= 1  # a resend of one already counted (v5 §4.9), not one more
+            outcome = incoming.accept(self.peer, packet, in_flight, self.settings.receive_maximum)
+            if isinstance(outcome, incoming.Refused):
+                if outcome.disconnect:
+                    self.fail(outcome.reason, packet, outcome.code)
+                else:
+                    self._ack(packet, 0, outcome.code, outcome.reason)
+                return
+            topic, headers, expiry_s = outcome
+            if expiry_s:
+                expires = self.clock.wall_ms() + expiry_s * 1000
+        address = topics.to_address(topic)
         if isinstance(address, str):
-            self._fail(f"topic {packet.topic[:80]!r} cannot be used: {address}", packet)
+            self.fail(f"topic {topic[:80]!r} cannot be used: {address}", packet, R.TOPIC_NAME_INVALID)
             return
         client = self.client
         assert client is not None
-        state = self.session
         qos = packet.qos
         if qos == 2 and packet.packet_id in state.inbound_qos2:
             # A resend before PUBREL: it was routed already; answer again only.
@@ -290,31 +262,64 @@ class MqttSession:
             # handled again once free space is back.
             self.skeleton.defer(packet)
             return
-        message = self.broker.message(address, {}, packet.payload, qos > 0)  # positional: faster, per message
+        message = self.broker.message(address, headers, packet.payload, qos > 0)  # positional: faster, per message
         message.qos = qos
+        if expires:
+            message.expires = expires
+        if packet.retain:
+            message.retain_published = True
+        code = 0
         try:
             lsn = client.send(message, None, packet.retain)
         except NotAuthorized as exc:
             # [MQTT-3.3.5-2]: 3.1.1 has no way to tell a publisher no; the
-            # publish is acknowledged as usual and dropped.  Logged once per
-            # topic, so a device retrying in a loop cannot flood the log.
+            # publish is acknowledged as usual and dropped.  v5 says so in
+            # the ack (QoS 1/2).  Logged once per topic, so a device retrying
+            # in a loop cannot flood the log.
             logged = self._denied_logged if self._denied_logged is not None else set()
-            if packet.topic not in logged and len(logged) < DENIED_LOGGED:
-                logged.add(packet.topic)
+            if topic not in logged and len(logged) < DENIED_LOGGED:
+                logged.add(topic)
                 self._denied_logged = logged
-                self.log.warning("publish_denied", topic=packet.topic[:200], reason=exc.reason)
+                self.log.warning("publish_denied", topic=topic[:200], reason=exc.reason)
             lsn = 0
+            code = R.NOT_AUTHORIZED if self.peer is not None else 0
         else:
             if packet.retain:
                 self._retain_refused(message)
-        if qos == 1:
+        if qos == 1 and self.peer is None:
             self.outbox.append(codec.puback_bytes(packet.packet_id), lsn)  # type: ignore[arg-type]
-        elif qos == 2:
-            state.receive_qos2(packet.packet_id)
+        elif qos:
+            self._ack(packet, lsn, code, "not authorized" if code else None)
+
+    def _ack(self, packet: packets.Publish, lsn: int, code: int, reason: str | None) -> None:
+        """PUBACK or PUBREC for ``packet`` (QoS 0 has none), after ``lsn``; a v5
+        one carries ``code``.  A refused PUBLISH is not held as a QoS 2 id."""
+        packet_id: int = packet.packet_id  # type: ignore[assignment]
+        if packet.qos == 1:
+            if lsn and self.peer is not None:
+                self.peer.held_acks.append(lsn)
+            if code:
+                self.outbox.append(self.codec.send(packets.PubAck(packet_id, code, self._problem(reason))), lsn)
+            else:  # success: the short form, the same bytes in both versions (v5 §3.4.2.1)
+                self.outbox.append(codec.puback_bytes(packet_id), lsn)
+            return
+        if packet.qos != 2:
+            return
+        if not code:
+            self.session.receive_qos2(packet_id)
             if not self.clean_session:  # the PUBREC promises it across a restart too
-                owner = OWNER_MARK + owner_of(client.principal).encode()
-                lsn = max(lsn, self.broker.store.note(QOS2_NOTES, qos2_note(self.client_id, packet.packet_id), owner))
-            self.outbox.append(self.codec.send(packets.PubRec(packet.packet_id)), lsn)
+                owner = OWNER_MARK + owner_of(self.client.principal).encode()  # type: ignore[union-attr]
+                lsn = max(lsn, self.broker.store.note(QOS2_NOTES, qos2_note(self.client_id, packet_id), owner))
+        self.outbox.append(self.codec.send(packets.PubRec(packet_id, code, self._problem(reason))), lsn)
+
+    def _in_flight(self) -> int:
+        """The v5 client's QoS 1/2 PUBLISHes not answered yet: PUBACKs held
+        for the disk, and QoS 2 ids awaiting PUBREL."""
+        held = self.peer.held_acks  # type: ignore[union-attr]
+        durable = self.broker.durable_lsn
+        while held and held[0] <= durable:
+            held.popleft()
+        return len(held) + len(self.session.inbound_qos2)
 
     def _on_puback(self, packet: packets.PubAck | packets.PubComp) -> None:
         """PUBACK or PUBCOMP: along the in-flight table; a duplicate, one out
@@ -338,73 +343,29 @@ class MqttSession:
                 lsn = self.broker.store.note(QOS2_NOTES, qos2_note(self.client_id, packet.packet_id), None)
         self.outbox.append(self.codec.send(packets.PubComp(packet.packet_id)), lsn)
 
-    def _on_subscribe(self, packet: packets.Subscribe) -> None:
-        codes = []
-        lsn = 0
-        # By filter: one repeated in the packet replaces itself [MQTT-3.8.4-3]
-        # and gets the retained messages once, not once per repetition.
-        subscribed: dict[str, tuple[Subscription, Address]] = {}
-        refused: list[tuple[str, str]] = []
-        for topic_filter, qos in packet.topics:
-            reason = codec.validate_topic_filter(topic_filter)
-            pattern = topics.to_pattern(topic_filter) if reason is None else reason
-            subscription = self._subscribe(topic_filter, qos, start=False) if not isinstance(pattern, str) else pattern
-            if isinstance(subscription, str):
-                refused.append((topic_filter, subscription))
-                codes.append(packets.SUBACK_FAILURE)  # that filter alone fails
-                subscribed.pop(topic_filter, None)
-                continue
-            assert not isinstance(pattern, str)
-            lsn = max(lsn, self.client.last_lsn)  # type: ignore[union-attr]
-            codes.append(qos)
-            subscribed[topic_filter] = (subscription, pattern)
-        if refused:  # one line per packet, however many filters it refused
-            self.log.info("mqtt_subscribe_refused", filter=refused[0][0][:200], reason=refused[0][1],
-                          refused=len(refused), filters=len(codes))
-        self.outbox.append(self.codec.send(packets.SubAck(packet.packet_id, codes)), lsn)
-        for subscription, _ in subscribed.values():  # after the SUBACK [MQTT-3.3.1-6]
-            # A durable one's backlog, then the retained values its filter matches.
-            self.client.start(subscription, retained=True)  # type: ignore[union-attr]
-
-    def _subscribe(self, topic_filter: str, qos: int, *, start: bool = True) -> Subscription | str:
-        """The new subscription, or why the core refused it."""
-        client = self.client
-        assert client is not None
-        pattern = topics.to_pattern(topic_filter)
-        assert not isinstance(pattern, str)
-        existing = self._subs.pop(topic_filter, None)
-        if existing is not None:  # [MQTT-3.8.4-3]: a new subscription replaces it
-            client.unsubscribe(existing, remove_durable=existing.qos != qos)
-        mode = AckMode.AUTO if qos == 0 else AckMode.CLIENT_INDIVIDUAL
-        durable = None if self.clean_session else (OWNER_PREFIX + self.client_id, f"{qos}:{topic_filter}")
-        token = _Sub(topic_filter, qos)
-        try:
-            subscription = client.subscribe(
-                token, pattern, mode, self.settings.max_inflight, durable=durable, start=start
-            )
-        except CoreError as exc:
-            return exc.reason
-        self._subs[topic_filter] = token
-        if durable is not None:
-            subscription.queue.configure(limit=self.settings.max_queued_messages)
-        return subscription
-
-    def _on_unsubscribe(self, packet: packets.Unsubscribe) -> None:
-        client = self.client
-        assert client is not None
-        lsn = 0
-        for topic_filter in packet.topics:
-            token = self._subs.pop(topic_filter, None)
-            if token is not None:
-                lsn = max(lsn, client.unsubscribe(token, remove_durable=True))
-        self.outbox.append(self.codec.send(packets.UnsubAck(packet.packet_id)), lsn)
-
     def _on_pingreq(self, packet: packets.PingReq) -> None:
         self.outbox.append(self.codec.send(packets.PingResp()))
 
     def _on_disconnect(self, packet: packets.Disconnect) -> None:
+        peer = self.peer
+        if peer is not None:
+            expiry = packet.properties.session_expiry_interval if packet.properties is not None else None
+            if expiry is not None:
+                if peer.session_expiry == 0 and expiry:
+                    self.fail("a DISCONNECT cannot make a session that ends with its connection persist", packet,
+                              R.PROTOCOL_ERROR)  # [MQTT-3.14.2-2]
+                    return
+                peer.session_expiry = min(expiry, self.settings.max_session_expiry_s)
+            if packet.reason_code == R.DISCONNECT_WITH_WILL_MESSAGE:
+                self.close("client disconnected, asking for its will")  # v5 §3.14.2.1: the will is kept
+                return
         self.will = None  # [MQTT-3.14.4-3]
         self.close("client disconnected")
+
+    def _on_auth(self, packet: packets.Auth) -> None:
+        # CONNECT with an Authentication Method is refused (0x8C), so there is
+        # no exchange an AUTH could continue [MQTT-4.12.0-1].
+        self.fail("AUTH without an authentication exchange", packet, R.PROTOCOL_ERROR)
 
     # -- helpers -----------------------------------------------------------
 
@@ -419,22 +380,7 @@ class MqttSession:
         self.skeleton.resume_deliveries()
 
     def _inflight_room(self) -> bool:
-        return len(self.session.outbound) < self.settings.max_inflight
-
-    def _publish_will(self, will: packets.Will) -> None:
-        address = topics.to_address(will.topic)
-        if isinstance(address, str) or self.client is None:
-            return
-        message = self.broker.message(address, {}, will.payload, persistent=will.qos > 0)
-        message.qos = will.qos
-        try:
-            self.client.send(message, retain=will.retain)  # authorized like any publish, retained value included
-        except CoreError as exc:
-            self.log.warning("mqtt_will_refused", client_id=self.client_id, topic=will.topic[:200], reason=exc.reason)
-            return
-        if will.retain:
-            self._retain_refused(message)
-        self.log.info("mqtt_will_published", client_id=self.client_id, topic=will.topic[:200])
+        return len(self.session.outbound) < self.window
 
     def _retain_refused(self, message: Message) -> None:
         """The broker's bounds did not let ``message`` be kept as its topic's
@@ -448,48 +394,71 @@ class MqttSession:
 
     def _on_error(self, exc: Exception, packet: Any) -> None:
         """The one mapping of what a packet (or the codec) raised onto the
-        wire: a CONNACK code if the codec names one before CONNECT, then close."""
+        wire: a CONNACK code if the codec names one before CONNECT (v5: its
+        reason code), a v5 DISCONNECT after, then close."""
         if isinstance(exc, codec.ProtocolError):
-            if exc.return_code is not None and self.skeleton.state is State.AWAITING_CONNECT:
-                self.outbox.append(self.codec.send(packets.ConnAck(False, exc.return_code)))
-            self._fail(exc.message, None)
+            if self.skeleton.state is State.AWAITING_CONNECT:
+                v5 = self.codec.protocol_level == 5 and exc.reason_code is not None
+                code = exc.reason_code if v5 else exc.return_code
+                if code is not None:
+                    self.outbox.append(self.codec.send(packets.ConnAck(False, code)))
+            self.fail(exc.message, None, exc.reason_code if exc.reason_code is not None else R.MALFORMED_PACKET)
         else:
             assert isinstance(exc, CoreError)
-            self._fail(exc.reason, packet)
+            self.fail(exc.reason, packet, R.NOT_AUTHORIZED if isinstance(exc, NotAuthorized) else R.UNSPECIFIED_ERROR)
 
     def _unexpected(self, packet: Any) -> None:
-        self._fail(f"unexpected {type(packet).__name__} packet", packet)
+        self.fail(f"unexpected {type(packet).__name__} packet", packet, R.PROTOCOL_ERROR)
+
+    def _timed_out(self, reason: str) -> None:
+        self.fail(reason, None, R.KEEP_ALIVE_TIMEOUT)  # (before CONNECT there is no v5 peer to tell)
 
     def _peer_closed(self) -> None:
         self.skeleton.process()  # what arrived complete before the EOF still counts
         if not self.closed:
             self.close("peer closed the connection" + (" mid-packet" if self.codec.mid_packet else ""))
 
-    def _refuse(self, code: int, reason: str) -> None:
-        self.outbox.append(self.codec.send(packets.ConnAck(False, code)))
-        self._fail(reason, None)
+    def refuse(self, code: int, reason: str, v5_code: int | None = None) -> None:
+        """Refuse CONNECT with 3.1.1's ``code``, or on a v5 connection with
+        ``v5_code`` (by default the v5 code for the same refusal)."""
+        if self.peer is not None:
+            reply = packets.ConnAck(False, v5_code if v5_code is not None else V5_REFUSALS[code], self._problem(reason))
+        else:
+            reply = packets.ConnAck(False, code)
+        self.outbox.append(self.codec.send(reply))
+        self.peer = None  # no DISCONNECT after a refused CONNECT [MQTT-3.2.2-7]
+        self.fail(reason, None)
 
-    def _fail(self, reason: str, packet: Any = None) -> None:
-        """Log once and close: MQTT 3.1.1 has no error packet, the close is the answer."""
+    def fail(self, reason: str, packet: Any = None, code: int | None = R.UNSPECIFIED_ERROR) -> None:
+        """Log once and close: 3.1.1 has no error packet, the close is the
+        answer; a v5 client is told ``code`` in a DISCONNECT first."""
         self.log.warning("packet_rejected", packet=type(packet).__name__ if packet is not None else None, reason=reason)
-        self.close(reason)
+        self.close(reason, code)
+
+    def _problem(self, reason: str | None) -> packets.Properties | None:
+        """A Reason String for a v5 reply, if the client wants them [MQTT-3.1.2-29]."""
+        peer = self.peer
+        if reason is None or peer is None or not peer.problem_information:
+            return None
+        return packets.Properties(reason_string=reason[:REASON_CHARS])
 
 
 # The transition table, one for every session: plain functions of (session,
 # packet), called with the dialect's owner, so a session holds no table of
 # bound methods.  CONNECT first and only once [MQTT-3.1.0-1, -2].
 TABLE: dict[State, dict[type, Callable[[MqttSession, Any], None]]] = {
-    State.AWAITING_CONNECT: {packets.Connect: MqttSession._on_connect},
+    State.AWAITING_CONNECT: {packets.Connect: on_connect},
     State.CONNECTED: {
         packets.Publish: MqttSession._on_publish,
         packets.PubAck: MqttSession._on_puback,
         packets.PubRec: MqttSession._on_pubrec,
         packets.PubRel: MqttSession._on_pubrel,
         packets.PubComp: MqttSession._on_puback,
-        packets.Subscribe: MqttSession._on_subscribe,
-        packets.Unsubscribe: MqttSession._on_unsubscribe,
+        packets.Subscribe: on_subscribe,
+        packets.Unsubscribe: on_unsubscribe,
         packets.PingReq: MqttSession._on_pingreq,
         packets.Disconnect: MqttSession._on_disconnect,
+        packets.Auth: MqttSession._on_auth,
     },
     State.CLOSED: {},
 }

@@ -25,3 +25,16 @@ class MqttSettings:
     max_persistent_sessions_per_user: int = 1000
     max_persistent_sessions: int = 100_000
     outbox_high_water_bytes: int = 1024 * 1024
+    # MQTT 5 (announced in CONNACK).  QoS 1/2 PUBLISHes a client may have
+    # unacknowledged towards the broker; one more is answered with DISCONNECT
+    # 0x93.  The acks wait for the disk, so this bounds what one client holds
+    # back in the outbox.
+    receive_maximum: int = 1024
+    # Topic aliases a client may set on one connection.
+    topic_alias_maximum: int = 64
+    # The longest a v5 session is kept after its connection ends (seconds);
+    # a client asking more is told this one.  0xFFFFFFFF: as long as asked.
+    max_session_expiry_s: int = 0xFFFFFFFF
+    # The longest keep-alive a client may choose (seconds; 0: any); a client
+    # asking more, or none, is told this one (Server Keep Alive, v5 only).
+    max_keep_alive_s: int = 0

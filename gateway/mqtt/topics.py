@@ -133,3 +133,14 @@ class _DeliveryFields(dict):  # type: ignore[type-arg]
 
 # delivery_field[address.text]: see _DeliveryFields.
 delivery_field = _DeliveryFields()
+
+
+def topic_of(text: str) -> str | None:
+    """The MQTT topic name of a destination's text (a STOMP ``reply-to``,
+    say), or None when it is not a topic an MQTT client can publish to: a
+    queue, a temporary destination, a pattern, a name MQTT cannot carry."""
+    address = names.parse(text)
+    if isinstance(address, str) or address.kind is not names.Kind.TOPIC or address.is_pattern:
+        return None
+    topic = from_address(address)
+    return None if "+" in topic or "#" in topic else topic

@@ -1,10 +1,11 @@
-"""The MQTT 3.1.1 wire format's building blocks, shared by the packet decoders
+"""The MQTT wire format's building blocks (3.1.1 and 5.0), shared by the packet decoders
 and encoders: the errors, the fixed header's rules (which first bytes a role
 may receive), the remaining length, and the fields a packet is made of
 (UTF-8 strings, binary data, packet identifiers, QoS, topic names and filters).
 
 Sans-IO and stdlib only, like the rest of the codec; rules cite the 3.1.1
-specification as ``[MQTT-x.y.z-n]`` or by section (see codec.py).
+specification as ``[MQTT-x.y.z-n]`` or by section (see codec.py), and the 5.0
+one the same way where a rule is v5's ("v5 §x.y").
 """
 
 from __future__ import annotations
@@ -17,9 +18,14 @@ from gateway.mqtt import packets as p
 
 MAX_REMAINING_LENGTH = 268_435_455  # four bytes of seven bits (§2.2.3)
 MAX_PACKET_BYTES = 256 * 1024 * 1024
-# (protocol name, level) pairs we speak: 3.1.1, and 3.1 whose packets are the same
-# for everything parsed here ("MQIsdp" level 3).
-SUPPORTED_PROTOCOLS = frozenset({("MQTT", 4), ("MQIsdp", 3)})
+# (protocol name, level) pairs we speak: 3.1.1, 3.1 whose packets are the same
+# for everything parsed here ("MQIsdp" level 3), and 5.0.
+SUPPORTED_PROTOCOLS = frozenset({("MQTT", 4), ("MQIsdp", 3), ("MQTT", 5)})
+MQTT5 = 5  # the protocol level of MQTT 5.0
+# The v5 reason codes the codec itself answers with (gateway.mqtt.reasons has them all).
+MALFORMED = 0x81
+PROTOCOL_ERROR = 0x82
+PACKET_TOO_LARGE = 0x95
 KNOWN_PROTOCOL_NAMES = frozenset(name for name, _ in SUPPORTED_PROTOCOLS)
 
 _U16 = struct.Struct(">H")
@@ -31,13 +37,18 @@ class Role(enum.Enum):
 
 
 class ProtocolError(Exception):
-    """An MQTT protocol violation.  ``return_code`` is the CONNACK code to answer
-    with before closing, or None when the answer is just to close."""
+    """An MQTT protocol violation.  ``return_code`` is the 3.1.1 CONNACK code to
+    answer with before closing, or None when the answer is just to close.
+    ``reason_code`` is the v5 reason code for the answer (a CONNACK before
+    CONNECT is done, else a DISCONNECT): on a v5 connection the codec's
+    errors always carry one (0x81 Malformed Packet unless the spec names
+    another, e.g. 0x82 Protocol Error or 0x95 Packet too large)."""
 
-    def __init__(self, message: str, *, return_code: int | None = None) -> None:
+    def __init__(self, message: str, *, return_code: int | None = None, reason_code: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.return_code = return_code
+        self.reason_code = reason_code
 
 
 class RemoteProtocolError(ProtocolError):
@@ -50,11 +61,13 @@ class LocalProtocolError(ProtocolError):
 
 class Negotiated(Protocol):
     """What a packet's decoder or encoder sees of its connection: the protocol
-    level, which decoding CONNECT fixes and encoding CONNACK reads.  A protocol
-    rather than the connection class, so the packet modules need not import
-    the module that imports them."""
+    level, which decoding CONNECT fixes and encoding CONNACK reads, and the
+    role (some v5 rules depend on who sent the packet).  A protocol rather
+    than the connection class, so the packet modules need not import the
+    module that imports them."""
 
     protocol_level: int
+    role: Role
 
 
 # -- topic names and filters (§4.7) --------------------------------------------
@@ -108,32 +121,56 @@ SENT_BY = {
     Role.SERVER: frozenset({PT.CONNACK, PT.PUBLISH, PT.PUBACK, PT.PUBREC, PT.PUBREL, PT.PUBCOMP,
                             PT.SUBACK, PT.UNSUBACK, PT.PINGRESP}),
 }
+# MQTT 5 adds AUTH both ways and a DISCONNECT from the server (v5 §2.1.2).
+SENT_BY_V5 = {
+    Role.CLIENT: SENT_BY[Role.CLIENT] | {PT.AUTH},
+    Role.SERVER: SENT_BY[Role.SERVER] | {PT.AUTH, PT.DISCONNECT},
+}
 
 
-def _first_byte_table(incoming: frozenset[PT]) -> tuple[PT | str, ...]:
+class Refusal(str):
+    """Why a first byte is refused, with the v5 reason code to answer it with.
+    A str, so the parser's ``isinstance(kind, str)`` test is all it costs."""
+
+    reason_code: int
+
+    def __new__(cls, message: str, reason_code: int = MALFORMED) -> Refusal:
+        self = super().__new__(cls, message)
+        self.reason_code = reason_code
+        return self
+
+
+def _first_byte_table(incoming: frozenset[PT], known: frozenset[int]) -> tuple[PT | str, ...]:
     """For each possible first byte: its packet type, or why it is refused."""
     table: list[PT | str] = []
     for first in range(256):
         kind, flags = first >> 4, first & 0x0F
-        if kind in (0, 15):
-            table.append(f"reserved packet type {kind}")  # §2.2.1
+        if kind not in known:
+            table.append(Refusal(f"reserved packet type {kind}"))  # §2.2.1
         elif kind not in incoming:
-            table.append(f"unexpected {PT(kind).name} from this peer")  # §2.2.1 direction of flow
+            # A packet the peer's role never sends (v5 §4.13: a Protocol Error).
+            table.append(Refusal(f"unexpected {PT(kind).name} from this peer", PROTOCOL_ERROR))  # §2.2.1
         elif kind == PT.PUBLISH and flags & 0b0110 == 0b0110:
-            table.append("PUBLISH with QoS 3")  # [MQTT-3.3.1-4]
+            table.append(Refusal("PUBLISH with QoS 3"))  # [MQTT-3.3.1-4]
         elif kind == PT.PUBLISH and flags & 0b1000 and not flags & 0b0110:
-            table.append("DUP set on a QoS 0 PUBLISH")  # [MQTT-3.3.1-2]
+            table.append(Refusal("DUP set on a QoS 0 PUBLISH"))  # [MQTT-3.3.1-2]
         elif kind != PT.PUBLISH and flags != FIXED_FLAGS[PT(kind)]:
-            table.append(f"invalid fixed-header flags {flags:#06b} on {PT(kind).name}")  # [MQTT-2.2.2-2]
+            table.append(Refusal(f"invalid fixed-header flags {flags:#06b} on {PT(kind).name}"))  # [MQTT-2.2.2-2]
         else:
             table.append(PT(kind))
     return tuple(table)
 
 
 # What a role receives, indexed by the first byte: a packet type, or why not.
+_KNOWN_V311 = frozenset(range(1, 15))
+_KNOWN_V5 = frozenset(range(1, 16))
 FIRST_BYTE = {
-    Role.SERVER: _first_byte_table(SENT_BY[Role.CLIENT]),
-    Role.CLIENT: _first_byte_table(SENT_BY[Role.SERVER]),
+    Role.SERVER: _first_byte_table(SENT_BY[Role.CLIENT], _KNOWN_V311),
+    Role.CLIENT: _first_byte_table(SENT_BY[Role.SERVER], _KNOWN_V311),
+}
+FIRST_BYTE_V5 = {
+    Role.SERVER: _first_byte_table(SENT_BY_V5[Role.CLIENT], _KNOWN_V5),
+    Role.CLIENT: _first_byte_table(SENT_BY_V5[Role.SERVER], _KNOWN_V5),
 }
 
 
@@ -197,6 +234,23 @@ class FieldReader:
 
     def string(self) -> str:
         return decode_string(self.binary())
+
+    def u32(self) -> int:
+        if self.pos + 4 > self.end:
+            raise RemoteProtocolError("packet ends too early")
+        value = int.from_bytes(self.buf[self.pos : self.pos + 4], "big")
+        self.pos += 4
+        return value
+
+    def vbi(self) -> int:
+        """A variable byte integer (v5 §1.5.5): 1 to 4 bytes of 7 bits, low first."""
+        value = 0
+        for shift in (0, 7, 14, 21):
+            byte = self.u8()
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return value
+        raise RemoteProtocolError("variable byte integer longer than 4 bytes")  # v5 §1.5.5
 
     def packet_id(self) -> int:
         value = self.u16()

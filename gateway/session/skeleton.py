@@ -55,7 +55,8 @@ class Dialect:
 
     # The transition table: per state (all three), the events it accepts and
     # their handlers.  Anything else goes to ``reject``.
-    handlers: Mapping[State, Mapping[type, Callable[[Any], None]]]
+    # Each handler takes (event), or (owner, event) when ``owner`` is set.
+    handlers: Mapping[State, Mapping[type, Callable[..., None]]]
     reject: Callable[[Any], None]
     # What a handler or the codec raises about the peer, and the one place
     # that answers it (the event being handled, or None before the first).
@@ -128,11 +129,11 @@ class Skeleton:
         read, or the core is holding this producer back."""
         return not self.gate.blocked and not self.outbox.full
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes | bytearray) -> None:
         if self.state is _CLOSED:
             return
         self.silence.last_heard = self.clock.monotonic()
-        self.codec.receive_data(data)
+        self.codec.receive_data(bytes(data))  # a stream may hand a bytearray; codecs keep bytes
         if data:
             self.process()
         else:

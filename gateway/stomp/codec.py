@@ -190,7 +190,7 @@ class StompConnection:
     def buffered_bytes(self) -> int:
         return len(self._buf) - self._pos
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes | bytearray) -> None:
         """Add bytes from the peer; ``b""`` means the peer closed its side."""
         if self.state is not State.OPEN:
             raise LocalProtocolError(f"cannot receive data in state {self.state.name}")
@@ -203,7 +203,7 @@ class StompConnection:
         elif self._buf:
             self._buf += data
         else:
-            self._buf = data
+            self._buf = bytes(data)
 
     def events(self) -> Iterator[frames.Frame]:
         """Yield every complete frame buffered so far, lazily."""

@@ -9,12 +9,14 @@ they exist so a session can dispatch on ``type(frame)`` through a dict.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 
 class Frame:
     """A STOMP frame: a command, headers (first occurrence wins) and a body."""
 
     __slots__ = ("headers", "body", "receipt")
-    command: str = ""
+    command: ClassVar[str] = ""
 
     def __init__(self, headers: dict[str, str] | None = None, body: bytes = b"") -> None:
         self.headers: dict[str, str] = {} if headers is None else headers

@@ -86,8 +86,8 @@ class StompSession:
         self._sub_numbers = 0
         # The transition table: the frames each state accepts (STOMP 1.2
         # §Connecting: CONNECT or STOMP first, and only once).
-        connect = {frames.Connect: self._on_connect, frames.Stomp: self._on_connect}
-        connected = {
+        connect: dict[type, Callable[..., None]] = {frames.Connect: self._on_connect, frames.Stomp: self._on_connect}
+        connected: dict[type, Callable[..., None]] = {
             frames.Send: self._on_send,
             frames.Subscribe: self._on_subscribe,
             frames.Unsubscribe: self._on_unsubscribe,
@@ -325,6 +325,9 @@ class StompSession:
             state.core = self.client.subscribe(  # type: ignore[union-attr]
                 state, address, mode, prefetch, durable=durable_owner(frame, sub_id, self.client),  # type: ignore[arg-type]
                 selector=selector(frame), priority=priority, exclusive=exclusive, start=False,
+                # ActiveMQ's noLocal (a queue ignores it there); a shared group (core.shared) by name.
+                no_local=frame.headers.get("activemq.noLocal") == "true" and not address.is_queue,
+                shared=frame.headers.get("shared-subscription-name") or None,
             )
         except CoreError:
             del self._subs[sub_id]

@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import http.client
 
-from core.clients import Client
+from core.transactions import Transaction
 from gateway.admin.api import AdminApi
 from gateway.session.skeleton import Skeleton
 from tests.helpers import unique
 
 
 def test_a_crashing_frame_handler_drops_only_its_connection(broker, stomp_client, raw_client, monkeypatch):
-    def broken(self, transaction):
+    def broken(self, id):
         raise RuntimeError("injected bug")
 
-    monkeypatch.setattr(Client, "begin", broken)  # the core's side of a STOMP BEGIN
+    # The core's side of a STOMP BEGIN opens a Transaction (a pure-Python class
+    # even in the compiled build, whose own methods a patch would not reach).
+    monkeypatch.setattr(Transaction, "__init__", broken)
     survivor = stomp_client(broker)
     queue = f"/queue/{unique()}"
     survivor.subscribe(queue)

@@ -25,9 +25,17 @@ def mqtt_clients(paho):
 
 def test_an_unsupported_protocol_level_gets_connack_1_and_a_close(broker, raw_mqtt):
     raw = raw_mqtt(broker)
-    raw.send(p.Connect("x", protocol_level=5))
+    raw.send(p.Connect("x", protocol_level=6))
     assert raw.next() == p.ConnAck(False, p.UNACCEPTABLE_PROTOCOL_VERSION)
     raw.wait_closed()
+
+
+def test_mqtt_5_is_served_on_the_same_port_with_a_v5_connack(broker, raw_mqtt):
+    raw = raw_mqtt(broker)
+    raw.send(p.Connect("x", protocol_level=5))  # a v5 CONNECT: the raw client's codec speaks v5 from here
+    connack = raw.next()
+    assert connack.return_code == 0 and connack.properties is not None
+    assert connack.properties.receive_maximum == 1024  # the server's limits are announced
 
 
 def test_an_empty_client_id_needs_clean_session(broker, raw_mqtt):

@@ -34,7 +34,7 @@ def raw_connect(name: bytes = b"MQTT", level: int = 4, flags: int = 2, rest: byt
 @pytest.mark.parametrize(
     ("wire", "return_code"),
     [
-        (raw_connect(level=5), p.UNACCEPTABLE_PROTOCOL_VERSION),  # [MQTT-3.1.2-2]
+        (raw_connect(level=6), p.UNACCEPTABLE_PROTOCOL_VERSION),  # [MQTT-3.1.2-2] (5 is MQTT 5.0, spoken)
         (raw_connect(level=3), p.UNACCEPTABLE_PROTOCOL_VERSION),  # "MQTT" is level 4 [MQTT-3.1.2-2]
         (raw_connect(name=b"MQIsdp", level=4), p.UNACCEPTABLE_PROTOCOL_VERSION),
         (raw_connect(name=b"MQTX"), None),  # [MQTT-3.1.2-1]
@@ -148,7 +148,7 @@ def test_refusals_come_from_the_fixed_header_before_the_body() -> None:
 
 def test_an_error_is_sticky_and_keeps_its_return_code() -> None:
     conn = MqttConnection(Role.SERVER)
-    conn.receive_data(raw_connect(level=5) + b"\xc0\x00")
+    conn.receive_data(raw_connect(level=6) + b"\xc0\x00")
     with pytest.raises(RemoteProtocolError) as first:
         list(conn.events())
     assert conn.state is State.ERROR

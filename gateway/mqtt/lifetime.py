@@ -1,0 +1,186 @@
+"""How long an MQTT 5 session and its will outlive the connection.
+
+A v5 session with a Session Expiry Interval n > 0 is kept n seconds after its
+connection ends (0xFFFFFFFF: for ever), then it ends [MQTT-3.1.2-23]; a
+reconnect under its client id before then resumes it and calls the end off.
+A will with a Will Delay Interval is published that long after the
+connection ended, or when the session ends if that is sooner, and not at
+all if the client id connects again first [MQTT-3.1.3-9].
+
+:class:`Lifetimes` keeps those deadlines (wall clock, ms since the epoch) in
+one heap, so the broker's timer task sleeps until the earliest and is woken
+when an earlier one is added.  A session's end is also noted in the store
+(``EXPIRY_NOTES``), so it holds across a restart: ``in:<s>:<owner>`` while
+the connection is open (a crash ends it: the session ends s seconds after
+the restart), ``at:<ms>:<owner>`` once it closed.  A pending will is not
+noted: a will is a last word, lost with the process like any message held
+only in memory.  Sans-IO: the caller passes the time and does the ending.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+from core.broker import Broker
+from core.clients import Client
+from core.errors import CoreError
+from core.messages import Message
+from gateway.mqtt import metadata, packets, topics
+
+EXPIRY_NOTES = "mqtt-expiry"  # the store's namespace: client id -> when its kept session ends
+NEVER = 0xFFFFFFFF  # a Session Expiry Interval that never ends the session (v5 §3.1.2.11.2)
+OPEN, CLOSED = "in", "at"  # a note's kinds: seconds after its connection ends, or a deadline
+END, WILL = 0, 1  # what a heap entry is due for
+COMPACT_SLACK = 64  # stale heap entries tolerated beyond the live ones before a rebuild
+
+
+class PendingWill:
+    """A will authorized when its connection closed, published later without
+    the client: its message (origin set, for No Local), whether it is to be
+    retained, and its Message Expiry Interval, counted from publication."""
+
+    __slots__ = ("message", "retain", "expiry_s", "topic")
+
+    def __init__(self, message: Message, retain: bool, expiry_s: int, topic: str) -> None:
+        self.message = message
+        self.retain = retain
+        self.expiry_s = expiry_s
+        self.topic = topic
+
+
+def prepare_will(broker: Broker, client: Client, will: packets.Will) -> PendingWill | str:
+    """``will`` as a message ``client`` may publish (authorized now, while
+    the client is known), or why it cannot be."""
+    address = topics.to_address(will.topic)
+    if isinstance(address, str):
+        return address
+    props = will.properties
+    headers = metadata.to_headers(props) if props is not None else {}
+    if isinstance(headers, str):
+        return headers
+    try:
+        client.authorize("write", address)  # as any publish, the retained value included
+        message = broker.message(address, headers, will.payload, will.qos > 0)
+    except CoreError as exc:
+        return exc.reason
+    message.qos = will.qos
+    message.origin = client.origin
+    if will.retain:
+        message.retain_published = True
+    expiry = props.message_expiry_interval if props is not None else None
+    return PendingWill(message, will.retain, expiry or 0, will.topic)
+
+
+def publish_will(broker: Broker, will: PendingWill, now_ms: int, producer: Client | None = None) -> int:
+    """Publish ``will`` now (``producer``: the client, if it is still
+    there to be held or told of a refused retained value); may raise the
+    core's refusal (CoreError).  Returns the LSN that makes it durable."""
+    if will.expiry_s:
+        will.message.expires = now_ms + will.expiry_s * 1000
+    return broker.publish(will.message, producer, retain=will.retain)
+
+
+def will_delay(will: packets.Will) -> int:
+    """The will's Will Delay Interval in seconds (0: none)."""
+    props = will.properties
+    return props.will_delay_interval or 0 if props is not None else 0
+
+
+def expiry_note(kind: str, value: int, owner: str | None) -> bytes:
+    return f"{kind}:{value}:".encode() + (owner or "").encode()
+
+
+def read_note(value: bytes, now_ms: int) -> tuple[int, str] | None:
+    """(deadline, owner) of an ``EXPIRY_NOTES`` value read at start-up
+    (``now_ms``), or None if it is not one."""
+    kind, _, rest = value.decode("utf-8", "replace").partition(":")
+    number, colon, owner = rest.partition(":")
+    if not colon or not number.isdigit() or kind not in (OPEN, CLOSED):
+        return None
+    due = now_ms + int(number) * 1000 if kind == OPEN else int(number)
+    return due, owner  # "" is anonymous's (core.durables.ANONYMOUS_OWNER)
+
+
+def _nothing() -> None:
+    return None
+
+
+class Lifetimes:
+    """The deadlines of kept sessions' ends (``ends``) and of pending wills
+    (``wills``) by client id, at most one of each per client id: bounded by
+    the kept sessions (max_persistent_sessions) and the connections closed
+    within a will delay.  ``noted``: the client ids with an ``EXPIRY_NOTES``
+    entry in the store (so one without is not deleted on every connect)."""
+
+    def __init__(self) -> None:
+        self.ends: dict[str, int] = {}
+        self.wills: dict[str, tuple[int, PendingWill]] = {}
+        self.noted: set[str] = set()
+        self._heap: list[tuple[int, int, str]] = []  # (due, END or WILL, client id); stale entries skipped
+        self.on_earlier: Callable[[], None] = _nothing  # the timer's wake-up, set by whoever runs it
+
+    def __len__(self) -> int:
+        """Entries held, called off ones included (bounded: see _push)."""
+        return len(self._heap)
+
+    def end_at(self, client_id: str, due_ms: int) -> None:
+        """``client_id``'s kept session ends at ``due_ms``."""
+        self.ends[client_id] = due_ms
+        self._push(due_ms, END, client_id)
+
+    def will_at(self, client_id: str, due_ms: int, will: PendingWill) -> None:
+        """Publish ``will`` at ``due_ms`` unless ``client_id`` connects first."""
+        self.wills[client_id] = (due_ms, will)
+        self._push(due_ms, WILL, client_id)
+
+    def resume(self, client_id: str) -> PendingWill | None:
+        """``client_id`` connected again: its session's end is called off;
+        returns its pending will, called off too (the caller publishes it if
+        the new connection ends the session: Clean Start)."""
+        self.ends.pop(client_id, None)
+        pending = self.wills.pop(client_id, None)
+        return pending[1] if pending is not None else None
+
+    def next_due(self) -> int | None:
+        """The earliest deadline (ms since the epoch), if any."""
+        heap = self._heap
+        while heap and not self._live(heap[0]):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def pop_due(self, now_ms: int) -> list[tuple[str, bool, PendingWill | None]]:
+        """What is due by ``now_ms``, removed: (client id, whether its session
+        ends, the will to publish now).  A session's end takes its pending
+        will with it, whatever that will's delay [MQTT-3.1.3-9]."""
+        due = []
+        heap = self._heap
+        while heap and heap[0][0] <= now_ms:
+            entry = heapq.heappop(heap)
+            if not self._live(entry):
+                continue
+            client_id = entry[2]
+            if entry[1] == END:
+                del self.ends[client_id]
+                pending = self.wills.pop(client_id, None)
+                due.append((client_id, True, pending[1] if pending is not None else None))
+            else:
+                due.append((client_id, False, self.wills.pop(client_id)[1]))
+        return due
+
+    def _live(self, entry: tuple[int, int, str]) -> bool:
+        due, kind, client_id = entry
+        if kind == END:
+            return self.ends.get(client_id) == due
+        pending = self.wills.get(client_id)
+        return pending is not None and pending[0] == due
+
+    def _push(self, due_ms: int, kind: int, client_id: str) -> None:
+        heap = self._heap
+        earliest = heap[0][0] if heap else None
+        if len(heap) > 2 * (len(self.ends) + len(self.wills)) + COMPACT_SLACK:  # bounded: drop what was called off
+            heap[:] = [entry for entry in heap if self._live(entry)]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (due_ms, kind, client_id))
+        if earliest is None or due_ms < earliest:
+            self.on_earlier()
