@@ -30,7 +30,11 @@ class Attaching(Protocol):
     """What of a :class:`core.clients.Client` (which imports this module)
     attaching uses."""
 
-    broker: Broker
+    # Read only here (a property): a client's broker is a wider protocol of
+    # its own, and a writable protocol member would have to match it exactly.
+    @property
+    def broker(self) -> Broker: ...
+
     sink: Sink
     principal: Principal
     subscriptions: dict[Any, Subscription]

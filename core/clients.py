@@ -302,10 +302,10 @@ class Client:
         subscription.queue.dispatch()
         if retained and subscription.shared is None:  # a group gets none on joining (MQTT 5 §4.8.2)
             queue = subscription.queue
-            retained = self.broker.retained_for(subscription.address, queue.limit)
+            values = self.broker.retained_for(subscription.address, queue.limit)
             if queue.selector is not None:  # as the topic's fan-out would (No Local, a selector)
-                retained = [message for message in retained if queue.selector.matches(message)]
-            self.broker.publish(retained, to=queue)
+                values = [message for message in values if queue.selector.matches(message)]
+            self.broker.publish(values, to=queue)
 
     def unsubscribe(self, token: Any, *, remove_durable: bool = False) -> int:
         """Stop consuming.  A durable subscription stays (and keeps collecting)
