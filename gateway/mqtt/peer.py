@@ -79,7 +79,7 @@ def connack_properties(peer: Peer, settings: MqttSettings, *, requested_expiry: 
         shared_subscription_available=1,
     )
     if peer.session_expiry != requested_expiry:
-        props.session_expiry_interval = peer.session_expiry  # [MQTT-3.2.2-?]: the server's value applies
+        props.session_expiry_interval = peer.session_expiry  # the server's value applies (v5 §3.2.2.3.2)
     if peer.keep_alive != requested_keep_alive:
         props.server_keep_alive = peer.keep_alive  # [MQTT-3.2.2-21]
     if assigned_client_id is not None:

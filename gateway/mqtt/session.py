@@ -1,4 +1,4 @@
-"""MQTT 3.1.1 semantics over the same core STOMP uses: packets in, core calls
+"""MQTT 3.1.1 and 5.0 semantics over the same core STOMP uses: packets in, core calls
 out; core deliveries in, packets out.
 
 An MQTT subscription is a core subscription to a topic pattern: ack mode AUTO
@@ -138,7 +138,8 @@ class MqttSession:
         without DISCONNECT, release what it held, keep a persistent session.
         ``code``: the server decided it, and a v5 client is told why with a
         DISCONNECT first [MQTT-4.13.2-1]."""
-        if code is not None and self.peer is not None and not self.closed:
+        # Only after CONNACK (a client): a DISCONNECT never comes first [MQTT-3.14.0-1].
+        if code is not None and self.peer is not None and self.client is not None and not self.closed:
             self.outbox.append(self.codec.send(packets.Disconnect(code, self._problem(reason))))
         if not self.skeleton.close(reason) or self.client is None:
             return  # closed already, or never connected
@@ -356,8 +357,10 @@ class MqttSession:
                               R.PROTOCOL_ERROR)  # [MQTT-3.14.2-2]
                     return
                 peer.session_expiry = min(expiry, self.settings.max_session_expiry_s)
-            if packet.reason_code == R.DISCONNECT_WITH_WILL_MESSAGE:
-                self.close("client disconnected, asking for its will")  # v5 §3.14.2.1: the will is kept
+            if packet.reason_code != R.SUCCESS:
+                # Only a normal disconnection (0x00) discards the will [MQTT-3.1.2-8]:
+                # 0x04 asks for it, and an error code ends the connection as a failure.
+                self.close(f"client disconnected with reason {packet.reason_code:#04x}")
                 return
         self.will = None  # [MQTT-3.14.4-3]
         self.close("client disconnected")

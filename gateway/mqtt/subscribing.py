@@ -28,6 +28,7 @@ from gateway.session.outbox import Outbox
 
 SHARE_PREFIX = "$share/"
 RETAIN_ON_SUBSCRIBE, RETAIN_IF_NEW, RETAIN_NEVER = 0, 1, 2  # Retain Handling (v5 §3.8.3.1)
+RETAIN_HANDLING_BITS = 0x30
 
 
 class Token:
@@ -64,6 +65,9 @@ class Subscribing(Protocol):
 
 
 def durable_name(qos: int, options: int, identifier: int, topic_filter: str) -> str:
+    # Retain Handling is not kept: it acts once, at the SUBSCRIBE, so a client
+    # resubscribing with 1 instead of 0 keeps its durable queue and backlog.
+    options &= ~RETAIN_HANDLING_BITS
     if options == qos and not identifier:
         return f"{qos}:{topic_filter}"
     return f"{qos},{options},{identifier}:{topic_filter}"
@@ -155,7 +159,8 @@ def subscribe(session: Subscribing, topic_filter: str, options: int, identifier:
         # subscription: what it has in flight stays in flight, under the same
         # packet ids.  Otherwise its unacknowledged messages go back to its
         # queue (kept, for a durable one) and come again as redeliveries.
-        if existing.name == name and existing.options == options:
+        if existing.name == name and not (existing.options ^ options) & ~RETAIN_HANDLING_BITS:
+            existing.options = options
             existing.identifier = identifier
             existing.item = subscription_identifier_item(identifier) if identifier else b""
             return client.subscription(existing)

@@ -124,3 +124,23 @@ def test_disconnect_cannot_make_a_session_persist(broker, raw_mqtt):
     assert connect5(client, unique("d")).return_code == 0
     client.send(p.Disconnect(properties=p.Properties(session_expiry_interval=60)))
     assert disconnect_code(client) == R.PROTOCOL_ERROR  # [MQTT-3.14.2-2]
+
+
+def test_a_disconnect_with_an_error_code_keeps_the_will_and_only_0_discards_it(broker, raw_mqtt):
+    # [MQTT-3.1.2-8]: only a normal disconnection (0x00) discards the will.
+    topic = unique("will")
+    watcher = raw_mqtt(broker)
+    assert connect5(watcher, unique("w")).return_code == 0
+    watcher.send(p.Subscribe(1, [(f"{topic}/#", 0)]))
+    assert isinstance(watcher.next(), p.SubAck)
+    for code, name in ((R.UNSPECIFIED_ERROR, "error"), (R.SUCCESS, "normal")):
+        device = raw_mqtt(broker)
+        device.send(p.Connect(unique("d"), protocol_level=5, will=p.Will(f"{topic}/{name}", name.encode())))
+        assert device.next().return_code == 0
+        device.send(p.Disconnect(code))
+        device.wait_closed()
+    watcher.send(p.PingReq())  # after the wills the broker publishes at each close
+    got = [watcher.next(), watcher.next()]
+    assert [type(packet) for packet in got] == [p.Publish, p.PingResp]
+    assert got[0].topic == f"{topic}/error"
+

@@ -20,7 +20,12 @@ from gateway.mqtt.subscribing import durable_name, parse_durable_name, shared_pa
 ])
 def test_durable_name_round_trips(qos: int, options: int, identifier: int, topic_filter: str) -> None:
     name = durable_name(qos, options, identifier, topic_filter)
-    assert parse_durable_name(name) == (topic_filter, options, identifier)
+    assert parse_durable_name(name) == (topic_filter, options & ~0x30, identifier)  # Retain Handling acts once
+
+
+def test_retain_handling_does_not_change_a_durable_name() -> None:
+    # A client resubscribing with Retain Handling 1 (only if new) keeps its durable queue and its backlog.
+    assert durable_name(1, packets.options(1, retain_handling=1), 0, "a/b") == durable_name(1, 1, 0, "a/b") == "1:a/b"
 
 
 def test_plain_options_keep_the_3_1_1_name() -> None:
