@@ -182,7 +182,7 @@ def _resume(session: Connecting, packet: packets.Connect, assigned: str | None) 
         present = bool(durables) or bool(memberships) or saved is not None  # [MQTT-3.2.2-2]
         if saved is not None:
             session.session = saved
-        if present:
+        if present and session.clean_session:
             # A v5 session resumed but not to be kept: its durable queues
             # are taken up (their backlog is owed) and removed at the close.
             session.clean_session = False
