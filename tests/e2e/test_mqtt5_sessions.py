@@ -211,6 +211,27 @@ def test_a_session_connected_at_a_crash_ends_its_interval_after_the_restart(brok
     assert paho5(broker, long_, clean_start=False, expiry=600).present
 
 
+def test_a_kept_session_resumed_with_expiry_0_ends_even_if_the_broker_crashes(broker_process, paho5):
+    # [MQTT-3.1.2-23]: resumed by a connection asking expiry 0, the session
+    # ends with that connection, and a SIGKILL must not keep it alive.
+    mqtt_port = free_port()
+    process = broker_process("--mqtt-port", str(mqtt_port))
+    broker = SimpleNamespace(mqtt_port=mqtt_port)
+    process.start()
+    wait_for(lambda: accepting(mqtt_port), 10, what="the MQTT port")
+    cid = unique("zero")
+    kept = paho5(broker, cid, expiry=600)
+    kept.subscribe(unique("zero/t"))  # acknowledged: on disk
+    kept.close()
+    resumed = paho5(broker, cid, clean_start=False, expiry=0)
+    assert resumed.present
+    process.kill()  # SIGKILL while the session that should end is connected
+    resumed.drop()
+    process.start()
+    wait_for(lambda: accepting(mqtt_port), 10, what="the MQTT port")
+    assert not paho5(broker, cid, clean_start=False, expiry=600).present  # ended at start-up, before anyone connects
+
+
 # -- Will Delay Interval -------------------------------------------------------
 
 
