@@ -17,7 +17,6 @@ from core.authorization import Principal
 from core.broker import Broker
 from core.clients import Client
 from core.durables import owner_of
-from core.errors import CoreError
 from core.ports import Clock
 from gateway.auth import AccessDenied, VerificationPending, spent_door
 from gateway.mqtt import packets
@@ -25,7 +24,7 @@ from gateway.mqtt.codec import MqttConnection
 from gateway.mqtt.peer import Peer, connack_properties, negotiate
 from gateway.mqtt.reasons import ReasonCode as R
 from gateway.mqtt.inflight import SessionState
-from gateway.mqtt.lifetime import PendingWill, prepare_will, publish_will, will_delay
+from gateway.mqtt.lifetime import prepare_will, release_will, will_delay
 from gateway.mqtt.registry import OWNER_PREFIX, QOS2_NOTES, QUOTA, Registry, qos2_note
 from gateway.mqtt.settings import MqttSettings
 from gateway.mqtt.subscribing import Token, resume
@@ -230,7 +229,7 @@ def connection_closed(session: Connecting, will: packets.Will | None) -> None:
         elif delay:  # [MQTT-3.1.3-9]: unless the client id connects first
             registry.lifetimes.will_at(session.client_id, session.clock.wall_ms() + delay * 1000, pending)
         else:
-            _publish_now(session, client, pending)
+            release_will(session.broker, session.client_id, pending, session.clock.wall_ms(), session.log, client)
     client.close()
     if session.clean_session:
         registry.states.pop(session.client_id, None)
@@ -243,19 +242,6 @@ def connection_closed(session: Connecting, will: packets.Will | None) -> None:
     registry.states[session.client_id] = session.session
     if peer is not None:
         registry.kept(session.broker, session.client_id, peer.session_expiry, owner)
-
-
-def _publish_now(session: Connecting, client: Client, pending: PendingWill) -> None:
-    client.retain_refusal = None
-    try:
-        publish_will(session.broker, pending, session.clock.wall_ms(), client)
-    except CoreError as exc:
-        session.log.warning("mqtt_will_refused", client_id=session.client_id, topic=pending.topic[:200], reason=exc.reason)
-        return
-    if client.retain_refusal is not None:  # routed, not kept: counted by the core, said here
-        session.log.warning("retained_refused", client_id=session.client_id, topic=pending.topic[:200],
-                            reason=client.retain_refusal)
-    session.log.info("mqtt_will_published", client_id=session.client_id, topic=pending.topic[:200])
 
 
 def end_session(session: Connecting) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from typing import Any
 
 from core.broker import Broker
 from core.clients import Client
@@ -79,6 +80,26 @@ def publish_will(broker: Broker, will: PendingWill, now_ms: int, producer: Clien
     if will.expiry_s:
         will.message.expires = now_ms + will.expiry_s * 1000
     return broker.publish(will.message, producer, retain=will.retain)
+
+
+def release_will(broker: Broker, client_id: str, will: PendingWill, now_ms: int, log: Any,
+                 producer: Client | None = None, *, delayed: bool = False) -> None:
+    """Publish ``will`` now and log it, or why the core refused it: at a
+    connection's end (``producer``: its client, told of a retained value it
+    could not keep) or when its delay or its session ran out (``delayed``)."""
+    if producer is not None:
+        producer.retain_refusal = None
+    try:
+        publish_will(broker, will, now_ms, producer)
+    except CoreError as exc:
+        log.warning("mqtt_will_refused", client_id=client_id, topic=will.topic[:200], reason=exc.reason)
+        return
+    if producer is not None and producer.retain_refusal is not None:  # routed, not kept: counted by the core, said here
+        log.warning("retained_refused", client_id=client_id, topic=will.topic[:200], reason=producer.retain_refusal)
+    if delayed:
+        log.info("mqtt_will_published", client_id=client_id, topic=will.topic[:200], delayed=True)
+    else:
+        log.info("mqtt_will_published", client_id=client_id, topic=will.topic[:200])
 
 
 def will_delay(will: packets.Will) -> int:

@@ -11,11 +11,10 @@ from typing import Any, Protocol
 from core.authorization import Principal
 from core.broker import Broker
 from core.clients import Client
-from core.errors import CoreError
 from core.durables import ANONYMOUS_OWNER, MQTT_PREFIX, claim_refusal, owner_of
 from core.tally import Tally
 from gateway.mqtt.inflight import SessionState
-from gateway.mqtt.lifetime import CLOSED, EXPIRY_NOTES, NEVER, OPEN, Lifetimes, PendingWill, expiry_note, publish_will, read_note
+from gateway.mqtt.lifetime import CLOSED, EXPIRY_NOTES, NEVER, OPEN, Lifetimes, expiry_note, read_note, release_will
 
 # Durable subscriptions of MQTT sessions live beside STOMP's, under this owner
 # prefix (reserved: no STOMP client-id may start with it), named
@@ -125,7 +124,7 @@ class Registry:
         notes ``expiry_s`` (0 for a session not kept) until the connection ends."""
         pending = self.lifetimes.resume(client_id)
         if pending is not None and clean_start:
-            self._publish(broker, client_id, pending, log)
+            release_will(broker, client_id, pending, broker.clock.wall_ms(), log, delayed=True)
         value = expiry_note(OPEN, expiry_s, owner) if 0 < expiry_s < NEVER else None
         if value is not None or client_id in self.lifetimes.noted:
             broker.store.note(EXPIRY_NOTES, client_id, value)
@@ -179,18 +178,10 @@ class Registry:
         """End the kept sessions and publish the wills due by ``now_ms``."""
         for client_id, ends, pending in self.lifetimes.pop_due(now_ms):
             if pending is not None:
-                self._publish(broker, client_id, pending, log)
+                release_will(broker, client_id, pending, broker.clock.wall_ms(), log, delayed=True)
             if ends and client_id not in self.active:  # (a reconnect calls the end off first)
                 self.end(broker, client_id)
                 log.info("mqtt_session_expired", client_id=client_id)
-
-    def _publish(self, broker: Broker, client_id: str, pending: PendingWill, log: Any) -> None:
-        try:
-            publish_will(broker, pending, broker.clock.wall_ms())
-        except CoreError as exc:
-            log.warning("mqtt_will_refused", client_id=client_id, topic=pending.topic[:200], reason=exc.reason)
-            return
-        log.info("mqtt_will_published", client_id=client_id, topic=pending.topic[:200], delayed=True)
 
     def claim_refusal(
         self, client_id: str, principal: Principal, clean_session: bool, durable_owners: list[str | None], secured: bool
