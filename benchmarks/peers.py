@@ -2,7 +2,7 @@
 generator ../shared/brokerbench (stdlib only).
 
     .venv/bin/python benchmarks/peers.py [--rounds 2] [--scenarios s1,m1,...]
-        [--brokers gateway,mosquitto,activemq] [--json FILE]
+        [--brokers gateway,mosquitto,activemq,rabbitmq] [--json FILE]
 
 Builds brokerbench (``make -C BROKERBENCH_SRC OUT=tmp``) unless --brokerbench
 names a binary, then for each round, each scenario and each broker (the broker
@@ -16,9 +16,10 @@ CPU and RSS from /proc), and stops it.  Brokers: gateway from this checkout
 5.17 (``java -jar /usr/share/activemq/bin/activemq.jar`` with a KahaDB store,
 STOMP and MQTT connectors, libmqtt-client-java's jars on its classpath, a 1 GiB
 heap and a 256 MB memory limit: with Debian's 512 MiB and no limit it runs out of heap in
-m1).  Install the peers with ``apt-get install -y mosquitto activemq
-libmqtt-client-java``; one that is absent is reported as missing with the
-reason.  Never a system service: stop any the install started.
+m1) and Debian's RabbitMQ 3.10 (a node of its own with the STOMP and MQTT
+plugins; its Erlang VM is the pid sampled).  Install the peers with ``apt-get
+install -y mosquitto activemq libmqtt-client-java rabbitmq-server``; one that is
+absent is reported as missing with the reason.  Never a system service: stop any the install started.
 
 The table gives medians over the rounds: msgs/s delivered and, in brackets,
 broker CPU microseconds per delivered message; for the paced runs (m4, s4)
@@ -44,7 +45,7 @@ import time
 from pathlib import Path
 
 from broker_process import ROOT, ScenarioFailed, loadavg, on_sigterm
-from peers_brokers import ActiveMQ, Gateway, Mosquitto, PeerBroker
+from peers_brokers import ActiveMQ, Gateway, Mosquitto, PeerBroker, RabbitMQ
 
 # name -> (label, brokerbench arguments, protocols it needs, kind)
 SCENARIOS: dict[str, tuple[str, list[str], set[str], str]] = {
@@ -60,7 +61,7 @@ SCENARIOS: dict[str, tuple[str, list[str], set[str], str]] = {
     "s4": ("s4 STOMP paced 5k/s p50/p99", ["s4"], {"stomp"}, "paced"),
     "x1": ("x1 MQTT -> STOMP", ["x1"], {"mqtt", "stomp"}, "rate"),
 }
-BROKERS = ("gateway", "mosquitto", "activemq")
+BROKERS = ("gateway", "mosquitto", "activemq", "rabbitmq")
 # Where the broker and the generator run: (broker CPUs, generator CPUs) for taskset.
 # A message that costs one wake-up (s1w1, s4, m4) costs about twice as much when the
 # generator runs on another CPU than the broker (a cross-CPU wake-up per message, cold
@@ -128,7 +129,7 @@ def build_brokerbench(args: argparse.Namespace, tmp: Path) -> Path:
 
 def make_brokers(args: argparse.Namespace) -> dict[str, PeerBroker]:
     made = {"gateway": lambda: Gateway(args.gateway_cmd), "mosquitto": Mosquitto,
-            "activemq": lambda: ActiveMQ(nio=args.activemq_nio, heap=args.activemq_heap)}
+            "activemq": lambda: ActiveMQ(nio=args.activemq_nio, heap=args.activemq_heap), "rabbitmq": RabbitMQ}
     brokers = {name: made[name]() for name in args.broker_list}
     for broker in brokers.values():
         broker.cpus = PLACEMENTS[args.placement][0]
@@ -155,7 +156,7 @@ def run_bench(binary: Path, broker: PeerBroker, scenario: str, args: argparse.Na
         cmd += ["--stomp-port", str(broker.stomp_port)]
     if broker.mqtt_port:
         cmd += ["--mqtt-port", str(broker.mqtt_port)]
-    cmd += args.bench_args.split() + (extra or [])
+    cmd += broker.bench_args + args.bench_args.split() + (extra or [])
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout)
     except subprocess.TimeoutExpired:

@@ -1,6 +1,7 @@
 """The brokers benchmarks/peers.py compares, as plain child processes on
 127.0.0.1 (stdlib only): gateway from this checkout, Debian's Mosquitto (MQTT
-only) and Debian's ActiveMQ 5.17 (STOMP and MQTT).
+only), Debian's ActiveMQ 5.17 (STOMP and MQTT) and Debian's RabbitMQ 3.10
+(its STOMP and MQTT plugins).
 
 Each start gets fresh ports, a fresh temporary folder holding its own config
 and data, and runs through broker_process's exec shim (SIGKILL if the runner
@@ -65,6 +66,18 @@ ACTIVEMQ_XML = """\
 """
 
 
+RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
+RABBITMQ_CONF = """\
+listeners.tcp.default = 127.0.0.1:{amqp_port}
+stomp.listeners.tcp.1 = 127.0.0.1:{stomp_port}
+mqtt.listeners.tcp.1 = 127.0.0.1:{mqtt_port}
+loopback_users = none
+log.console = true
+log.console.level = warning
+log.file = false
+"""
+
+
 class PeerBroker:
     """One broker kind; ``start()`` launches a fresh instance, ``stop()`` ends it."""
 
@@ -78,6 +91,7 @@ class PeerBroker:
         self.mqtt_port = 0
         self.command: list[str] = []
         self.cpus: str | None = None  # taskset's CPU list for the broker (and every thread it starts)
+        self.bench_args: list[str] = []  # what brokerbench needs to say to this broker
 
     # -- what a subclass says --------------------------------------------------
     def missing(self) -> str | None:
@@ -275,3 +289,74 @@ class ActiveMQ(PeerBroker):
 
     def scheme(self, protocol: str) -> str:
         return f"{protocol}+nio" if self.nio else protocol
+
+
+class RabbitMQ(PeerBroker):
+    """Debian's RabbitMQ with its STOMP and MQTT plugins, as a node of its own:
+    a fresh node name, ports, Mnesia folder, cookie (HOME) and epmd port, so it
+    neither meets nor leaves behind anything of a system RabbitMQ.  Its start
+    script forks the Erlang VM and waits for it, so :attr:`pid` is the VM's
+    (``beam.smp``), the process whose CPU is the broker's."""
+
+    name = "rabbitmq"
+    protocols = ("stomp", "mqtt")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.epmd_port = 0
+        self.bench_args = ["--vhost", "/"]  # STOMP's host header names the virtual host
+
+    def missing(self) -> str | None:
+        if not RABBITMQ_SERVER.exists():
+            return f"{RABBITMQ_SERVER} not found (apt-get install -y rabbitmq-server)"
+        return None
+
+    def version(self) -> str:
+        try:
+            out = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "rabbitmq-server"],
+                                 capture_output=True, text=True, timeout=10)
+            return f"RabbitMQ {out.stdout.strip() or '?'} (Debian)"
+        except (OSError, subprocess.SubprocessError):
+            return "RabbitMQ ?"
+
+    def build_command(self, tmp: Path) -> tuple[list[str], dict[str, str] | None]:
+        self.epmd_port = free_port()
+        (tmp / "rabbitmq.conf").write_text(RABBITMQ_CONF.format(
+            amqp_port=free_port(), stomp_port=self.stomp_port, mqtt_port=self.mqtt_port))
+        (tmp / "enabled_plugins").write_text("[rabbitmq_stomp,rabbitmq_mqtt].\n")
+        env = dict(os.environ, HOME=str(tmp), RABBITMQ_NODENAME=f"bench{self.epmd_port}@localhost",
+                   RABBITMQ_NODE_IP_ADDRESS=HOST, RABBITMQ_DIST_PORT=str(free_port()),
+                   RABBITMQ_CONFIG_FILE=str(tmp / "rabbitmq"), RABBITMQ_ENABLED_PLUGINS_FILE=str(tmp / "enabled_plugins"),
+                   RABBITMQ_MNESIA_BASE=str(tmp / "mnesia"), RABBITMQ_LOG_BASE=str(tmp / "log"),
+                   RABBITMQ_PID_FILE=str(tmp / "pid"), ERL_EPMD_ADDRESS=HOST, ERL_EPMD_PORT=str(self.epmd_port))
+        return [str(RABBITMQ_SERVER)], env
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            return 0
+        for p in proc_tree(self.proc.pid):
+            try:
+                if Path(f"/proc/{p}/comm").read_text().strip() == "beam.smp":
+                    return p
+            except OSError:
+                continue
+        return self.proc.pid
+
+    def stop(self, wait: float = 10.0) -> None:
+        super().stop(wait)
+        # epmd daemonizes (its parent is init, not the node), so it is found by
+        # the port this node gave it, in its environment.
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+                comm = Path(f"/proc/{entry}/comm").read_text().strip()
+            except OSError:
+                continue
+            if comm == "epmd" and f"ERL_EPMD_PORT={self.epmd_port}".encode() in environ:
+                try:
+                    os.kill(int(entry), signal.SIGKILL)
+                except OSError:
+                    pass
