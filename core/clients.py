@@ -5,7 +5,7 @@ map), and the temporary destinations and producer holds that die with it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Protocol
 
 from core.attachments import drop_shared, remove_durable, subscribe_durable, subscribe_shared
@@ -299,6 +299,8 @@ class Client:
         """Deliver what waits for a subscription made with ``start=False``;
         ``retained``: then the retained values of the topics it matches
         (MQTT), as many as its queue can hold."""
+        if subscription.shared is not None and subscription.shared.reserved:  # its own first [MQTT-4.8.2-4]
+            subscription.queue.hand(subscription, self.broker.shared.take_reserved(subscription.shared))
         subscription.queue.dispatch()
         if retained and subscription.shared is None:  # a group gets none on joining (MQTT 5 §4.8.2)
             queue = subscription.queue
@@ -328,12 +330,14 @@ class Client:
         ``client_id`` (core.shared); its group goes if it was the last."""
         return drop_shared(self, client_id, name)
 
-    def _detach(self, subscription: Subscription, remove: bool = False) -> int:
+    def _detach(self, subscription: Subscription, remove: bool = False, reserve: Collection[str] = ()) -> int:
         queue = subscription.queue
         if subscription.durable is not None:
             subscription.durable.active = None
         queue.remove_consumer(subscription)
         unacked = subscription.take_all()
+        if subscription.shared is not None and reserve:
+            unacked = self.broker.shared.set_aside(subscription.shared, unacked, reserve)
         if subscription.private:
             self.broker.registry.detach(subscription.address, subscription)
             queue.relieve()  # nobody will drain it now; free its producers
@@ -470,9 +474,10 @@ class Client:
 
     # -- leaving -----------------------------------------------------------
 
-    def close(self) -> None:
-        """Abort open transactions, return unacked messages to their queues,
-        and drop this client's temporary destinations.  Idempotent."""
+    def close(self, reserve: Collection[str] = ()) -> None:
+        """Abort open transactions, return unacked messages to their queues
+        (but ``reserve``: ids of a shared group's that are this client's
+        alone, core.shared), drop this client's temporaries.  Idempotent."""
         if self.closed:
             return
         self.closed = True
@@ -480,7 +485,7 @@ class Client:
         # Detach first, so rolled-back acks go to the other consumers, not to us.
         subscriptions, self.subscriptions = self.subscriptions, {}
         for subscription in subscriptions.values():
-            self._detach(subscription)
+            self._detach(subscription, reserve=reserve)
         transactions, self.transactions = self.transactions, {}
         for tx in transactions.values():
             self._release_bytes(tx)

@@ -411,9 +411,8 @@ class Queue:
         return None
 
     def purge(self) -> int:
-        """Drop every waiting message, those held back for a delayed
-        redelivery too (delivered, unacked ones stay with their consumers);
-        returns how many."""
+        """Drop every waiting message, those held back for a delayed redelivery
+        too (delivered, unacked ones stay with their consumers); how many."""
         dropped = self.pending.clear()
         dropped.extend(message for _, _, message in self.delayed)
         self.delayed.clear()
@@ -423,6 +422,17 @@ class Queue:
         if self.waiters is not None:
             self.relieve()
         return len(dropped)
+
+    def hand(self, consumer: Consumer, messages: list[Message]) -> None:
+        """Deliver ``messages`` to ``consumer`` alone, ahead of what waits (core.shared's reservations)."""
+        for message in messages:
+            self._deliver(consumer, message)
+
+    def discard(self, messages: list[Message]) -> None:
+        """Drop delivered, unacknowledged messages nobody may have now (counted as discarded)."""
+        for message in messages:
+            self._forget(message)
+        self.stats.discarded += len(messages)
 
     def browse(self, limit: int) -> list[Message]:
         """The first ``limit`` pending messages in delivery order, untouched."""

@@ -12,7 +12,7 @@ from core.destinations import Queue
 from core.durables import parse_durable_key
 from core.messages import Message
 from core.selectors import SelectorError, compile_selector
-from core.shared import GROUP_PREFIX, MEMBER_PREFIX, split_key
+from core.shared import GROUP_PREFIX, MEMBER_PREFIX, RESERVED_NOTES, split_key
 from core.storage import Recovered, StoredMessage, StoredSubscription
 
 
@@ -54,16 +54,18 @@ def restore(broker: Broker, recovered: Recovered) -> int:
         if message is not None:
             message.qos = kept.qos
             retained.append(message)
-    skipped += _restore_shared(broker, shared, queues)  # takes its groups' messages out of ``queues``
+    skipped += _restore_shared(broker, shared, queues, recovered.kv.get(RESERVED_NOTES, {}))  # takes its groups' messages out of ``queues``
     broker.restore(subscriptions, queues, retained)
     broker.restore_commit_keys(recovered.commit_keys)
     return skipped
 
 
-def _restore_shared(broker: Broker, records: list[StoredSubscription], queues: dict[str, list[Message]]) -> int:
+def _restore_shared(
+    broker: Broker, records: list[StoredSubscription], queues: dict[str, list[Message]], reserved: dict[str, bytes]
+) -> int:
     """Durable shared subscription groups, their messages, then their
-    persistent memberships (a group whose last membership went is dropped);
-    returns how many records were unusable."""
+    persistent memberships (a group whose last membership went is dropped)
+    and what is reserved for them; returns how many records were unusable."""
     skipped = 0
     groups = broker.shared
     for record in records:
@@ -84,6 +86,7 @@ def _restore_shared(broker: Broker, records: list[StoredSubscription], queues: d
         if member is None or not groups.restore_member(record.key, member[0], member[1], record.pattern, record.owner):
             skipped += 1
     groups.settle_restored()
+    groups.restore_reserved(reserved)
     return skipped
 
 

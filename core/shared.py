@@ -16,14 +16,23 @@ too, with its persistent messages, so it collects while nobody is connected
 and comes back after a restart.  A group goes when it has neither consumers
 nor memberships: a non-durable one when its last member leaves, a durable one
 when its last membership is dropped (and no member is attached).
+
+What a member leaves unacknowledged goes back to the group for another member,
+except what its protocol says is that member's alone (MQTT 5's QoS 2 message
+sent and not yet answered with PUBREC, §4.8.2): those are *reserved* for it,
+handed to it first when it comes back [MQTT-4.8.2-4] and dropped, never given
+to another member, when its membership ends [MQTT-4.8.2-5].  A reservation is
+noted in the store (``RESERVED_NOTES``), so it holds across a restart too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from core.destinations import Queue
 from core.errors import InvalidRequest, LimitExceeded
+from core.messages import Message
 from core.names import Address
 from core.registry import QueueRegistry
 from core.settings import BrokerSettings
@@ -31,6 +40,9 @@ from core.storage import MessageStore
 
 GROUP_PREFIX = "shared:"
 MEMBER_PREFIX = "member:"
+# The store's namespace for reservations: key "{group key}\n{message id}"
+# (one message may be in several groups), value the member's key.
+RESERVED_NOTES = "shared-reserved"
 
 
 def group_key(name: str, pattern: Address) -> str:
@@ -82,7 +94,7 @@ class Membership:
     does not persist (it lasts as long as its subscription), else stored
     under ``client_id`` and ``name`` and kept while it is away."""
 
-    __slots__ = ("key", "client_id", "name", "group", "active", "owner")
+    __slots__ = ("key", "client_id", "name", "group", "active", "owner", "reserved")
 
     def __init__(self, group: SharedGroup, client_id: str | None, name: str | None, owner: str | None) -> None:
         self.key = member_key(client_id, name) if client_id is not None and name is not None else None
@@ -91,6 +103,9 @@ class Membership:
         self.group = group
         self.active: Any = None  # the core.subscriptions.Subscription attached, if any
         self.owner = owner
+        # Messages only this member may have, waiting for it to come back
+        # (see the module's docstring), in delivery order.
+        self.reserved: list[Message] = []
 
     def __repr__(self) -> str:
         return f"Membership({self.key!r}, {self.group.key!r}, {'active' if self.active is not None else 'offline'})"
@@ -149,6 +164,20 @@ class SharedGroups(dict[str, SharedGroup]):
         # A member's record names its group's key where a durable one names its pattern.
         return membership, max(lsn, self.store.add_subscription(membership.key, key, None, owner))  # type: ignore[arg-type]
 
+    def set_aside(self, membership: Membership, unacked: list[Message], reserve: Collection[str]) -> list[Message]:
+        """A leaving member's ``unacked`` messages whose ids are in ``reserve``
+        are its alone: reserved for it, or dropped if its membership does not
+        persist (its session ended with it).  Returns the others, which go
+        back to the group."""
+        mine = [message for message in unacked if message.id in reserve]
+        if not mine:
+            return unacked
+        if membership.key is None:
+            self._drop_reserved(membership.group, mine)
+        else:
+            self._reserve(membership, mine)
+        return [message for message in unacked if message.id not in reserve]
+
     def leave(self, membership: Membership, *, remove: bool) -> int:
         """``membership``'s subscription let go (its consumer is already off
         the queue).  ``remove``: a persistent membership ends too.  The group
@@ -158,11 +187,23 @@ class SharedGroups(dict[str, SharedGroup]):
             return self.drop_member(membership)
         return self._settle(membership.group)
 
+    def take_reserved(self, membership: Membership) -> list[Message]:
+        """What was reserved for ``membership``, now that it is back: its
+        to be handed again (marked redelivered), no longer noted."""
+        reserved, membership.reserved = membership.reserved, []
+        for message in reserved:
+            if _noted(membership.group, message):
+                self.store.note(RESERVED_NOTES, _reserved_key(membership.group, message.id), None)
+        return [message.redelivery() for message in reserved]
+
     def drop_member(self, membership: Membership) -> int:
         """End a persistent membership (its subscription detached); its
         group goes if that was the last one and no member is attached."""
         group = membership.group
         assert membership.key is not None and membership.client_id is not None
+        if membership.reserved:
+            reserved, membership.reserved = membership.reserved, []
+            self._drop_reserved(group, reserved)
         self.memberships.pop(membership.key, None)
         group.held.pop(membership.key, None)
         mine = self._by_client.get(membership.client_id, {})
@@ -191,6 +232,30 @@ class SharedGroups(dict[str, SharedGroup]):
         self._hold(group, client_id, name, owner)
         return True
 
+    def restore_reserved(self, notes: dict[str, bytes]) -> None:
+        """After the groups and memberships: the recovered reservations
+        (``RESERVED_NOTES``) take their messages out of their groups' queues
+        and give them back to their members; a note whose message or member
+        is gone is forgotten."""
+        wanted: dict[str, dict[str, str]] = {}  # group key -> message id -> member key
+        for note, member in notes.items():
+            group_key_, _, message_id = note.rpartition("\n")
+            holder = self.memberships.get(member.decode("utf-8", "replace"))
+            if holder is None or holder.group.key != group_key_:
+                self.store.note(RESERVED_NOTES, note, None)
+                continue
+            wanted.setdefault(group_key_, {})[message_id] = member.decode()
+        for group_key_, by_message in wanted.items():
+            queue = self[group_key_].queue
+            for message in queue.pending.clear():  # recovery only: one pass over the group's backlog
+                member = by_message.pop(message.id, None)
+                if member is None:
+                    queue.pending.push(message)
+                else:
+                    self.memberships[member].reserved.append(message)
+            for message_id in by_message:  # acknowledged before the restart
+                self.store.note(RESERVED_NOTES, f"{group_key_}\n{message_id}", None)
+
     def settle_restored(self) -> None:
         """After recovery: a durable group whose memberships all went (its
         record stayed while members without one were attached) goes now."""
@@ -214,6 +279,21 @@ class SharedGroups(dict[str, SharedGroup]):
         self._by_client.setdefault(client_id, {})[membership.key] = membership
         return membership
 
+    def _reserve(self, membership: Membership, messages: list[Message]) -> None:
+        membership.reserved.extend(messages)
+        member = membership.key.encode() if membership.key is not None else b""
+        for message in messages:
+            if _noted(membership.group, message):
+                self.store.note(RESERVED_NOTES, _reserved_key(membership.group, message.id), member)
+
+    def _drop_reserved(self, group: SharedGroup, messages: list[Message]) -> None:
+        """Messages reserved for a member whose membership ended: done with
+        (MQTT 5 gives them to nobody else), in the store too."""
+        for message in messages:
+            if _noted(group, message):
+                self.store.note(RESERVED_NOTES, _reserved_key(group, message.id), None)
+        group.queue.discard(messages)
+
     def _settle(self, group: SharedGroup) -> int:
         """Remove ``group`` if it has neither consumers nor memberships: its
         queue and what it held go (in the store too, for a durable one)."""
@@ -226,6 +306,16 @@ class SharedGroups(dict[str, SharedGroup]):
         queue.delayed.clear()
         queue.relieve()
         return 0 if queue.key is None else self.store.remove_subscription(queue.key)
+
+
+def _reserved_key(group: SharedGroup, message_id: str) -> str:
+    return f"{group.key}\n{message_id}"
+
+
+def _noted(group: SharedGroup, message: Message) -> bool:
+    """Whether a reservation of ``message`` is in the store: a stored
+    message of a durable group (anything else does not outlive a restart)."""
+    return message.location >= 0 and group.durable
 
 
 def _text(selector: Any) -> str | None:

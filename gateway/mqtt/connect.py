@@ -230,7 +230,7 @@ def connection_closed(session: Connecting, will: packets.Will | None) -> None:
             registry.lifetimes.will_at(session.client_id, session.clock.wall_ms() + delay * 1000, pending)
         else:
             release_will(session.broker, session.client_id, pending, session.clock.wall_ms(), session.log, client)
-    client.close()
+    client.close(reserve=session.session.unanswered_qos2())
     if session.clean_session:
         registry.states.pop(session.client_id, None)
         return

@@ -120,6 +120,12 @@ class SessionState:
                 self.ids_by_message[entry.message_id] = packet_id
                 del self.outbound[packet_id]
 
+    def unanswered_qos2(self) -> set[str]:
+        """Ids of the messages sent at QoS 2 and not yet answered with PUBREC:
+        from a shared subscription, only this session may have them
+        [MQTT-4.8.2-4], [MQTT-4.8.2-5] (core.shared's reservations)."""
+        return {entry.message_id for entry in self.outbound.values() if entry.stage is Stage.AWAITING_PUBREC}
+
     def released(self) -> list[int]:
         """Packet ids whose PUBREL awaits its PUBCOMP (resent on resume)."""
         return [packet_id for packet_id, entry in self.outbound.items() if entry.stage is Stage.AWAITING_PUBCOMP]

@@ -255,3 +255,44 @@ def test_a_delayed_redelivery_of_a_durable_subscription_once_away_still_comes_ba
     client.nack("d", sink.ids[0])
     due = broker.next_redelivery_ms()
     assert due is not None and broker.release_redeliveries(due) == 1 and len(sink.ids) == 2
+
+
+def test_a_reserved_message_waits_for_its_persistent_member_and_is_handed_to_it_first() -> None:
+    broker, _ = make()
+    away, away_sink = member(broker, client_id="c1", durable=("c1", "w"), prefetch=2)
+    ids = publish(broker, 2)
+    assert away_sink.ids == ids
+    away.close(reserve={ids[0]})  # the first is its alone (an MQTT 5 QoS 2 PUBLISH not yet PUBREC'd)
+    other, other_sink = member(broker, client_id="c2")
+    assert other_sink.ids == [ids[1]]  # the other one goes on to another member
+    later = publish(broker, 1)
+    assert other_sink.ids == [ids[1], *later]
+    back, back_sink = member(broker, client_id="c1", durable=("c1", "w"))
+    assert back_sink.ids == [ids[0]] and back_sink.messages[0].redelivered
+    assert [m.id for m in back.subscriptions["m"].unacked.values()] == [ids[0]]
+
+
+def test_a_reserved_message_goes_to_nobody_when_its_membership_ends() -> None:
+    broker, _ = make()
+    away, _ = member(broker, client_id="c1", durable=("c1", "w"))
+    ids = publish(broker, 1)
+    other, other_sink = member(broker, client_id="c2")
+    away.close(reserve=set(ids))
+    queue = broker.shared[group_key("g", T)].queue
+    dropper = broker.open_client(RecordingSink(), client_id="c1")
+    dropper.drop_shared("c1", "w")
+    publish(broker, 1)
+    assert len(other_sink.ids) == 1 and other_sink.ids[0] not in ids
+    assert queue.stats.discarded == 1
+
+
+def test_a_member_whose_session_ends_with_it_leaves_its_reserved_messages_to_nobody() -> None:
+    broker, _ = make()
+    clean, clean_sink = member(broker, client_id="c1")  # not persistent
+    other, other_sink = member(broker, client_id="c2")
+    ids = publish(broker, 2)
+    mine = clean_sink.ids[0]
+    clean.close(reserve={mine})
+    publish(broker, 1)
+    assert mine not in other_sink.ids and len(other_sink.ids) == 2
+    assert broker.shared[group_key("g", T)].queue.stats.discarded == 1

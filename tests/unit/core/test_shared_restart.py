@@ -89,3 +89,38 @@ def test_a_stored_group_left_without_memberships_goes_at_recovery(tmp_path: Path
     broker, store = start(tmp_path)
     assert broker.shared == {} and broker.all_queues() == []
     store.close()
+
+
+def test_a_reservation_comes_back_after_a_restart_and_one_handed_back_and_acked_does_not(tmp_path: Path) -> None:
+    broker, store = start(tmp_path)
+    away = broker.open_client(RecordingSink(), client_id="c1")
+    away.subscribe("m", T, INDIVIDUAL, 10, shared="g", durable=("c1", "jobs"))
+    publish(broker, [b"mine", b"anyone's", b"acked"])
+    unacked = away.subscriptions["m"].unacked
+    mine, _, acked = list(unacked)
+    away.close(reserve={mine, acked})
+    # "acked" is reserved, handed back and finished before the restart: nothing brings it back.
+    back = broker.open_client(RecordingSink(), client_id="c1")
+    back.subscribe("m", T, INDIVIDUAL, 10, shared="g", durable=("c1", "jobs"))
+    back.ack("m", acked)
+    back.close(reserve={mine})
+    store.close()
+
+    broker, store = start(tmp_path)
+    other_sink = RecordingSink()
+    other = broker.open_client(other_sink, client_id="c2")
+    other.subscribe("m", T, AckMode.AUTO, shared="g")
+    assert [m.body for m in other_sink.messages] == [b"anyone's"]
+    other.close()
+    sink = RecordingSink()
+    again = broker.open_client(sink, client_id="c1")
+    again.subscribe("m", T, INDIVIDUAL, 10, shared="g", durable=("c1", "jobs"))
+    assert [m.body for m in sink.messages] == [b"mine"] and sink.messages[0].redelivered
+    again.ack("m", mine)
+    again.close()
+    store.close()
+
+    broker, store = start(tmp_path)
+    assert broker.shared[group_key("g", T)].queue.depth == 0
+    assert not broker.shared.memberships[next(iter(broker.shared.memberships))].reserved
+    store.close()
