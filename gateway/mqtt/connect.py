@@ -185,7 +185,7 @@ def _resume(session: Connecting, packet: packets.Connect, assigned: str | None) 
             # A v5 session resumed but not to be kept: its durable queues
             # are taken up (their backlog is owed) and removed at the close.
             session.clean_session = False
-            session.registry.ends_with_connection(session.broker, client_id, owner_of(client.principal))
+            lsn = session.registry.ends_with_connection(session.broker, client_id, owner_of(client.principal))
     peer = session.peer
     if peer is None:
         connack = packets.ConnAck(present, packets.ACCEPTED)

@@ -130,12 +130,14 @@ class Registry:
             broker.store.note(EXPIRY_NOTES, client_id, value)
             (self.lifetimes.noted.add if value is not None else self.lifetimes.noted.discard)(client_id)
 
-    def ends_with_connection(self, broker: Broker, client_id: str, owner: str) -> None:
+    def ends_with_connection(self, broker: Broker, client_id: str, owner: str) -> int:
         """A kept session resumed by a connection whose Session Expiry
         Interval is 0: it ends when the connection does, and, noted so, at
-        the next start if the broker dies first [MQTT-3.1.2-23]."""
-        broker.store.note(EXPIRY_NOTES, client_id, expiry_note(OPEN, 0, owner))
+        the next start if the broker dies first [MQTT-3.1.2-23].  Returns the
+        note's LSN: the CONNACK waits for it, so a crash after the client
+        was told cannot keep the session."""
         self.lifetimes.noted.add(client_id)
+        return broker.store.note(EXPIRY_NOTES, client_id, expiry_note(OPEN, 0, owner))
 
     def kept(self, broker: Broker, client_id: str, expiry_s: int, owner: str) -> None:
         """``client_id``'s connection ended; its session is kept ``expiry_s``
