@@ -78,6 +78,15 @@ log.file = false
 """
 
 
+def debian_version(name: str, package: str) -> str:
+    """``name`` and the version of the Debian ``package`` it came from."""
+    try:
+        out = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", package], capture_output=True, text=True, timeout=10)
+        return f"{name} {out.stdout.strip() or '?'} (Debian)"
+    except (OSError, subprocess.SubprocessError):
+        return f"{name} ?"
+
+
 class PeerBroker:
     """One broker kind; ``start()`` launches a fresh instance, ``stop()`` ends it."""
 
@@ -258,12 +267,7 @@ class ActiveMQ(PeerBroker):
         return super().missing_for(protocols)
 
     def version(self) -> str:
-        try:
-            out = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "activemq"],
-                                 capture_output=True, text=True, timeout=10)
-            return f"ActiveMQ {out.stdout.strip() or '?'} (Debian)"
-        except (OSError, subprocess.SubprocessError):
-            return "ActiveMQ ?"
+        return debian_version("ActiveMQ", "activemq")
 
     def build_command(self, tmp: Path) -> tuple[list[str], dict[str, str] | None]:
         data, conf, lib = tmp / "data", tmp / "conf", tmp / "lib"
@@ -315,12 +319,7 @@ class RabbitMQ(PeerBroker):
         return None
 
     def version(self) -> str:
-        try:
-            out = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "rabbitmq-server"],
-                                 capture_output=True, text=True, timeout=10)
-            return f"RabbitMQ {out.stdout.strip() or '?'} (Debian)"
-        except (OSError, subprocess.SubprocessError):
-            return "RabbitMQ ?"
+        return debian_version("RabbitMQ", "rabbitmq-server")
 
     def build_command(self, tmp: Path) -> tuple[list[str], dict[str, str] | None]:
         self.epmd_port = free_port()
