@@ -204,7 +204,7 @@ class AdminApi:
 
     def _route(self, method: str, path: str, query: dict[str, list[str]], body: bytes) -> Response:
         if path == "/" and method == "GET":
-            return Response(200, console.page(), "text/html; charset=utf-8")
+            return Response(200, console.page(), "text/html; charset=utf-8", [console.PAGE_POLICY])
         if path == "/metrics" and method == "GET":
             return Response(200, self.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
         if not path.startswith("/api/v1/"):

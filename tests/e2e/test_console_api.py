@@ -37,6 +37,8 @@ def test_a_browser_gets_the_page_without_credentials_and_an_api_client_still_get
     status, body, response = call(console_broker, "GET", "/", auth=None, headers=HTML)
     assert status == 200 and response.getheader("Content-Type").startswith("text/html")
     assert b'id="login-form"' in body
+    policy = response.getheader("Content-Security-Policy")  # the page runs its own files only
+    assert "script-src 'self'" in policy and "connect-src 'self'" in policy
     status, body, response = call(console_broker, "GET", "/", auth=None)  # curl, scripts: as before
     assert status == 401 and response.getheader("WWW-Authenticate", "").startswith("Basic")
     status, body, response = call(console_broker, "GET", "/api/v1/destinations", auth=None, headers=HTML)

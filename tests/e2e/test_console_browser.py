@@ -245,6 +245,8 @@ def test_the_overview_charts_rates_and_queued_messages_over_time(console: Consol
 
 
 def test_the_queues_page_shows_depth_and_unacked_and_purges(console: Console, ops: Any, stomp_client: Any) -> None:
+    from selenium.webdriver.common.by import By
+
     held, waiting = f"/queue/{unique('held')}", f"/queue/{unique('waiting')}"
     producer = stomp_client(console.stomp)
     for i in range(10):
@@ -263,6 +265,8 @@ def test_the_queues_page_shows_depth_and_unacked_and_purges(console: Console, op
     shows(ops, f'#destinations tr[data-name="{held}"] td.depth', "3")
     shows(ops, f'#destinations tr[data-name="{waiting}"] td.depth', "7")
     until(ops, lambda d: text_of(d, f'#destinations tr[data-name="{waiting}"] td.rate-in') != "", "a rate")
+    until(ops, lambda d: d.find_elements(By.CSS_SELECTOR, f'#destinations tr[data-name="{waiting}"] td.spark polyline'),
+          "a sparkline of its depth")
     screenshot(ops, "queues")
     confirm(ops, f'#destinations tr[data-name="{waiting}"] button.purge')
     shows(ops, f'#destinations tr[data-name="{waiting}"] td.depth', "0")
