@@ -210,6 +210,10 @@ def test_the_primarys_console_shows_the_cluster(tmp_path: Path, zookeeper: ZooKe
         epoch = primary.cluster()["epoch"]
         assert browser.find_element(By.CSS_SELECTOR, f"{mine} td.epoch").text == str(epoch)
         assert int(browser.find_element(By.CSS_SELECTOR, f"{theirs} td.lsn").text) >= 3
+        # A backup's admin port serves the console too: its Cluster page, from the backup's view.
+        console_login(browser, f"http://{HOST}:{backup.admin_port}", *READER, page="cluster")
+        wait.until(expected_conditions.text_to_be_present_in_element((By.CSS_SELECTOR, f"{mine} td.role"), "primary"))
+        assert "(this node)" in browser.find_element(By.CSS_SELECTOR, theirs).text
     finally:
         for node in nodes:
             node.kill()
