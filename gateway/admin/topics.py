@@ -92,7 +92,10 @@ def view(broker: Any, server: Any, archive: Any) -> list[dict[str, Any]]:
 def _token(token: Any) -> str:
     """A subscription's name as its client knows it: a STOMP subscription's
     id (the session keeps it in a state object), an MQTT topic filter."""
-    return str(getattr(token, "id", token))
+    for field in ("id", "filter"):
+        if hasattr(token, field):
+            return str(getattr(token, field))
+    return str(token)
 
 
 def _counts(queue: Any, held: int) -> dict[str, int]:

@@ -184,3 +184,19 @@ def test_retry_refuses_bad_input_and_readers(console_broker):
     assert call(console_broker, "POST", path, auth=READER)[0] == 403
     status, body, _ = call(console_broker, "POST", path)  # sent to the DLQ directly: nowhere to go back to
     assert status == 200 and json.loads(body) == {"moved": 0, "skipped": 1}
+
+
+def test_mqtt_subscribers_are_listed_under_their_topic(console_broker, paho):
+    clean_id = unique("clean")
+    clean = paho(console_broker, clean_id)
+    clean.subscribe(("plant/+/temp", 1))
+    kept_id = unique("kept")
+    kept = paho(console_broker, kept_id, clean=False)
+    kept.subscribe(("plant/+/temp", 1))
+    listed = wait_for(lambda: next((t for t in get(console_broker, "/api/v1/topics")
+                                    if t["topic"] == "/topic/plant.*.temp" and len(t["subscribers"]) == 2), None),
+                      what="both MQTT subscribers listed")
+    by_kind = {s["kind"]: s for s in listed["subscribers"]}
+    assert (by_kind["non-durable"]["name"], by_kind["non-durable"]["client_id"]) == ("plant/+/temp", clean_id)
+    assert by_kind["non-durable"]["connection"].startswith("mqtt")
+    assert by_kind["durable"]["client_id"] == f"mqtt:{kept_id}" and by_kind["durable"]["active"] is True

@@ -21,7 +21,7 @@ from gateway.auth import hash_password
 from tests.browser import chromium, console_login, requires_chromium
 from tests.e2e.test_admin import call
 from tests.helpers import unique, wait_for
-from tests.processes import HOST, BrokerProcess, free_port
+from tests.processes import HOST, BrokerProcess, accepting, free_port
 
 pytestmark = requires_chromium
 
@@ -65,12 +65,19 @@ class Console:
         return json.loads(body)
 
 
+def ready(console: Console) -> bool:
+    try:
+        return call(console, "GET", "/readyz", auth=None)[0] == 200
+    except ConnectionRefusedError:  # the admin port binds after the STOMP one
+        return False
+
+
 @pytest.fixture(scope="module")
 def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     served = Console(tmp_path_factory.mktemp("console"))
     served.process.start()
     try:
-        wait_for(lambda: call(served, "GET", "/readyz", auth=None)[0] == 200, WAIT_S, 0.05, "the broker ready")
+        wait_for(lambda: ready(served), WAIT_S, 0.05, "the broker ready")
         yield served
     finally:
         served.process.terminate()
@@ -169,6 +176,7 @@ def test_without_an_admin_user_the_console_says_how_to_make_one(tmp_path: Path, 
     process = BrokerProcess(tmp_path, "--admin-port", str(port))
     process.start()
     try:
+        wait_for(lambda: accepting(port), WAIT_S, 0.05, "the admin port")
         driver.get(f"http://{HOST}:{port}/")
         until(driver, lambda d: d.find_element(By.ID, "setup").is_displayed(), "the setup page")
         text = driver.find_element(By.ID, "setup").text

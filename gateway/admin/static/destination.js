@@ -17,7 +17,10 @@
     const body = el("textarea", {id: "send-body", "data-keep": "send-body", placeholder: "message body"});
     const headers = el("input", {id: "send-headers", "data-keep": "send-headers", placeholder: 'headers as JSON, e.g. {"type": "order"}', size: 40});
     const persistent = el("input", {id: "send-persistent", "data-keep": "send-persistent", type: "checkbox"});
+    // Read the fields when clicked: a refresh keeps the ones being typed in
+    // (moved into its new page), not the fresh ones made here.
     const send = async () => {
+      const [body, headers, persistent] = ["send-body", "send-headers", "send-persistent"].map((id) => document.getElementById(id));
       let extra = {};
       try { extra = headers.value.trim() ? JSON.parse(headers.value) : {}; } catch (e) { status("headers are not JSON: " + e.message, true); return; }
       const text = body.value;
