@@ -23,7 +23,7 @@ DEAD_LETTER_HEADERS = ("originalDestination", "originalMessageId", "dlqDeliveryF
 @dataclasses.dataclass(frozen=True)
 class Retried:
     """What a retry did: ``moved`` messages went back, ``skipped`` had no
-    (valid) original destination and stay, ``reason`` says why the retry
+    original queue (sent to the DLQ directly, or a topic subscriber's) and stay, ``reason`` says why the retry
     stopped early (a full destination), or is empty."""
 
     moved: int
@@ -77,7 +77,9 @@ def _original(broker: Any, queue: Queue, message: Message) -> Message | None:
         headers, body = loaded.headers, loaded.body
     headers = dict(headers or {})
     target = names.parse(headers.get("originalDestination", ""))
-    if isinstance(target, str) or target.is_pattern:
+    # A topic's dead letter failed at one subscriber; publishing it to the
+    # topic again would reach every subscriber, so it is not retried.
+    if isinstance(target, str) or target.is_pattern or not target.is_queue:
         return None
     for name in DEAD_LETTER_HEADERS:
         headers.pop(name, None)

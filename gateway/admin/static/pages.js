@@ -88,8 +88,8 @@
 
   register("topics", async (view) => {
     const [topics, history] = await Promise.all([api("/api/v1/topics"), api("/api/v1/history")]);
-    const t = table("topics", [["topic / subscriber"], ["kind"], ["client"], ["pending", 1], ["unacked", 1], ["in/s", 1],
-      ["enqueued", 1], ["archive offsets"], ["pending, last minutes"]]);
+    const t = table("topics", [["topic / subscriber"], ["kind"], ["client"], ["pending", 1], ["unacked", 1], ["to subscribers /s", 1],
+      ["copies in", 1], ["archive offsets"], ["pending, last minutes"]]);
     const body = t.tBodies[0];
     for (const topic of topics) {
       const ring = history.destinations[topic.topic] || [];
@@ -121,7 +121,8 @@
       }
     }
     view.append(el("h1", {}, "Topics"), el("p", {class: "muted"},
-      "Every topic someone subscribes to, or that is archived, with its subscribers: a topic's messages are copied to each."), t);
+      "Every topic someone subscribes to, or that is archived, with its subscribers: each message published is copied to " +
+      "each subscriber, so the topic's figures are its subscribers' together."), t);
     if (!topics.length) view.append(el("p", {}, "No topic subscribers or archives yet."));
   });
 

@@ -77,6 +77,22 @@ def test_a_message_with_no_original_destination_stays() -> None:
     assert (result.moved, result.skipped, broker.queues[DLQ].depth) == (0, 1, 1)
 
 
+def test_a_topic_subscribers_dead_letter_is_not_published_to_every_subscriber_again() -> None:
+    broker, _ = make()
+    topic = address("/topic/prices")
+    failing, other = RecordingSink(), RecordingSink()
+    broker.open_client(other).subscribe("o", topic, AckMode.AUTO)
+    consumer = broker.open_client(failing)
+    subscription = consumer.subscribe("f", topic, AckMode.CLIENT_INDIVIDUAL)
+    broker.open_client(RecordingSink()).send(broker.message(topic, {}, b"tick"))
+    consumer.nack("f", next(iter(subscription.unacked)))
+    dlq = broker.queues[DLQ]
+    assert [m.headers["originalDestination"] for m in dlq.pending] == ["/topic/prices"]  # type: ignore[index]
+    result = deadletters.retry(broker, dlq)
+    assert (result.moved, result.skipped, dlq.depth) == (0, 1, 1)
+    assert other.bodies == [b"tick"]  # once, not again
+
+
 def test_a_full_destination_stops_the_retry_and_the_rest_stay() -> None:
     broker, _ = make(queue_high_water=1, send_fail_if_no_space=True)
     for body in (b"a", b"b"):
