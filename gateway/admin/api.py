@@ -41,11 +41,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from core import names
+from core import deadletters, names
 from core.broker import Broker
 from core.errors import CoreError, QueueNotEmpty
 from core.shared import SharedGroup
-from core import deadletters
 from gateway.admin import archive, console, topics
 from gateway.admin.access import Access
 from gateway.admin.cluster import ClusterBody, Single, Source
