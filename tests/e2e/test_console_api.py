@@ -58,6 +58,16 @@ def test_the_consoles_files_are_served_from_the_package(console_broker, name):
     assert response.getheader("Content-Type").split(";")[0] in ("text/javascript", "text/css")
 
 
+def test_the_console_needs_nothing_from_elsewhere(console_broker):
+    """It works offline: no file names another origin (a CDN, a font)."""
+    for name in ("/", "/console/console.js", "/console/pages.js", "/console/destination.js", "/console/charts.js",
+                 "/console/console.css"):
+        body = call(console_broker, "GET", name, auth=None, headers=HTML)[1].decode()
+        elsewhere = [word for word in body.split() if ("http://" in word or "https://" in word)
+                     and "http://www.w3.org/2000/svg" not in word]  # SVG's namespace name, never fetched
+        assert not elsewhere, (name, elsewhere)
+
+
 @pytest.mark.parametrize("path", ["/console/nothing.js", "/console/../api.py", "/console/%2e%2e%2fapi.py",
                                   "/console/static", "/console/"])
 def test_nothing_else_is_served_as_a_console_file(console_broker, path):

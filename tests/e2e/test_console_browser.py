@@ -282,6 +282,8 @@ def test_the_queues_page_shows_depth_and_unacked_and_purges(console: Console, op
 
 
 def test_the_topics_page_shows_subscribers_and_archive_offsets(console: Console, ops: Any, stomp_client: Any) -> None:
+    from selenium.webdriver.common.by import By
+
     topic = f"/topic/plant.{unique('t')}"
     live = stomp_client(console.stomp)
     live.subscribe(topic, ack="client-individual", **{"activemq.prefetchSize": "2"})
@@ -303,6 +305,11 @@ def test_the_topics_page_shows_subscribers_and_archive_offsets(console: Console,
     kinds = text_of(ops, f'#topics tr.subscriber[data-topic="{topic}"] td.kind')
     assert kinds in ("non-durable", "durable")
     screenshot(ops, "topics")
+    # the durable subscription's own page: its waiting messages, browsed
+    click(ops, f'#topics tr.subscriber[data-topic="{topic}"] a.name')
+    until(ops, lambda d: text_of(d, "#dest-name").startswith("durable:"), "the durable subscription's page")
+    shows(ops, ".figure.unacked .value", "1")
+    until(ops, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#messages tbody tr")) == 4, "its 4 waiting messages")
     go(ops, "archive")
     shows(ops, f'#archive tr[data-topic="{topic[len("/topic/"):]}"] td.latest', "5")
     screenshot(ops, "archive")
