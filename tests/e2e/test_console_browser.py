@@ -97,10 +97,13 @@ def ops(console: Console, driver: Any) -> Any:
 
 
 def until(driver: Any, condition: Callable[[Any], Any], what: str) -> Any:
-    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, WAIT_S, ignored_exceptions=(StaleElementReferenceException,)).until(condition, what)
+    # The console redraws its page every refresh: an element found may be
+    # replaced (stale) before it is read; look again until the time is up.
+    ignored = (StaleElementReferenceException, NoSuchElementException)
+    return WebDriverWait(driver, WAIT_S, ignored_exceptions=ignored).until(condition, what)
 
 
 def text_of(driver: Any, css: str) -> str:
