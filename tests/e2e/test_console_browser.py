@@ -244,7 +244,7 @@ def test_the_overview_charts_rates_and_queued_messages_over_time(console: Consol
     assert list(xs) == sorted(set(xs)) and ys[-1] < 136
     assert points("in") and points("out")
     for chart in ("chart-rates", "chart-queued", "chart-connections", "chart-memory"):
-        assert ops.find_element(By.ID, chart).is_displayed()
+        until(ops, lambda d, chart=chart: d.find_element(By.ID, chart).is_displayed(), f"the chart {chart}")
     assert text_of(ops, "#fig-memory .value").endswith("B")
     shot = screenshot(ops, "overview")
     if os.environ.get("GATEWAY_README_SCREENSHOT") == "1":
@@ -337,6 +337,11 @@ def test_the_destination_page_browses_sends_and_deletes(console: Console, ops: A
     consumer.subscribe(queue)
     assert consumer.wait_messages(4)[-1].body == b"sent from the console"
     consumer.close()
+    for i in range(2):
+        producer.send(queue, f"more {i}", receipt=(i == 1))
+    shows(ops, ".figure.depth .value", "2")
+    confirm(ops, "#dest-actions button.purge")
+    shows(ops, ".figure.depth .value", "0")
     confirm(ops, "#dest-actions button.delete")
     until(ops, lambda d: d.find_elements(By.ID, "page-queues"), "back on the queues page")
     assert queue not in [d["name"] for d in console.api("/api/v1/destinations")]
@@ -358,13 +363,14 @@ def test_a_dead_letter_retried_from_its_page_reaches_a_consumer_of_its_queue(con
                          for m in console.api("/api/v1/destinations/queue%2FDLQ/messages?limit=1000")), WAIT_S)
 
     go(ops, "destination/queue/DLQ")
-    row = until(ops, lambda d: next((r for r in d.find_elements(By.CSS_SELECTOR, "#messages tbody tr")
-                                     if queue in r.text), None), "the dead letter listed")
-    assert "try again" in row.text
+    # (its id and text read at once: the page is redrawn every refresh)
+    message_id, text = until(ops, lambda d: next(((r.get_attribute("data-id"), r.text)
+                                                  for r in d.find_elements(By.CSS_SELECTOR, "#messages tbody tr")
+                                                  if queue in r.text), None), "the dead letter listed")
+    assert "try again" in text
     screenshot(ops, "dead-letters")
     consumer = stomp_client(console.stomp)
     consumer.subscribe(queue)
-    message_id = row.get_attribute("data-id")
     click(ops, f'#messages tr[data-id="{message_id}"] button.retry')
     assert consumer.wait_messages(1)[0].body == b"try again"
     until(ops, lambda d: not d.find_elements(By.CSS_SELECTOR, f'#messages tr[data-id="{message_id}"]'), "it left the DLQ")
@@ -387,4 +393,4 @@ def test_the_cluster_page_on_a_single_node(console: Console, ops: Any) -> None:
 
     go(ops, "cluster")
     until(ops, lambda d: "single node" in text_of(d, "#single"), "the single-node note")
-    assert not ops.find_element(By.ID, "cluster").is_displayed()
+    until(ops, lambda d: not d.find_element(By.ID, "cluster").is_displayed(), "no cluster panel")
