@@ -36,7 +36,11 @@ const Console = (() => {
     const text = await response.text();
     let body = null;
     try { body = text ? JSON.parse(text) : null; } catch (e) { body = {reason: text}; }
-    if (response.status === 401) { showLogin(saved ? "wrong user or password" : ""); throw new ApiError(401, body); }
+    if (response.status === 401) {
+      sessionStorage.removeItem(CREDENTIALS);  // wrong (or no longer right): asked for again
+      showLogin(saved ? "wrong user or password" : "");
+      throw new ApiError(401, body);
+    }
     if (response.status === 403 && body && body.no_admin_users) { showOnly("setup"); throw new ApiError(403, body); }
     if (!response.ok) throw new ApiError(response.status, body);
     return body;
@@ -147,7 +151,9 @@ const Console = (() => {
     try {
       me = await api("/api/v1/whoami");
     } catch (e) {
-      if (e.status !== 401 && e.status !== 403) showLogin("the broker did not answer: " + e.message);
+      // 401 and no admin users are shown already; anything else (429 after
+      // too many wrong passwords, a broker gone) is said on the form.
+      if (e.status !== 401 && !(e.body && e.body.no_admin_users)) showLogin(e.status ? e.message : "the broker did not answer: " + e.message);
       return;
     }
     document.getElementById("who-name").textContent = me.user + " (" + me.role + ")";
