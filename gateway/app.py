@@ -22,6 +22,7 @@ from gateway.auth import Gatekeeper, Transport
 from gateway.admin import cluster, metrics
 from gateway.admin.server import AdminSlots, serve_admin
 from gateway.admin.api import AdminApi, load_users
+from gateway.admin.history import History
 from gateway.config import Config
 from gateway.mqtt import session as mqtt_session
 from gateway.transports.server import REFUSAL_SLOTS, Limits, ListenerSpec, Server, TrioClock
@@ -302,13 +303,14 @@ class _Wiring:
         if not users:
             self.log.warning("admin_api_locked", detail="no [admin] users configured: the admin API answers 403")
         store = self.store
+        self.history = History(self.broker, server, store, config.data_dir, config.admin.history_interval_s)
         group = self.replicator.cluster if self.replicator is not None else cluster.Single(lambda: store.durable_lsn)
         self.api = AdminApi(
             self.broker, server, users=users, ready=lambda: self.listening and not server.stopping,
             metrics=lambda: metrics.render(self.broker, server, store, self.writes, self.gatekeeper, self.disk,
                                            group.view(), self.registry),
             archive=store.archive, origins=config.admin.allowed_origins + config.admin.websocket_origins,
-            gate=self.gatekeeper, cluster=group,
+            gate=self.gatekeeper, cluster=group, history=self.history,
         )
 
     def start_tasks(self, nursery: trio.Nursery, *, handle_signals: bool) -> None:
@@ -325,6 +327,7 @@ class _Wiring:
             nursery.start_soon(tasks.verify_passwords, self.checks_receive, self.password_threads)
         nursery.start_soon(tasks.maintain, self.store, self.broker, config.store.maintenance_interval_s, self.commit_lot, log)
         nursery.start_soon(tasks.watch_disk, self.disk, config.store.maintenance_interval_s)
+        nursery.start_soon(tasks.sample_history, self.history, self.broker.clock)  # the console's charts
         if handle_signals:
             nursery.start_soon(tasks.stop_on_signal, self.server, log)
 

@@ -1,7 +1,7 @@
 """The broker's long-running tasks, each started once by :mod:`gateway.app`
 in the main nursery: group commit, maintenance (expiry, checkpoints,
 garbage collection, compaction, archive retention), the redelivery timer,
-the disk watch, password checks in worker threads, TLS reload and signals."""
+the disk watch, the console's history, password checks in worker threads, TLS reload and signals."""
 
 from __future__ import annotations
 
@@ -143,6 +143,14 @@ async def watch_disk(disk: Watch, interval_s: float) -> None:
     while True:
         await trio.sleep(interval_s)
         disk.check()
+
+
+async def sample_history(history: Any, clock: Clock) -> None:
+    """The console's history (gateway/admin/history.py): one sample every
+    interval, on the event loop (it only reads counters), until cancelled."""
+    while True:
+        history.sample(clock.wall_ms())
+        await trio.sleep(history.interval_s)
 
 
 def archive_retention(store: Store, broker: Broker, log: Any) -> None:

@@ -72,3 +72,19 @@ def serve_files(files: dict[str, Path]) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+def console_login(driver: Any, base: str, user: str, password: str, page: str = "overview") -> None:
+    """Open the admin console at ``base`` (http://host:port), log in through
+    its form and wait for ``page`` (#/<page>) to be drawn."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(f"{base}/#/{page}")
+    wait = WebDriverWait(driver, 20)
+    wait.until(lambda d: d.find_element(By.ID, "login-user").is_displayed())
+    for field, value in (("login-user", user), ("login-password", password)):
+        driver.find_element(By.ID, field).clear()
+        driver.find_element(By.ID, field).send_keys(value)
+    driver.find_element(By.ID, "login-submit").click()
+    wait.until(lambda d: d.find_elements(By.ID, f"page-{page.split('/')[0]}"))

@@ -8,8 +8,14 @@ from __future__ import annotations
 import base64
 import binascii
 
-from gateway.admin.http import Request, Response, error
+from gateway.admin.http import Request, Response, error, ok as answer
 from gateway.auth import ADMIN, AccessDenied, AuthSettings, Gatekeeper, dummy_hash
+
+
+# The header the console's scripts send with each request.
+CONSOLE_MARK = "x-requested-with"
+NO_USERS = ("no admin users are configured: add one to [admin] users (gateway passwd --name NAME --role write "
+            "prints the entry) or a users file, or set GATEWAY_ADMIN_USER and GATEWAY_ADMIN_PASSWORD")
 
 
 def basic(header: str) -> tuple[str | None, str]:
@@ -38,10 +44,11 @@ class Access:
         off the loop): it raises VerificationPending for the admin server to
         wait on, then handle() is called again and finds the answer."""
         if not self.users:
-            return error(403, "no admin users are configured ([admin] users or a users file)")
+            # The console shows how to make one when it sees no_admin_users.
+            return answer({"status": 403, "reason": NO_USERS, "no_admin_users": True}, 403)
         header = request.headers.get("authorization")
         if not header:  # a browser's first request: ask, no failure counted
-            return error(401, "credentials required", **{"WWW-Authenticate": 'Basic realm="gateway"'})
+            return _challenge(request)
         host = request.host
         try:
             self.gate.gate(ADMIN, host)
@@ -53,7 +60,17 @@ class Access:
         ok = ok and entry is not None
         self.gate.answered(ADMIN, host, ok)
         if not ok or entry is None:
-            return error(401, "credentials required", **{"WWW-Authenticate": 'Basic realm="gateway"'})
+            return _challenge(request)
         if need == "write" and entry[1] != "write":
             return error(403, "this user may only read")
+        request.user, request.role = name or "", entry[1]
         return None
+
+
+def _challenge(request: Request) -> Response:
+    """401 asking for basic auth; the console's own requests (marked with
+    X-Requested-With) get no challenge header, so the browser shows the
+    console's login form instead of its own password dialog."""
+    if CONSOLE_MARK in request.headers:
+        return error(401, "credentials required")
+    return error(401, "credentials required", **{"WWW-Authenticate": 'Basic realm="gateway"'})

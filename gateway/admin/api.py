@@ -5,12 +5,19 @@ Routes (``admin/server.py`` runs them over h11):
     GET    /healthz                              open: the process is alive
     GET    /readyz                               open: 200 once recovered and listening, 503 otherwise
     GET    /metrics                              read: Prometheus text exposition
-    GET    /                                     read: the web console
+    GET    /                                     the web console (a browser's: open, it logs in itself)
+    GET    /console/{file}                       open: the console's scripts and styles
+    GET    /api/v1/whoami                        read: the user asking and their role
+    GET    /api/v1/overview                      read: totals now (queued, unacked, connections, memory, disk)
+    GET    /api/v1/history                       read: the last minutes, sampled (admin/history.py)
+    GET    /api/v1/topics                        read: topics with their subscribers (admin/topics.py)
     GET    /api/v1/destinations                  read: every queue and durable subscription
     GET    /api/v1/destinations/{name}           read: one, in detail
     GET    /api/v1/destinations/{name}/messages  read: browse the first ?limit=N (default 20, max 1000)
     POST   /api/v1/destinations/{name}/messages  write: send {"body": str, "headers": {}, "persistent": bool}
     POST   /api/v1/destinations/{name}/purge     write: drop every pending message
+    POST   /api/v1/destinations/{name}/retry     write: dead letters back to their original destinations
+                                                 ({"message_ids": [...]}: those only)
     DELETE /api/v1/destinations/{name}           write: delete an unused queue (?force=true: with its messages),
                                                  or an offline durable subscription (its name is its key: durable:...)
     GET    /api/v1/cluster                       read: this node and its HA group (admin/cluster.py)
@@ -34,11 +41,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from core import names
+from core import deadletters, names
 from core.broker import Broker
 from core.errors import CoreError, QueueNotEmpty
 from core.shared import SharedGroup
-from gateway.admin import archive, console
+from gateway.admin import archive, console, topics
 from gateway.admin.access import Access
 from gateway.admin.cluster import ClusterBody, Single, Source
 from gateway.admin.http import Request, Response, error, ok
@@ -68,10 +75,14 @@ class AdminSettings:
     # Connections to this port at once (API and WebSockets): its own bound,
     # so a flood here cannot take the file descriptors STOMP and MQTT need.
     max_connections: int = 256
+    # Seconds between the console's history samples (its charts keep 180).
+    history_interval_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.max_connections < 1:
             raise ValueError("admin.max_connections must be >= 1")
+        if not 0.1 <= self.history_interval_s <= 3600:
+            raise ValueError("admin.history_interval_s must be between 0.1 and 3600")
 
 
 def load_users(settings: AdminSettings) -> dict[str, tuple[str, str]]:
@@ -132,6 +143,7 @@ class AdminApi:
         origins: Iterable[str] = (),
         gate: Gatekeeper | None = None,
         cluster: Source | None = None,
+        history: Any = None,
     ) -> None:
         self.broker = broker
         self.archive = archive  # persistence.archive.Archive, or None
@@ -142,6 +154,7 @@ class AdminApi:
         self.origins = frozenset(o.strip().rstrip("/").lower() for o in origins)
         # Sources of /api/v1/cluster: this node (single) or its HA group.
         self.cluster = cluster
+        self.history = history  # admin/history.History, or None (no charts)
 
     def handle(self, request: Request) -> Response:
         parts = urlsplit(request.target)
@@ -151,6 +164,9 @@ class AdminApi:
         if path == "/readyz":
             ready = self.ready()
             return Response(200 if ready else 503, b"ready\n" if ready else b"not ready\n", "text/plain")
+        page = console.serve(request.method, path, request.headers)
+        if page is not None:  # the console's page and files: no data in them, so open
+            return page
         write = request.method in WRITE_METHODS
         if write:
             refused = self._same_origin(request) or _json_only(request)
@@ -160,6 +176,8 @@ class AdminApi:
         denied = self.access.authorize(request, "write" if write else "read")
         if denied is not None:
             return denied
+        if path == "/api/v1/whoami" and request.method == "GET":
+            return ok({"user": request.user, "role": request.role})
         try:
             return self._route(request.method, path, parse_qs(parts.query), request.body)
         except CoreError as exc:
@@ -185,12 +203,14 @@ class AdminApi:
 
     def _route(self, method: str, path: str, query: dict[str, list[str]], body: bytes) -> Response:
         if path == "/" and method == "GET":
-            return Response(200, console.PAGE, "text/html; charset=utf-8")
+            return Response(200, console.page(), "text/html; charset=utf-8", [console.PAGE_POLICY])
         if path == "/metrics" and method == "GET":
             return Response(200, self.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
         if not path.startswith("/api/v1/"):
             return error(404, f"no such resource {path[:100]!r}")
         rest = path[len("/api/v1/") :]
+        if method == "GET" and rest in self._views:
+            return ok(self._views[rest](self))
         if rest == "destinations" and method == "GET":
             return ok([self._destination(q) for q in self._queues()])
         if rest == "cluster" and method == "GET":
@@ -211,9 +231,29 @@ class AdminApi:
             return archive.route(self.archive, method, rest[len("archive") :], query)
         return error(404 if method == "GET" else 405, f"no route for {method} {path[:100]}")
 
+    def _overview(self) -> Any:
+        if self.history is None:
+            return {}
+        stats = self.broker.stats
+        by_protocol: dict[str, int] = {}
+        for connection in list(self.server.connections.values()):
+            by_protocol[connection.protocol] = by_protocol.get(connection.protocol, 0) + 1
+        return {**self.history.measure(), "published": stats.messages_in, "dead_lettered": stats.dead_lettered,
+                "destinations": len(self.broker.queues), "by_protocol": by_protocol}
+
+    def _history(self) -> Any:
+        return self.history.view() if self.history is not None else {"interval_s": 0, "samples": [], "destinations": {}}
+
+    def _topics(self) -> Any:
+        return topics.view(self.broker, self.server, self.archive)
+
+    _views: dict[str, Callable[[AdminApi], Any]] = {
+        "overview": _overview, "history": _history, "topics": _topics,
+    }
+
     def _on_destination(self, method: str, rest: str, query: dict[str, list[str]], body: bytes) -> Response:
         action = ""
-        for suffix in ("/messages", "/purge"):
+        for suffix in ("/messages", "/purge", "/retry"):
             if rest.endswith(suffix):
                 rest, action = rest[: -len(suffix)], suffix[1:]
         text = unquote(rest)
@@ -223,6 +263,11 @@ class AdminApi:
                 return error(404, f"no durable subscription {text[:200]!r}")
             self.broker.remove_durable(text)
             return ok({"deleted": text})
+        if text.startswith(("durable:", "shared:")):  # a subscription's queue, by the name the list gives
+            keyed = self.broker.durables.get(text) or self.broker.shared.get(text)
+            if keyed is None:
+                return error(404, f"no subscription {text[:200]!r}")
+            return self._on_queue(method, action, keyed.queue, None, query, body)
         address = names.parse(text if text.startswith("/") else "/" + text)
         if isinstance(address, str):
             return error(400, f"invalid destination: {address}")
@@ -231,6 +276,10 @@ class AdminApi:
         queue = self.broker.queue(address)
         if queue is None:
             return error(404, f"no destination {address.text!r}")
+        return self._on_queue(method, action, queue, address, query, body)
+
+    def _on_queue(self, method: str, action: str, queue: Any, address: names.Address | None,
+                  query: dict[str, list[str]], body: bytes) -> Response:
         if not action and method == "GET":
             return ok(self._destination(queue))
         if action == "messages" and method == "GET":
@@ -241,8 +290,10 @@ class AdminApi:
             return ok([self._message(m) for m in queue.browse(limit)])
         if action == "purge" and method == "POST":
             return ok({"purged": queue.purge()})
+        if action == "retry" and method == "POST":
+            return self._retry(queue, body)
         if not action and method == "DELETE":
-            if not address.is_queue:
+            if address is None or not address.is_queue:
                 return error(400, "only queues can be deleted here")
             force = query.get("force", [""])[0] == "true"
             try:
@@ -269,6 +320,18 @@ class AdminApi:
         self.broker.publish(message)  # the same door as a client's SEND, without a producer to hold
         return ok({"message_id": message.id}, 201)
 
+    def _retry(self, queue: Any, body: bytes) -> Response:
+        try:
+            request = json.loads(body or b"{}")
+            ids = request.get("message_ids")
+        except (ValueError, AttributeError):
+            return error(400, 'expected JSON {"message_ids": [...]} or nothing')
+        if ids is not None and (not isinstance(ids, list) or not all(isinstance(i, str) for i in ids)):
+            return error(400, "message_ids must be a list of strings")
+        result = deadletters.retry(self.broker, queue, None if ids is None else set(ids))
+        answer = {"moved": result.moved, "skipped": result.skipped, **({"reason": result.reason} if result.reason else {})}
+        return ok(answer, 409 if result.reason and not result.moved else 200)
+
     # -- views ---------------------------------------------------------------
 
     def _queues(self) -> list[Any]:
@@ -281,10 +344,11 @@ class AdminApi:
         owner = self.broker.durables[queue.key].owner if durable and queue.key in self.broker.durables else None
         kind = "durable-subscription" if durable else queue.address.kind.name.lower().replace("_", "-")
         return {
-            "name": queue.owner.key if shared else queue.key if durable else queue.address.text,
+            "name": topics.queue_name(queue),
             "type": "shared-subscription" if shared else kind,
             "destination": queue.address.text,
             "depth": queue.depth,
+            "unacked": topics.unacked(queue),
             "consumers": len(queue.consumers),
             "enqueued": stats.enqueued,
             "dequeued": stats.dequeued,

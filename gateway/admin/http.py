@@ -26,6 +26,8 @@ class Request:
     headers: dict[str, str]
     body: bytes = b""
     host: str = "unknown"  # the client's address, what the login lockout counts
+    user: str = ""  # who asked and their role (read|write), once authorized
+    role: str = ""
 
 
 @dataclasses.dataclass

@@ -45,7 +45,7 @@ class _Writer:
         return "\n".join(self.lines) + "\n"
 
 
-def _rss_bytes() -> int:
+def rss_bytes() -> int:
     try:
         with open(f"/proc/{os.getpid()}/statm") as statm:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -58,7 +58,7 @@ def render_standby(view: View) -> str:
     out = _Writer()
     for family in families(view):
         out.family(*family)
-    out.family("process_resident_memory_bytes", "gauge", "Resident memory of the broker process.", [("", _rss_bytes())])
+    out.family("process_resident_memory_bytes", "gauge", "Resident memory of the broker process.", [("", rss_bytes())])
     return out.text()
 
 
@@ -158,5 +158,5 @@ def render(broker: Any, server: Any, store: Any, writes: Histogram, gatekeeper: 
         out.lines.append(f"gateway_store_write_seconds{suffix} {value}")
     out.lines.append(f"gateway_store_write_seconds_sum {writes.total}")
     out.lines.append(f"gateway_store_write_seconds_count {writes.count}")
-    out.family("process_resident_memory_bytes", "gauge", "Resident memory of the broker process.", [("", _rss_bytes())])
+    out.family("process_resident_memory_bytes", "gauge", "Resident memory of the broker process.", [("", rss_bytes())])
     return out.text()

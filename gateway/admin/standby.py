@@ -4,8 +4,9 @@ It answers the probes (``/healthz`` 200, ``/readyz`` 503 with its state) and,
 behind the same basic auth as a primary's API (read role), two reads:
 ``/metrics`` (what a backup has to report: its HA state, epoch, applied LSN)
 and ``/api/v1/cluster`` (the group as this node sees it), so an operator
-looking at any pod sees the cluster.  Nothing else: no broker runs here, so
-every other path answers 503 saying so."""
+looking at any pod sees the cluster; the console's page and files and
+``/api/v1/whoami``, so its Cluster page works here too.  Nothing else: no
+broker runs here, so every other path answers 503 saying so."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+from gateway.admin import console
 from gateway.admin.access import Access
 from gateway.admin.cluster import ClusterBody, Source
-from gateway.admin.http import Request, Response, error
+from gateway.admin.http import Request, Response, error, ok
 from gateway.auth import Gatekeeper
 
 CONTENT_METRICS = "text/plain; version=0.0.4; charset=utf-8"
@@ -47,8 +49,12 @@ class StandbyApi:
             return Response(200, b"ok\n", "text/plain")
         if path == "/readyz":
             return Response(503, f"not ready: {self.not_ready()}\n".encode(), "text/plain")
-        if path not in ("/metrics", "/api/v1/cluster"):
-            return error(503, "a backup serves only /healthz, /readyz, /metrics and /api/v1/cluster")
+        page = console.serve(request.method, path, request.headers)
+        if page is not None:
+            return page
+        if path not in ("/metrics", "/api/v1/cluster", "/api/v1/whoami"):
+            return error(503, "a backup serves only /healthz, /readyz, /metrics, /api/v1/cluster and the console's "
+                              "Cluster page")
         if request.method != "GET":
             return error(405, f"{request.method} is not allowed here")
         denied = self.access.authorize(request, "read")
@@ -56,4 +62,6 @@ class StandbyApi:
             return denied
         if path == "/metrics":
             return Response(200, self.metrics().encode(), CONTENT_METRICS)
+        if path == "/api/v1/whoami":
+            return ok({"user": request.user, "role": request.role})
         return Response(200, b"", stream=ClusterBody(self.source))

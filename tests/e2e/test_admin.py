@@ -225,7 +225,10 @@ def test_a_client_that_never_finishes_its_request_is_cut_off(admin_broker):
 def test_the_console_page_is_served(admin_broker):
     status, body, response = call(admin_broker, "GET", "/")
     assert status == 200 and response.getheader("Content-Type").startswith("text/html")
-    assert b"/api/v1/destinations" in body and b"purge" in body
+    assert b'src="/console/pages.js"' in body
+    status, script, response = call(admin_broker, "GET", "/console/pages.js", auth=None)
+    assert status == 200 and response.getheader("Content-Type").startswith("text/javascript")
+    assert b"/api/v1/destinations" in script and b"purge" in script
 
 
 # -- cross-site requests and framing ------------------------------------------------

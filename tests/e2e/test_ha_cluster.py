@@ -25,7 +25,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.admin.cluster import Lag
-from tests.browser import requires_chromium
+from tests.browser import console_login, requires_chromium
 from tests import ha_nodes as failover
 from tests.helpers import RawClient
 from tests.processes import HOST
@@ -200,7 +200,7 @@ def test_the_primarys_console_shows_the_cluster(tmp_path: Path, zookeeper: ZooKe
         (backup,) = [n for n in nodes if n is not primary]
         send(primary, 3)
         until(lambda: caught_up(primary, backup.node_id), "the backup in sync", nodes)
-        browser.get(f"http://{READER[0]}:{READER[1]}@{HOST}:{primary.admin_port}/")
+        console_login(browser, f"http://{HOST}:{primary.admin_port}", *READER, page="cluster")
         wait = WebDriverWait(browser, 20)
         mine, theirs = (f'#nodes tr[data-node="{n.node_id}"]' for n in (primary, backup))
         wait.until(expected_conditions.text_to_be_present_in_element((By.CSS_SELECTOR, f"{theirs} td.lag"), "0"))
@@ -210,6 +210,10 @@ def test_the_primarys_console_shows_the_cluster(tmp_path: Path, zookeeper: ZooKe
         epoch = primary.cluster()["epoch"]
         assert browser.find_element(By.CSS_SELECTOR, f"{mine} td.epoch").text == str(epoch)
         assert int(browser.find_element(By.CSS_SELECTOR, f"{theirs} td.lsn").text) >= 3
+        # A backup's admin port serves the console too: its Cluster page, from the backup's view.
+        console_login(browser, f"http://{HOST}:{backup.admin_port}", *READER, page="cluster")
+        wait.until(expected_conditions.text_to_be_present_in_element((By.CSS_SELECTOR, f"{mine} td.role"), "primary"))
+        assert "(this node)" in browser.find_element(By.CSS_SELECTOR, theirs).text
     finally:
         for node in nodes:
             node.kill()
