@@ -74,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
     log = logs.configure(cfg.log_format, cfg.log_level)
+    from gateway import startup
+
+    refused = startup.check_users(cfg, log)
+    if refused is not None:
+        print(f"gateway: {refused}", file=sys.stderr)
+        return 2
     failures: list[BaseException] = []
     code = 0
     try:
@@ -88,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         # is an operator's mistake, worth one clear line rather than a traceback.
         failures = _leaves(group)
     for exc in failures:
-        log.error("startup_failed", reason=str(exc))
+        log.error("startup_failed", reason=startup.explain(exc, cfg))
     return 1 if failures else code
 
 

@@ -17,7 +17,7 @@ from core.authorization import Authorizer, parse_entries
 from core import recovery
 from core.broker import Broker
 from core.storage import Recovered
-from gateway import tasks
+from gateway import startup, tasks
 from gateway.auth import Gatekeeper, Transport
 from gateway.admin import cluster, metrics
 from gateway.admin.server import AdminSlots, serve_admin
@@ -300,7 +300,7 @@ class _Wiring:
         self.writes = metrics.Histogram()
         users = load_users(config.admin)
         if not users:
-            self.log.warning("admin_api_locked", detail="no [admin] users configured: the admin API answers 403")
+            self.log.warning("admin_api_locked", detail=startup.no_admin_detail())
         store = self.store
         group = self.replicator.cluster if self.replicator is not None else cluster.Single(lambda: store.durable_lsn)
         self.api = AdminApi(

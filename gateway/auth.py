@@ -103,6 +103,18 @@ def verify_password(password: str, stored: str) -> bool:
     return hmac.compare_digest(actual, expected)
 
 
+def usable_hash(stored: str) -> bool:
+    """Whether some password can match ``stored``: a hash this module could
+    have made.  A placeholder (deploy/admin-users.toml's
+    ``pbkdf2_sha256$REPLACE-ME``) cannot, and admits nobody."""
+    try:
+        scheme, iterations, salt, digest = stored.split("$")
+        return (scheme == HASH_SCHEME and int(iterations) > 0 and bool(base64.b64decode(salt, validate=True))
+                and len(base64.b64decode(digest, validate=True)) == hashlib.sha256().digest_size)
+    except (ValueError, binascii.Error):
+        return False
+
+
 @dataclasses.dataclass(frozen=True)
 class AuthSettings:
     # [{name = "app", password_hash = "pbkdf2_sha256$..."}] (gateway passwd makes one)

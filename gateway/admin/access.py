@@ -38,7 +38,8 @@ class Access:
         off the loop): it raises VerificationPending for the admin server to
         wait on, then handle() is called again and finds the answer."""
         if not self.users:
-            return error(403, "no admin users are configured ([admin] users or a users file)")
+            return error(403, "no admin users are configured: set GATEWAY_ADMIN_USER and GATEWAY_ADMIN_PASSWORD "
+                              "(or [admin] users or a users file) and restart")
         header = request.headers.get("authorization")
         if not header:  # a browser's first request: ask, no failure counted
             return error(401, "credentials required", **{"WWW-Authenticate": 'Basic realm="gateway"'})

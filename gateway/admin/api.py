@@ -85,6 +85,10 @@ def load_users(settings: AdminSettings) -> dict[str, tuple[str, str]]:
         name, hashed, role = entry.get("name"), entry.get("password_hash"), entry.get("role", "read")
         if not name or not hashed or role not in ROLES:
             raise ValueError(f"admin user entries need name, password_hash and role read|write: {entry.get('name')!r}")
+        if name in users:
+            # [admin] users, the users file and GATEWAY_ADMIN_USER: which one
+            # counts would be a guess.
+            raise ValueError(f"admin user {name!r} is defined twice (config, users file {path or '-'} or environment)")
         users[name] = (hashed, role)
     return users
 
