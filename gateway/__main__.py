@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+from collections.abc import Mapping
+from functools import partial
 
 from gateway import __version__, app, config, logs
 
@@ -82,9 +85,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     failures: list[BaseException] = []
     code = 0
+    # SIGHUP reloads the configuration once the broker runs (tasks.reload_on_signal);
+    # until then (recovery) and on an HA node, which does not reload, it is
+    # ignored rather than the end of the process.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    reread = partial(_reread, args.config, overrides, os.environ)
     try:
         if cfg.ha is None:
-            app.run(cfg, log)
+            app.run(cfg, log, reread)
         else:
             from gateway.ha import runtime  # kazoo and the HA package: only for an [ha] node
 
@@ -96,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     for exc in failures:
         log.error("startup_failed", reason=startup.explain(exc, cfg))
     return 1 if failures else code
+
+
+def _reread(path: str | None, overrides: dict[str, object], environ: Mapping[str, str], running: config.Config) -> config.Config:
+    """The configuration as at start (file, flags, environment), read again for a reload."""
+    return config.load(path, overrides, environ, previous=running)
 
 
 def _passwd(name: str, role: str) -> int:

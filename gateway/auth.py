@@ -166,13 +166,10 @@ class Gatekeeper:
     exists."""
 
     def __init__(self, settings: AuthSettings, clock: Callable[[], float] = time.monotonic) -> None:
-        self.settings = settings
-        self.users = {entry["name"]: entry["password_hash"] for entry in settings.users}
-        self.groups = {entry["name"]: frozenset(entry.get("groups", ())) for entry in settings.users}
-        self.anonymous = settings.anonymous == "true" or (settings.anonymous == "auto" and not self.users)
-        self.dummy = dummy_hash(self.users.values())
         self._verified: set[tuple[str, str, bytes]] = set()
         self._rejected: set[tuple[str, str, bytes]] = set()  # answers waiting for their retried check
+        self._generation = 0  # reconfigurations so far: an answer about older users is not remembered
+        self.reconfigure(settings)
         self._pending: dict[str, int] = {}  # host -> checks queued or running
         # Runs verify_password(passcode, stored) off the loop and then calls
         # back with the result (set by the app); None: verify inline.
@@ -181,6 +178,19 @@ class Gatekeeper:
         self.refused: dict[str, int] = {}  # CONNECTs refused, by AccessDenied.kind
         # (door, host) -> (window start, failures)
         self._failures: OrderedDict[tuple[str, str], tuple[float, int]] = OrderedDict()
+
+    def reconfigure(self, settings: AuthSettings) -> None:
+        """Take ``settings``' users for the logins from now on (a reload);
+        the remembered answers go, so a removed user or a changed password
+        admits nobody, while the failure counts and checks in progress stay."""
+        self.settings = settings
+        self.users = {entry["name"]: entry["password_hash"] for entry in settings.users}
+        self.groups = {entry["name"]: frozenset(entry.get("groups", ())) for entry in settings.users}
+        self.anonymous = settings.anonymous == "true" or (settings.anonymous == "auto" and not self.users)
+        self.dummy = dummy_hash(self.users.values())
+        self._verified.clear()
+        self._rejected.clear()
+        self._generation += 1
 
     @property
     def failing_addresses(self) -> int:
@@ -274,12 +284,15 @@ class Gatekeeper:
                 self._remember(key, True)
             return ok
 
+        generation = self._generation
+
         def start(done: Callable[[], None]) -> bool:
             def finished(ok: bool) -> None:
                 self._pending[host] -= 1
                 if not self._pending[host]:
                     del self._pending[host]
-                self._remember(key, ok)
+                if generation == self._generation:  # else checked against a hash a reload replaced
+                    self._remember(key, ok)
                 done()
 
             if not verifier(passcode, stored, finished):

@@ -11,7 +11,7 @@ from typing import Any
 
 from core.broker import BrokerSettings
 from gateway.admin.api import AdminSettings
-from gateway.auth import AuthSettings, hash_password, verify_password
+from gateway.auth import AuthSettings, hash_password
 from gateway.mqtt.session import MqttSettings
 from gateway.stomp.session import StompSettings
 from gateway.transports.tls import TlsSettings, server_context
@@ -178,9 +178,10 @@ CLIENT_USER_ENVIRONMENT = ("GATEWAY_USER", "GATEWAY_PASSWORD")
 
 def _environment_user(environ: Mapping[str, str], variables: tuple[str, str],
                       previous: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The user ``variables`` name (both or neither must be set), hashed; the
-    hash ``previous`` holds for it is kept when the password still matches,
-    so a reload does not see a changed user where nothing changed."""
+    """The user ``variables`` name (both or neither must be set), hashed.  A
+    reload keeps the hash ``previous`` (the running config) holds for it: a
+    running process's environment does not change, and hashing again would
+    cost a PBKDF2 run and look like a changed password."""
     name_variable, password_variable = variables
     name, password = environ.get(name_variable, ""), environ.get(password_variable, "")
     if not name and not password:
@@ -189,7 +190,7 @@ def _environment_user(environ: Mapping[str, str], variables: tuple[str, str],
         missing = password_variable if name else name_variable
         raise ConfigError(f"{name_variable} and {password_variable} go together: {missing} is not set")
     kept = next((e["password_hash"] for e in previous if e.get("name") == name), None)
-    hashed = kept if kept is not None and verify_password(password, kept) else hash_password(password)
+    hashed = kept if kept is not None else hash_password(password)
     return {"name": name, "password_hash": hashed}
 
 

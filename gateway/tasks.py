@@ -1,7 +1,8 @@
 """The broker's long-running tasks, each started once by :mod:`gateway.app`
 in the main nursery: group commit, maintenance (expiry, checkpoints,
 garbage collection, compaction, archive retention), the redelivery timer,
-the disk watch, password checks in worker threads, TLS reload and signals."""
+the disk watch, password checks in worker threads, TLS reload and signals
+(SIGINT and SIGTERM stop, SIGHUP reloads the configuration)."""
 
 from __future__ import annotations
 
@@ -236,3 +237,12 @@ async def stop_on_signal(server: Server, log: Any) -> None:
         async for signum in signals:
             log.info("shutdown_requested", signal=signal.Signals(signum).name)
             server.stop()
+
+
+async def reload_on_signal(reload: Callable[[str], Any]) -> None:
+    """SIGHUP reloads the configuration (gateway/reload.py, which logs what
+    it did); it never ends the process.  The reload reads a file or two of a
+    few KB and hashes nothing, so it runs here, between two client inputs."""
+    with trio.open_signal_receiver(signal.SIGHUP) as signals:
+        async for _ in signals:
+            reload("SIGHUP")

@@ -32,6 +32,11 @@ class Access:
         self.gate = gate if gate is not None else Gatekeeper(AuthSettings())
         self.dummy = dummy_hash(hashed for hashed, _ in users.values())
 
+    def replace(self, users: dict[str, tuple[str, str]]) -> None:
+        """The admin users from a reloaded configuration, for the requests that follow."""
+        self.users = users
+        self.dummy = dummy_hash(hashed for hashed, _ in users.values())
+
     def authorize(self, request: Request, need: str) -> Response | None:
         """The caller's role must cover ``need``.  The password check goes
         through the broker's one gate (per-address lockout, bounded hashing

@@ -14,6 +14,7 @@ Routes (``admin/server.py`` runs them over h11):
     DELETE /api/v1/destinations/{name}           write: delete an unused queue (?force=true: with its messages),
                                                  or an offline durable subscription (its name is its key: durable:...)
     GET    /api/v1/cluster                       read: this node and its HA group (admin/cluster.py)
+    POST   /api/v1/reload                        write: read the config file again and apply it (gateway/reload.py)
     GET    /api/v1/connections                   read: every connection
     DELETE /api/v1/connections/{id}              write: close one
     GET    /api/v1/archive[/{topic}[/messages]]  read: topic archives (admin/archive.py)
@@ -136,6 +137,7 @@ class AdminApi:
         origins: Iterable[str] = (),
         gate: Gatekeeper | None = None,
         cluster: Source | None = None,
+        reload: Callable[[], Any] | None = None,
     ) -> None:
         self.broker = broker
         self.archive = archive  # persistence.archive.Archive, or None
@@ -146,6 +148,8 @@ class AdminApi:
         self.origins = frozenset(o.strip().rstrip("/").lower() for o in origins)
         # Sources of /api/v1/cluster: this node (single) or its HA group.
         self.cluster = cluster
+        # Reads the configuration again and applies it (gateway/reload.py): a reload.Outcome.
+        self.reload = reload
 
     def handle(self, request: Request) -> Response:
         parts = urlsplit(request.target)
@@ -201,6 +205,13 @@ class AdminApi:
             # The group's records come from ZooKeeper: read in a worker thread, as the body.
             source = self.cluster or Single(lambda: getattr(self.broker.store, "durable_lsn", 0))
             return Response(200, b"", stream=ClusterBody(source))
+        if rest == "reload" and method == "POST":
+            if self.reload is None:
+                return error(404, "this node has no configuration to reload")
+            outcome = self.reload()
+            if outcome.refused is not None:
+                return error(409, f"the configuration was not reloaded (the running one stays): {outcome.refused}")
+            return ok(outcome.body())
         if rest == "connections" and method == "GET":
             return ok([self._connection(cid, c) for cid, c in list(self.server.connections.items())])
         if rest.startswith("connections/") and method == "DELETE":
