@@ -367,6 +367,8 @@ class _Wiring:
         admin_threads = trio.CapacityLimiter(ADMIN_THREADS)
         admin_slots = AdminSlots(self.server, config.admin.max_connections)
         upgrades = Upgrades.for_broker(self.server, config, self.stomp_session, self.mqtt_session)  # /stomp, /mqtt
+        for endpoint in upgrades.endpoints.values():  # their /metrics samples from zero, as the listeners'
+            self.server.accepted.setdefault(endpoint.name, 0)
         admin = partial(serve_admin, upgrades=upgrades, threads=admin_threads, slots=admin_slots)
         if config.tls.plain:
             ports["admin"] = await nursery.start(admin, self.api, config.admin, config.bind, config.admin_port, log)

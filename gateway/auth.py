@@ -120,6 +120,9 @@ class AuthSettings:
     # [{name = "app", password_hash = "pbkdf2_sha256$..."}] (gateway passwd makes one)
     users: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     # and optional groups = ["producers"], named by [[auth.acl]] grants.
+    # A TOML file with more of the same `users` list (a Kubernetes Secret),
+    # or GATEWAY_USERS_FILE in the environment; read with the config (and on reload).
+    users_file: str = ""
     # auto: anonymous clients are let in only while no user is defined.
     anonymous: str = "auto"
     # [{destination = "/queue/orders.>", read = ["consumers"], write = ["app"],

@@ -194,6 +194,36 @@ def _environment_user(environ: Mapping[str, str], variables: tuple[str, str],
     return {"name": name, "password_hash": hashed}
 
 
+# The client users' file when [auth] users_file names none (a Secret's mount).
+USERS_FILE_ENVIRONMENT = "GATEWAY_USERS_FILE"
+
+
+def _with_users_file(built: Config, environ: Mapping[str, str]) -> Config:
+    """[auth] users from the users file too, before they are checked together
+    (names, the groups the authorization map may name)."""
+    path = built.auth.users_file or environ.get(USERS_FILE_ENVIRONMENT, "")
+    if not path:
+        return built
+    try:
+        entries = tomllib.loads(Path(path).read_text()).get("users", [])
+    except FileNotFoundError:
+        raise ConfigError(f"users file {path} does not exist (auth.users_file or {USERS_FILE_ENVIRONMENT})") from None
+    except OSError as exc:
+        raise ConfigError(f"users file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"users file {path}: {exc}") from None
+    if not isinstance(entries, list):
+        raise ConfigError(f"users file {path}: users must be a list of tables")
+    configured = {e.get("name") for e in built.auth.users}
+    twice = sorted(str(e.get("name")) for e in entries if isinstance(e, dict) and e.get("name") in configured)
+    if twice:
+        raise ConfigError(f"users file {path}: {', '.join(map(repr, twice))} also in [auth] users; remove one")
+    try:
+        return dataclasses.replace(built, auth=dataclasses.replace(built.auth, users=[*built.auth.users, *entries]))
+    except ValueError as exc:
+        raise ConfigError(f"users file {path}: {exc}") from None
+
+
 def _with_environment_users(built: Config, environ: Mapping[str, str], previous: Config | None) -> Config:
     admin = _environment_user(environ, ADMIN_USER_ENVIRONMENT, previous.admin.users if previous else [])
     client = _environment_user(environ, CLIENT_USER_ENVIRONMENT, previous.auth.users if previous else [])
@@ -205,8 +235,8 @@ def _with_environment_users(built: Config, environ: Mapping[str, str], previous:
         built = dataclasses.replace(built, admin=dataclasses.replace(built.admin, users=admin_users))
     if client is not None:
         if any(e.get("name") == client["name"] for e in built.auth.users):
-            raise ConfigError(f"user {client['name']!r} is in [auth] users and in {CLIENT_USER_ENVIRONMENT[0]}; "
-                              "remove one")
+            raise ConfigError(f"user {client['name']!r} is in [auth] users (or its users file) and in "
+                              f"{CLIENT_USER_ENVIRONMENT[0]}; remove one")
         try:
             auth = dataclasses.replace(built.auth, users=[*built.auth.users, client])
         except ValueError as exc:
@@ -241,5 +271,6 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None,
     if ha is not None:
         given = environ or {}
         ha = {**ha, **{key: given[name] for key, name in HA_ENVIRONMENT.items() if given.get(name)}}
-    built = _with_environment_users(_build(Config, table, ""), environ or {}, previous)
+    given = environ or {}
+    built = _with_environment_users(_with_users_file(_build(Config, table, ""), given), given, previous)
     return built if ha is None else dataclasses.replace(built, ha=_build(HaSettings, ha, "ha.").check())

@@ -188,6 +188,8 @@ class Server:
 
     async def run(self, specs: list[ListenerSpec], *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Bind every listener, report ``{name: port}``, serve until :meth:`stop`, then drain."""
+        for spec in specs:  # counted from zero, so /metrics has their samples before anyone connects
+            self.accepted.setdefault(spec.name, 0)
         async with trio.open_nursery() as handlers:  # owns every connection task
             handlers.start_soon(self._timers.run)
             async with trio.open_nursery() as listeners:  # owns the accept loops

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import stomp
 
-from tests.helpers import Client, unique, wait_for
+from tests.helpers import Client, RawClient, unique, wait_for
 from tests.mqtt_helpers import Paho
 from tests.processes import GATEWAY, HOST, BrokerProcess, free_port
 
@@ -171,3 +171,41 @@ def test_the_deploy_placeholder_secret_is_warned_about_at_start(tmp_path):
 
 def test_a_usable_admin_users_file_gets_no_warning(broker):
     assert not [e for e in broker.events() if e.get("event") in ("admin_user_unusable", "user_unusable", "admin_api_locked")]
+
+
+def test_client_users_from_a_users_file_and_a_reloaded_password(tmp_path):
+    """GATEWAY_USERS_FILE (deploy/'s client users Secret): its users log in,
+    anonymous clients no longer do, and a SIGHUP after the file changed (a
+    rotated password) applies it to the next login."""
+    from gateway.auth import hash_password
+    import signal
+
+    users = tmp_path / "clients.toml"
+
+    def write(password: str) -> None:
+        users.write_text(f'users = [{{ name = "device", password_hash = "{hash_password(password, iterations=1000)}" }}]\n')
+
+    def login(passcode: str | None) -> str:
+        client = RawClient((HOST, running.stomp_port))
+        try:
+            headers = {"accept-version": "1.2", "host": "h"}
+            if passcode is not None:
+                headers |= {"login": "device", "passcode": passcode}
+            client.send_frame("CONNECT", headers)
+            return client.next_frame().command
+        finally:
+            client.close()
+
+    write("first-pw")
+    running = Broker(tmp_path, {"GATEWAY_USERS_FILE": str(users)}, "--log-format", "json")
+    try:
+        assert login("first-pw") == "CONNECTED"
+        assert login(None) == "ERROR"
+        write("second-pw")
+        running.process.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: any(e.get("event") == "config_reloaded" for e in running.events()), what="the reload")
+        assert [e["changed"] for e in running.events() if e.get("event") == "config_reloaded"] == [["auth.users ~device"]]
+        assert login("second-pw") == "CONNECTED"
+        assert login("first-pw") == "ERROR"
+    finally:
+        running.stop()
