@@ -61,7 +61,16 @@ class Broker:
         self.admin_port = free_port()
         self.process = BrokerProcess(tmp_path, "--config", str(self.config), "--admin-port", str(self.admin_port),
                                      "--log-format", "json")
-        self.process.start()
+        self.process.start()  # the STOMP port; the admin port opens right after
+
+        def ready() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://{HOST}:{self.admin_port}/readyz", timeout=2) as response:
+                    return response.status == 200
+            except OSError:
+                return False
+
+        wait_for(ready, timeout=20, what="/readyz")
 
     def events(self, name: str) -> list[dict]:
         text = self.process.log_path.read_text(errors="replace")
