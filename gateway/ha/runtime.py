@@ -131,7 +131,8 @@ class HaNode:
             await trio.to_thread.run_sync(self.coordinator.connect)
         except CoordinationError as exc:
             if self.incarnation == 1:
-                self.log.error("ha_start_failed", reason=str(exc))
+                self.log.error("ha_start_failed", reason=f"{exc}: check [ha] zookeeper ({self.ha.zookeeper}) and that "
+                                                         "the ensemble is up; the node exits (a supervisor restarts it)")
                 return EXIT_NO_ZOOKEEPER
             # Rejoining: ZooKeeper may be what deposed it; keep trying.
             self.log.warning("ha_rejoin_failed", reason=str(exc))

@@ -111,3 +111,18 @@ def test_store_check_on_a_running_brokers_folder_says_in_use_not_corrupt(tmp_pat
     stopped = subprocess.run([GATEWAY, "store", "check", str(running.data_dir)], capture_output=True, text=True,
                              timeout=TIMEOUT_S)
     assert stopped.returncode == 0, stopped
+
+
+def test_an_ha_node_without_zookeeper_says_where_it_looked(tmp_path):
+    """kazoo's own complaints come through our log (at --log-level error,
+    none), so the operator sees one line naming the ensemble to check."""
+    with socket.socket() as closed:
+        closed.bind((HOST, 0))
+        port = closed.getsockname()[1]  # nothing listens here once closed
+    config = tmp_path / "node.toml"
+    config.write_text(f'[ha]\nnode_id = "n1"\nzookeeper = "{HOST}:{port}/gw"\nreplication_listen = "{HOST}:0"\n'
+                      f'advertise = "{HOST}:1"\nzookeeper_session_timeout_s = 2.0\n')
+    result = serve(tmp_path, "--config", str(config))
+    assert result.returncode == 1
+    line = one_line(result)
+    assert "ha_start_failed" in line and f"check [ha] zookeeper ({HOST}:{port}/gw)" in line, line
