@@ -18,7 +18,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests import ha_nodes as failover
 from tests.deploy_helpers import DEPLOY, render_python, the
+from tests.e2e.test_ha_cluster import Node, caught_up, send, until
 from tests.e2e.test_first_users import ADMIN, ADMIN_PASSWORD, ENVIRONMENT, Broker
 from tests.helpers import Client, unique
 from tests.processes import HOST
@@ -67,29 +69,59 @@ def test_the_expression_reader_finds_metrics_and_only_metrics():
     assert selected_labels('sum by (protocol) (gateway_connections{instance=~"$i"})') == {"gateway_connections": {"instance", "protocol"}}
 
 
-def dashboard_queries() -> list[str]:
-    dashboard = json.loads(DASHBOARD.read_text())
-    found: list[str] = []
+HA_ROW = "High availability"  # panels on what only an [ha] group exports (backups, lag)
 
-    def walk(node: Any) -> None:
+
+def dashboard_queries() -> dict[str, list[str]]:
+    """The expressions by the row their panel is in ("templating": the variables')."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    found: dict[str, list[str]] = {}
+
+    def walk(node: Any, row: str) -> None:
         if isinstance(node, dict):
             for key, value in node.items():
                 if key == "expr" and isinstance(value, str):
-                    found.append(value)
+                    found.setdefault(row, []).append(value)
                 else:
-                    walk(value)
+                    walk(value, row)
         elif isinstance(node, list):
             for item in node:
-                walk(item)
+                walk(item, row)
 
-    walk(dashboard["panels"])
+    row = ""
+    for panel in dashboard["panels"]:
+        if panel["type"] == "row":
+            row = panel["title"]
+        walk(panel, row)
     for variable in dashboard["templating"]["list"]:
         query = variable.get("query")
         if isinstance(query, dict):
             metric = re.fullmatch(r"label_values\((\w+),\s*(\w+)\)", query["query"])
             assert metric, query
-            found.append(f"{metric.group(1)}{{{metric.group(2)}=~\".*\"}}")
+            found.setdefault("templating", []).append(f"{metric.group(1)}{{{metric.group(2)}=~\".*\"}}")
     return found
+
+
+def check(queries: list[str], exported: dict[str, set[str]]) -> set[str]:
+    """Every metric and label ``queries`` use is in ``exported``; the metric names used."""
+    used: set[str] = set()
+    for expr in queries:
+        names = metric_names(expr)
+        assert names, f"no metric in {expr!r}"
+        for name, labels in selected_labels(expr).items():
+            assert name in exported, f"{name} (in {expr!r}) is not a metric the broker exports"
+            missing = labels - TARGET_LABELS - exported[name]
+            assert not missing, f"{name} has no label {missing} (in {expr!r})"
+        used |= names
+    return used
+
+
+def samples_of(text: str) -> dict[str, set[str]]:
+    samples: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, set()).update(sample.labels)
+    return samples
 
 
 @pytest.fixture
@@ -107,28 +139,41 @@ def exported(tmp_path) -> dict[str, set[str]]:
     finally:
         broker.stop()
     assert status == 200
-    samples: dict[str, set[str]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, set()).update(sample.labels)
-    return samples
+    return samples_of(text)
 
 
-def test_every_dashboard_expression_names_metrics_the_broker_exports(exported):
-    queries = dashboard_queries()
+def test_every_dashboard_expression_names_metrics_a_single_broker_exports(exported):
+    by_row = dashboard_queries()
+    assert set(by_row) == {"Clients", "Messages", "Store", "Process", HA_ROW, "templating"}
+    queries = [expr for row, exprs in by_row.items() if row != HA_ROW for expr in exprs]
     assert len(queries) >= 20
-    used: set[str] = set()
-    for expr in queries:
-        names = metric_names(expr)
-        assert names, f"no metric in {expr!r}"
-        for name, labels in selected_labels(expr).items():
-            assert name in exported, f"{name} (in {expr!r}) is not a metric the broker exports"
-            missing = labels - TARGET_LABELS - exported[name]
-            assert not missing, f"{name} has no label {missing} (in {expr!r})"
-        used |= names
+    used = check(queries, exported)
     # The panels an operator looks at first are there.
     assert {"gateway_connections", "gateway_destination_depth", "gateway_store_write_seconds_bucket",
             "process_cpu_seconds_total", "process_open_fds", "gateway_disk_free_bytes"} <= used
+
+
+def test_the_high_availability_panels_name_what_an_ha_group_exports(tmp_path, zookeeper):
+    """The primary's and a backup's /metrics, from a real group of two on a
+    real ZooKeeper, with the backup in sync (so the lag families have samples)."""
+    nodes = [Node(tmp_path, name, zookeeper, replicas=2).start() for name in ("gw-0", "gw-1")]
+    try:
+        primary = failover.wait_ready(nodes)
+        (backup,) = [n for n in nodes if n is not primary]
+        send(primary, 5)
+        until(lambda: caught_up(primary, backup.node_id), "the backup in sync", nodes)
+        texts = [node.get("/metrics") for node in (primary, backup)]
+    finally:
+        for node in nodes:
+            node.kill()
+    exported: dict[str, set[str]] = {}
+    for answer in texts:
+        assert answer is not None and answer[0] == 200
+        for name, labels in samples_of(answer[1]).items():
+            exported.setdefault(name, set()).update(labels)
+    used = check(dashboard_queries()[HA_ROW], exported)
+    assert {"gateway_ha_role", "gateway_ha_replication_lag_bytes", "gateway_ha_replication_lag_seconds",
+            "gateway_ha_backups_in_sync", "gateway_ha_failovers_total"} <= used
 
 
 def test_the_dashboard_is_importable_json_with_unique_ids():
