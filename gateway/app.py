@@ -74,8 +74,7 @@ class DiskWatch:
         self.free_bytes = -1  # last seen; -1 until looked at (or when it cannot be)
 
     def check(self) -> None:
-        if not self.min_free_bytes:
-            return
+        # Looked at with the alarm off too: gateway_disk_free_bytes has its sample either way.
         try:
             free = disk_free_bytes(self.path)
         except OSError as exc:
@@ -84,6 +83,8 @@ class DiskWatch:
             self.free_bytes = -1
             return  # not knowing is no reason to stop producers
         self.free_bytes = free
+        if not self.min_free_bytes:
+            return
         on = free < self.min_free_bytes
         if self.broker.set_disk_alarm(on):
             # Both at warning: a log that shows the alarm set must show it cleared.

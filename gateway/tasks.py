@@ -37,7 +37,9 @@ Check = tuple[str, str, Callable[[bool], None]]
 
 class Watch(Protocol):
     """The disk alarm (app.DiskWatch): looks at the free space and raises or
-    clears the alarm."""
+    clears the alarm (0: no alarm, the free space still looked at)."""
+
+    min_free_bytes: int
 
     def check(self) -> None: ...
 
@@ -102,7 +104,7 @@ async def commit(
                 if replicator is not None:
                     replicator.publish(batch)
                 server.durable_advanced()
-        if disk is not None and batch.runs:
+        if disk is not None and batch.runs and disk.min_free_bytes:  # the alarm's quick look; the watch task's otherwise
             disk.check()
         if failed is not None:
             first, last = store.batch_failed(batch, failed)

@@ -57,3 +57,15 @@ def test_connection_gauges_have_samples_at_zero_and_process_metrics_follow_the_p
                 sock.close()
     finally:
         broker.stop()
+
+
+def test_free_disk_space_has_a_sample_with_the_alarm_off_too(tmp_path):
+    config = tmp_path / "gateway.toml"
+    config.write_text("[store]\nmin_free_bytes = 0\n")  # no disk alarm
+    broker = Broker(tmp_path, ENVIRONMENT, "--config", str(config))
+    try:
+        got = scrape(broker)
+        assert got[("gateway_disk_free_bytes", ())] > 0
+        assert got[("gateway_disk_alarm", ())] == 0
+    finally:
+        broker.stop()
