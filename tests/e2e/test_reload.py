@@ -269,3 +269,31 @@ def subscribe_acking(client: RawClient, destination: str) -> str:
     client.send_frame("SUBSCRIBE", {"destination": destination, "id": unique("s"), "receipt": receipt,
                                     "ack": "client-individual"})
     return client.next_frame().command
+
+
+def test_a_user_made_with_gateway_passwd_logs_in_after_a_reload(broker):
+    """The README's "How do I create a user": `gateway passwd` prints the
+    entries (a client's with its groups, an admin's with its role), they go
+    into the file, a reload makes them real."""
+    from tests.processes import GATEWAY
+    import subprocess
+
+    def passwd(*args: str, password: str) -> str:
+        done = subprocess.run([GATEWAY, "passwd", *args], input=password + "\n", capture_output=True, text=True,
+                              timeout=30, check=True)
+        return done.stdout.strip()
+
+    client = passwd("--client", "--name", "carol", "--group", "readers", password="carol-pw")
+    admin = passwd("--name", "auditor", "--role", "read", password="auditor-pw")
+    assert '"readers"' in client and "role" not in client and 'role = "read"' in admin
+    assert broker.login("carol") == "ERROR"
+    broker.config.write_text(config_text(users=[ALICE, client], grants=READ_ORDERS, admins=[*ADMINS, admin]))
+    status, body = broker.post_reload(OPS)
+    assert status == 200 and body["changed"] == ["auth.users +carol", "admin users +auditor"], body
+    carol = broker.session("carol")
+    try:
+        assert subscribe(carol, f"/queue/orders.{unique()}") == "RECEIPT"  # her group's grant
+    finally:
+        carol.close()
+    assert broker.get("/api/v1/destinations", ("auditor", "auditor-pw")) == 200
+    assert broker.post_reload(("auditor", "auditor-pw"))[0] == 403  # read only
