@@ -268,9 +268,8 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None,
     ha = table.pop("ha", None)
     if ha is not None and not isinstance(ha, dict):
         raise ConfigError("'ha' must be a table")
-    if ha is not None:
-        given = environ or {}
-        ha = {**ha, **{key: given[name] for key, name in HA_ENVIRONMENT.items() if given.get(name)}}
     given = environ or {}
+    if ha is not None:
+        ha = {**ha, **{key: given[name] for key, name in HA_ENVIRONMENT.items() if given.get(name)}}
     built = _with_environment_users(_with_users_file(_build(Config, table, ""), given), given, previous)
     return built if ha is None else dataclasses.replace(built, ha=_build(HaSettings, ha, "ha.").check())

@@ -45,8 +45,8 @@ def check_users(config: Config, log: Any) -> str | None:
 
 def no_admin_detail() -> str:
     name, password = ADMIN_USER_ENVIRONMENT
-    return (f"no admin users: the admin API answers 403; set {name} and {password} "
-            "(or [admin] users, from `gateway passwd`) and restart")
+    return (f"no admin users: the admin API answers 403; set {name} and {password} and restart, "
+            "or add [admin] users (`gateway passwd`) to the config file and send SIGHUP")
 
 
 def explain(exc: BaseException, config: Config) -> str:

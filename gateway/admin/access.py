@@ -44,7 +44,7 @@ class Access:
         wait on, then handle() is called again and finds the answer."""
         if not self.users:
             return error(403, "no admin users are configured: set GATEWAY_ADMIN_USER and GATEWAY_ADMIN_PASSWORD "
-                              "(or [admin] users or a users file) and restart")
+                              "and restart, or add [admin] users (gateway passwd) to the config file and send SIGHUP")
         header = request.headers.get("authorization")
         if not header:  # a browser's first request: ask, no failure counted
             return error(401, "credentials required", **{"WWW-Authenticate": 'Basic realm="gateway"'})

@@ -209,3 +209,26 @@ def test_client_users_from_a_users_file_and_a_reloaded_password(tmp_path):
         assert login("first-pw") == "ERROR"
     finally:
         running.stop()
+
+
+def test_without_admin_users_the_api_and_the_log_say_how_to_make_one(tmp_path):
+    from gateway.auth import hash_password
+    import signal
+
+    config = tmp_path / "gateway.toml"
+    config.write_text("log_level = \"info\"\n")
+    running = Broker(tmp_path, {}, "--config", str(config), "--log-format", "json")
+    try:
+        status, body = running.get("/api/v1/destinations", ("ops", "ops-pw"))
+        assert status == 403
+        reason = json.loads(body)["reason"]
+        assert "GATEWAY_ADMIN_USER and GATEWAY_ADMIN_PASSWORD" in reason and "SIGHUP" in reason
+        (locked,) = [e for e in running.events() if e.get("event") == "admin_api_locked"]
+        assert "GATEWAY_ADMIN_USER" in locked["detail"] and locked["level"] == "warning"
+        # The second way it names: a user in the file and a SIGHUP, no restart.
+        entry = f'{{ name = "ops", password_hash = "{hash_password("ops-pw", iterations=1000)}", role = "write" }}'
+        config.write_text(f"[admin]\nusers = [{entry}]\n")
+        running.process.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: running.get("/api/v1/destinations", ("ops", "ops-pw"))[0] == 200, what="the admin user")
+    finally:
+        running.stop()
