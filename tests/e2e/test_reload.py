@@ -297,3 +297,28 @@ def test_a_user_made_with_gateway_passwd_logs_in_after_a_reload(broker):
         carol.close()
     assert broker.get("/api/v1/destinations", ("auditor", "auditor-pw")) == 200
     assert broker.post_reload(("auditor", "auditor-pw"))[0] == 403  # read only
+
+
+def test_an_ha_node_says_it_does_not_reload_and_keeps_serving(tmp_path, zookeeper):
+    """A group runs one configuration: an [ha] node answers SIGHUP with a
+    warning and POST /api/v1/reload with 409, naming what to do, and serves on."""
+    from tests import ha_nodes
+
+    node = ha_nodes.Node(tmp_path, "gw-0", zookeeper, replicas=2)
+    node.config.write_text(node.config.read_text().replace("users = [", f"users = [{entry(*OPS, role='write')}, "))
+    node.start()
+    try:
+        assert ha_nodes.wait_ready([node]) is node
+        node.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "config_reload_failed" in node.log_path.read_text(), what="the SIGHUP answered")
+        assert "an HA node does not reload" in node.log_path.read_text()
+        request = urllib.request.Request(f"http://{HOST}:{node.admin_port}/api/v1/reload", method="POST", data=b"",
+                                         headers={"Content-Type": "application/json"})
+        request.add_header("Authorization", "Basic " + base64.b64encode(":".join(OPS).encode()).decode())
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=5)
+        with refused.value as answer:
+            assert answer.code == 409 and "restart" in json.loads(answer.read())["reason"]
+        assert node.alive() and node.readyz() == 200
+    finally:
+        node.kill()
