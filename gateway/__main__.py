@@ -91,9 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     failures: list[BaseException] = []
     code = 0
-    # SIGHUP reloads the configuration once the broker runs (tasks.reload_on_signal);
-    # until then (recovery) and on an HA node, which does not reload, it is
-    # ignored rather than the end of the process.
+    # SIGHUP reloads the configuration once the broker runs (tasks.reload_on_signal;
+    # an HA node says it does not); until then (recovery) it is ignored rather
+    # than the end of the process.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     reread = partial(_reread, args.config, overrides, os.environ)
     try:
