@@ -6,12 +6,8 @@ a read user's credentials."""
 
 from __future__ import annotations
 
-import base64
 import json
 import re
-import time
-import urllib.request
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
 import subprocess
 import urllib.error
 import urllib.request
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 import stomp
 
+from gateway.auth import hash_password
 from tests.helpers import Client, RawClient, unique, wait_for
 from tests.mqtt_helpers import Paho
 from tests.processes import GATEWAY, HOST, BrokerProcess, free_port
@@ -177,9 +179,6 @@ def test_client_users_from_a_users_file_and_a_reloaded_password(tmp_path):
     """GATEWAY_USERS_FILE (deploy/'s client users Secret): its users log in,
     anonymous clients no longer do, and a SIGHUP after the file changed (a
     rotated password) applies it to the next login."""
-    from gateway.auth import hash_password
-    import signal
-
     users = tmp_path / "clients.toml"
 
     def write(password: str) -> None:
@@ -212,9 +211,6 @@ def test_client_users_from_a_users_file_and_a_reloaded_password(tmp_path):
 
 
 def test_without_admin_users_the_api_and_the_log_say_how_to_make_one(tmp_path):
-    from gateway.auth import hash_password
-    import signal
-
     config = tmp_path / "gateway.toml"
     config.write_text("log_level = \"info\"\n")
     running = Broker(tmp_path, {}, "--config", str(config), "--log-format", "json")

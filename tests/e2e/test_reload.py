@@ -11,16 +11,18 @@ from __future__ import annotations
 import base64
 import json
 import signal
+import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.auth_helpers import ITER
 from gateway.auth import hash_password
+from tests import ha_nodes
+from tests.auth_helpers import ITER
 from tests.helpers import RawClient, unique, wait_for
-from tests.processes import HOST, BrokerProcess, free_port
+from tests.processes import GATEWAY, HOST, BrokerProcess, free_port
 
 OPS = ("ops", "ops-pw")  # admin, write
 VIEWER = ("viewer", "viewer-pw")  # admin, read
@@ -275,9 +277,6 @@ def test_a_user_made_with_gateway_passwd_logs_in_after_a_reload(broker):
     """The README's "How do I create a user": `gateway passwd` prints the
     entries (a client's with its groups, an admin's with its role), they go
     into the file, a reload makes them real."""
-    from tests.processes import GATEWAY
-    import subprocess
-
     def passwd(*args: str, password: str) -> str:
         done = subprocess.run([GATEWAY, "passwd", *args], input=password + "\n", capture_output=True, text=True,
                               timeout=30, check=True)
@@ -302,8 +301,6 @@ def test_a_user_made_with_gateway_passwd_logs_in_after_a_reload(broker):
 def test_an_ha_node_says_it_does_not_reload_and_keeps_serving(tmp_path, zookeeper):
     """A group runs one configuration: an [ha] node answers SIGHUP with a
     warning and POST /api/v1/reload with 409, naming what to do, and serves on."""
-    from tests import ha_nodes
-
     node = ha_nodes.Node(tmp_path, "gw-0", zookeeper, replicas=2)
     node.config.write_text(node.config.read_text().replace("users = [", f"users = [{entry(*OPS, role='write')}, "))
     node.start()
