@@ -5,13 +5,22 @@ BIN := $(VENV)/bin
 
 .PHONY: run test bench clean system-packages js-bundles fast unfast test-fast
 
-$(BIN)/.installed: pyproject.toml
+# Two stamps in one .venv: the broker's own dependencies (all `make run`
+# needs, about 200 MB), then the test extras on top (pyspark, pandas,
+# selenium...: about 1 GB more), so a first `make run` costs what the broker
+# costs, `make run` after `make test` installs nothing, and `make test` after
+# `make run` adds only the extras.
+$(BIN)/.installed-broker: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(BIN)/.installed: $(BIN)/.installed-broker
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
-run: $(BIN)/.installed  ## the broker on its defaults (STOMP 61613, data in ./data)
+run: $(BIN)/.installed-broker  ## the broker on its defaults (STOMP 61613, data in ./data)
 	$(BIN)/gateway serve $(ARGS)
 
 test: $(BIN)/.installed system-packages js-bundles  ## the whole test suite

@@ -119,6 +119,10 @@ class Broker:
     def release_transaction_bytes(self, size: int) -> None:
         self.transaction_bytes -= size
 
+    def replace_policies(self, entries: list[dict[str, Any]]) -> None:
+        """Per-destination policies from a reloaded configuration (see QueueRegistry.apply_policies)."""
+        self.policies = self.registry.apply_policies(entries)
+
     def set_disk_alarm(self, on: bool) -> bool:
         """Free space went below the store's minimum (on) or came back (off);
         True if that changed anything.  Clearing it lets every producer it

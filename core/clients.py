@@ -72,7 +72,7 @@ class Core(Protocol):
 class Client:
     """One connected client's view of the broker: its subscriptions, transactions and
     temporary destinations, all released by :meth:`close`.  Slotted: one per connection."""
-    __slots__ = ("broker", "sink", "number", "client_id", "principal", "_decisions", "subscriptions", "transactions",
+    __slots__ = ("broker", "sink", "number", "client_id", "principal", "_decisions", "_decided_by", "subscriptions", "transactions",
                  "temporaries", "transaction_bytes", "blocked_on", "last_lsn", "retain_refusal", "held_until", "closed",
                  "origin")
 
@@ -85,6 +85,7 @@ class Client:
         self.client_id = client_id
         self.principal = principal
         self._decisions: dict[tuple[str, Address], bool] = {}
+        self._decided_by: Authorizer | None = None  # the map _decisions came from
         self.subscriptions: dict[Any, Subscription] = {}
         self.transactions: dict[str, Transaction] = {}
         # Temporary names this client used -> its private destinations.
@@ -135,6 +136,9 @@ class Client:
         authorizer = self.broker.authorizer
         if authorizer is None or address.is_temporary:
             return
+        if authorizer is not self._decided_by:  # a reloaded map: decide afresh from here on
+            self._decisions.clear()
+            self._decided_by = authorizer
         key = (operation, address)
         allowed = self._decisions.get(key)
         if allowed is None:

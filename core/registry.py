@@ -4,6 +4,7 @@ from the destination's policy, in one place (:meth:`QueueRegistry.configure`).""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -87,6 +88,19 @@ class QueueRegistry:
             redelivery_delay=delay,
             selector=selector,
         )
+
+    def apply_policies(self, entries: list[dict[str, Any]]) -> Policies:
+        """Per-destination policy ``entries`` from a reloaded configuration
+        (ValueError names a bad one), for what is decided per message and
+        the queues made from now on; the named queues there already take
+        their new bounds and dead-letter routing too.  A topic subscriber's,
+        durable subscription's or shared group's queue keeps what it was
+        given (an MQTT session bounds its own) until it is made again."""
+        self.policies = Policies(dataclasses.replace(self.settings, policies=entries))
+        for queue in self.queues.values():
+            if queue.address.is_queue and not queue.address.is_temporary:
+                self.configure(queue)
+        return self.policies
 
     def create(self, address: Address, owner: Any = None) -> Queue:
         """A new queue at ``address``; refused (:class:`LimitExceeded`) past

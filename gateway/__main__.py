@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+from collections.abc import Mapping
+from functools import partial
 
 from gateway import __version__, app, config, logs
 
@@ -33,11 +36,15 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-format", choices=config.LOG_FORMATS, help="console (default) or json lines")
     serve.add_argument("--log-level", choices=config.LOG_LEVELS, help="default info")
     passwd = commands.add_parser(
-        "passwd", help="hash a password for an [admin] users entry",
-        description="Read a password (prompted, or one line on standard input) and print its salted hash.",
+        "passwd", help="hash a password for an [admin] users (or, with --client, [auth] users) entry",
+        description="Read a password (prompted, or one line on standard input) and print its salted hash "
+                    "as a TOML users entry.",
     )
     passwd.add_argument("--name", default="admin", help="the user name to print the TOML entry for")
-    passwd.add_argument("--role", choices=("read", "write"), default="write")
+    passwd.add_argument("--role", choices=("read", "write"), default="write", help="an admin user's role (default write)")
+    passwd.add_argument("--client", action="store_true", help="a STOMP/MQTT client user ([auth] users): no role")
+    passwd.add_argument("--group", action="append", default=[], metavar="GROUP",
+                        help="with --client: a group for the [[auth.acl]] grants (repeat for more)")
     store = commands.add_parser("store", help="inspect or compact a data folder offline (broker stopped)")
     actions = store.add_subparsers(dest="action", metavar="ACTION", required=True)
     check = actions.add_parser("check", help="verify every record and print what the store holds")
@@ -51,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     grammar = parser()
     args = grammar.parse_args(argv)
     if args.command == "passwd":
-        return _passwd(args.name, args.role)
+        if args.group and not args.client:
+            grammar.error("--group is for client users (--client)")
+        return _passwd(args.name, None if args.client else args.role, args.group)
     if args.command == "store":
         from gateway import storetool
 
@@ -74,11 +83,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
     log = logs.configure(cfg.log_format, cfg.log_level)
+    from gateway import startup
+
+    refused = startup.check_users(cfg, log)
+    if refused is not None:
+        print(f"gateway: {refused}", file=sys.stderr)
+        return 2
     failures: list[BaseException] = []
     code = 0
+    # SIGHUP reloads the configuration once the broker runs (tasks.reload_on_signal;
+    # an HA node says it does not); until then (recovery) it is ignored rather
+    # than the end of the process.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    reread = partial(_reread, args.config, overrides, os.environ)
     try:
         if cfg.ha is None:
-            app.run(cfg, log)
+            app.run(cfg, log, reread)
         else:
             from gateway.ha import runtime  # kazoo and the HA package: only for an [ha] node
 
@@ -88,12 +108,19 @@ def main(argv: list[str] | None = None) -> int:
         # is an operator's mistake, worth one clear line rather than a traceback.
         failures = _leaves(group)
     for exc in failures:
-        log.error("startup_failed", reason=str(exc))
+        log.error("startup_failed", reason=startup.explain(exc, cfg))
     return 1 if failures else code
 
 
-def _passwd(name: str, role: str) -> int:
+def _reread(path: str | None, overrides: dict[str, object], environ: Mapping[str, str], running: config.Config) -> config.Config:
+    """The configuration as at start (file, flags, environment), read again for a reload."""
+    return config.load(path, overrides, environ, previous=running)
+
+
+def _passwd(name: str, role: str | None, groups: list[str]) -> int:
+    """One users entry: an admin's with its ``role``, or (None) a client's with its ``groups``."""
     import getpass
+    import json
 
     from gateway.auth import hash_password
 
@@ -101,7 +128,13 @@ def _passwd(name: str, role: str) -> int:
     if not password:
         print("gateway: empty password", file=sys.stderr)
         return 2
-    print(f'{{ name = "{name}", password_hash = "{hash_password(password)}", role = "{role}" }}')
+    # JSON strings are TOML basic strings: a name with a quote stays one key.
+    entry = f"name = {json.dumps(name)}, password_hash = \"{hash_password(password)}\""
+    if role is not None:
+        entry += f", role = \"{role}\""
+    elif groups:
+        entry += f", groups = [{', '.join(json.dumps(g) for g in groups)}]"
+    print(f"{{ {entry} }}")
     return 0
 
 

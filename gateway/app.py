@@ -9,6 +9,7 @@ import os
 import time
 from functools import partial
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import trio
@@ -17,7 +18,7 @@ from core.authorization import Authorizer, parse_entries
 from core import recovery
 from core.broker import Broker
 from core.storage import Recovered
-from gateway import tasks
+from gateway import reload, startup, tasks
 from gateway.auth import Gatekeeper, Transport
 from gateway.admin import cluster, metrics
 from gateway.admin.server import AdminSlots, serve_admin
@@ -74,8 +75,7 @@ class DiskWatch:
         self.free_bytes = -1  # last seen; -1 until looked at (or when it cannot be)
 
     def check(self) -> None:
-        if not self.min_free_bytes:
-            return
+        # Looked at with the alarm off too: gateway_disk_free_bytes has its sample either way.
         try:
             free = disk_free_bytes(self.path)
         except OSError as exc:
@@ -84,6 +84,8 @@ class DiskWatch:
             self.free_bytes = -1
             return  # not knowing is no reason to stop producers
         self.free_bytes = free
+        if not self.min_free_bytes:
+            return
         on = free < self.min_free_bytes
         if self.broker.set_disk_alarm(on):
             # Both at warning: a log that shows the alarm set must show it cleared.
@@ -127,14 +129,17 @@ class Running:
 
 async def serve(
     config: Config, log: Any, *, handle_signals: bool = True, task_status: Any = trio.TASK_STATUS_IGNORED,
-    primary: PrimaryRole | None = None,
+    primary: PrimaryRole | None = None, reread: Callable[[Config], Config] | None = None,
 ) -> None:
     """Recover the store, run the broker until SIGINT/SIGTERM (or
     :meth:`Running.stop`), then drain, close the store and return.  Startup
     is the steps below in this order; shutdown runs it the other way round.
     With ``primary`` (an HA primary) batches replicate and receipts wait for
-    the backups' confirmations."""
+    the backups' confirmations.  ``reread(running)`` loads the configuration
+    again for a reload (SIGHUP, POST /api/v1/reload); without it (an HA
+    node, a broker run in-process) a reload is refused and says so."""
     wiring = await _open_and_recover(config, log)  # the core as the store left it, before anyone can reach it
+    wiring.reread = reread
     if primary is not None:
         primary.attach(wiring.store)
         wiring.replicator = primary
@@ -143,6 +148,7 @@ async def serve(
     wiring.build_listeners()  # the sessions and the ports; a TLS certificate that does not load stops here
     wiring.watch_disk()  # the disk alarm, looked at before anyone connects
     wiring.build_admin_api()  # locked (403) without admin users
+    wiring.build_reloader()  # what a reload may change: users, the authorization map, admin users, policies
     try:
         async with trio.open_nursery() as nursery:
             wiring.start_tasks(nursery, handle_signals=handle_signals)  # the committer, before any client writes
@@ -211,6 +217,7 @@ class _Wiring:
         self.finished = trio.Event()  # set when the listeners have stopped
         self.listening = False  # readiness: true from broker_started until shutdown
         self.replicator: PrimaryRole | None = None
+        self.reread: Callable[[Config], Config] | None = None  # None: a reload is refused
 
     def build_server(self) -> None:
         """The listeners' server.  After each client's input it wakes the
@@ -299,9 +306,9 @@ class _Wiring:
         """The admin API; without admin users it is locked (403), said once."""
         config, server = self.config, self.server
         self.writes = metrics.Histogram()
-        users = load_users(config.admin)
+        self.admins = users = load_users(config.admin)
         if not users:
-            self.log.warning("admin_api_locked", detail="no [admin] users configured: the admin API answers 403")
+            self.log.warning("admin_api_locked", detail=startup.no_admin_detail())
         store = self.store
         self.history = History(self.broker, server, store, config.data_dir, config.admin.history_interval_s)
         group = self.replicator.cluster if self.replicator is not None else cluster.Single(lambda: store.durable_lsn)
@@ -311,7 +318,26 @@ class _Wiring:
                                            group.view(), self.registry),
             archive=store.archive, origins=config.admin.allowed_origins + config.admin.websocket_origins,
             gate=self.gatekeeper, cluster=group, history=self.history,
+            reload=lambda: self.reloader.reload("api"),
         )
+
+    def build_reloader(self) -> None:
+        self.reloader = reload.Reloader(self.config, self.admins, self.reread, self, self.log)
+
+    def apply(self, config: Config, admins: dict[str, tuple[str, str]]) -> None:
+        """A reloaded configuration's live part, for the operations that
+        follow: logins and their groups (a connected client keeps the
+        principal it logged in as), the authorization map (the next
+        SUBSCRIBE or SEND of every client is decided by it), the admin
+        users, and the per-destination policies."""
+        self.gatekeeper.reconfigure(config.auth)
+        self.broker.secured = bool(self.gatekeeper.users)
+        acl = parse_entries(config.auth.acl, groups=config.auth.groups)
+        self.broker.authorizer = Authorizer(acl) if acl else None
+        self.broker.replace_policies(config.broker.policies)
+        self.api.access.replace(admins)
+        if self.gatekeeper.users and self.gatekeeper.anonymous:
+            self.log.warning("anonymous_access_enabled", users=len(self.gatekeeper.users))
 
     def start_tasks(self, nursery: trio.Nursery, *, handle_signals: bool) -> None:
         """The store's group commit, the timers and the password workers,
@@ -330,6 +356,7 @@ class _Wiring:
         nursery.start_soon(tasks.sample_history, self.history, self.broker.clock)  # the console's charts
         if handle_signals:
             nursery.start_soon(tasks.stop_on_signal, self.server, log)
+            nursery.start_soon(tasks.reload_on_signal, self.reloader.reload)
 
     async def run_listeners(self, *, task_status: Any) -> None:
         """Bind every listener, report the ports, serve until stopped and drained."""
@@ -345,6 +372,8 @@ class _Wiring:
         admin_threads = trio.CapacityLimiter(ADMIN_THREADS)
         admin_slots = AdminSlots(self.server, config.admin.max_connections)
         upgrades = Upgrades.for_broker(self.server, config, self.stomp_session, self.mqtt_session)  # /stomp, /mqtt
+        for endpoint in upgrades.endpoints.values():  # their /metrics samples from zero, as the listeners'
+            self.server.accepted.setdefault(endpoint.name, 0)
         admin = partial(serve_admin, upgrades=upgrades, threads=admin_threads, slots=admin_slots)
         if config.tls.plain:
             ports["admin"] = await nursery.start(admin, self.api, config.admin, config.bind, config.admin_port, log)
@@ -384,10 +413,10 @@ def _raise_file_limit(config: Config, log: Any) -> None:
         log.info("file_limit", limit=soft)
 
 
-def run(config: Config, log: Any) -> None:
+def run(config: Config, log: Any, reread: Callable[[Config], Config] | None = None) -> None:
     """Run the broker in this (main) thread until a signal stops it."""
     tune_collector()
-    trio.run(serve, config, log)
+    trio.run(partial(serve, config, log, reread=reread))
 
 
 def tune_collector() -> None:

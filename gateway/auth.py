@@ -103,11 +103,26 @@ def verify_password(password: str, stored: str) -> bool:
     return hmac.compare_digest(actual, expected)
 
 
+def usable_hash(stored: str) -> bool:
+    """Whether some password can match ``stored``: a hash this module could
+    have made.  A placeholder (deploy/admin-users.toml's
+    ``pbkdf2_sha256$REPLACE-ME``) cannot, and admits nobody."""
+    try:
+        scheme, iterations, salt, digest = stored.split("$")
+        return (scheme == HASH_SCHEME and int(iterations) > 0 and bool(base64.b64decode(salt, validate=True))
+                and len(base64.b64decode(digest, validate=True)) == hashlib.sha256().digest_size)
+    except (ValueError, binascii.Error):
+        return False
+
+
 @dataclasses.dataclass(frozen=True)
 class AuthSettings:
     # [{name = "app", password_hash = "pbkdf2_sha256$..."}] (gateway passwd makes one)
     users: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     # and optional groups = ["producers"], named by [[auth.acl]] grants.
+    # A TOML file with more of the same `users` list (a Kubernetes Secret),
+    # or GATEWAY_USERS_FILE in the environment; read with the config (and on reload).
+    users_file: str = ""
     # auto: anonymous clients are let in only while no user is defined.
     anonymous: str = "auto"
     # [{destination = "/queue/orders.>", read = ["consumers"], write = ["app"],
@@ -154,13 +169,10 @@ class Gatekeeper:
     exists."""
 
     def __init__(self, settings: AuthSettings, clock: Callable[[], float] = time.monotonic) -> None:
-        self.settings = settings
-        self.users = {entry["name"]: entry["password_hash"] for entry in settings.users}
-        self.groups = {entry["name"]: frozenset(entry.get("groups", ())) for entry in settings.users}
-        self.anonymous = settings.anonymous == "true" or (settings.anonymous == "auto" and not self.users)
-        self.dummy = dummy_hash(self.users.values())
         self._verified: set[tuple[str, str, bytes]] = set()
         self._rejected: set[tuple[str, str, bytes]] = set()  # answers waiting for their retried check
+        self._generation = 0  # reconfigurations so far: an answer about older users is not remembered
+        self.reconfigure(settings)
         self._pending: dict[str, int] = {}  # host -> checks queued or running
         # Runs verify_password(passcode, stored) off the loop and then calls
         # back with the result (set by the app); None: verify inline.
@@ -169,6 +181,19 @@ class Gatekeeper:
         self.refused: dict[str, int] = {}  # CONNECTs refused, by AccessDenied.kind
         # (door, host) -> (window start, failures)
         self._failures: OrderedDict[tuple[str, str], tuple[float, int]] = OrderedDict()
+
+    def reconfigure(self, settings: AuthSettings) -> None:
+        """Take ``settings``' users for the logins from now on (a reload);
+        the remembered answers go, so a removed user or a changed password
+        admits nobody, while the failure counts and checks in progress stay."""
+        self.settings = settings
+        self.users = {entry["name"]: entry["password_hash"] for entry in settings.users}
+        self.groups = {entry["name"]: frozenset(entry.get("groups", ())) for entry in settings.users}
+        self.anonymous = settings.anonymous == "true" or (settings.anonymous == "auto" and not self.users)
+        self.dummy = dummy_hash(self.users.values())
+        self._verified.clear()
+        self._rejected.clear()
+        self._generation += 1
 
     @property
     def failing_addresses(self) -> int:
@@ -262,12 +287,15 @@ class Gatekeeper:
                 self._remember(key, True)
             return ok
 
+        generation = self._generation
+
         def start(done: Callable[[], None]) -> bool:
             def finished(ok: bool) -> None:
                 self._pending[host] -= 1
                 if not self._pending[host]:
                     del self._pending[host]
-                self._remember(key, ok)
+                if generation == self._generation:  # else checked against a hash a reload replaced
+                    self._remember(key, ok)
                 done()
 
             if not verifier(passcode, stored, finished):

@@ -11,7 +11,7 @@ from typing import Any
 
 from core.broker import BrokerSettings
 from gateway.admin.api import AdminSettings
-from gateway.auth import AuthSettings
+from gateway.auth import AuthSettings, hash_password
 from gateway.mqtt.session import MqttSettings
 from gateway.stomp.session import StompSettings
 from gateway.transports.tls import TlsSettings, server_context
@@ -169,12 +169,91 @@ def _build(cls: type, table: dict[str, Any], where: str) -> Any:
         raise ConfigError(str(exc)) from None
 
 
+# A first user from the environment, as RABBITMQ_DEFAULT_USER/_PASS give
+# RabbitMQ's: the admin API's (role write) and a messaging client's.  Each is
+# hashed at start like a configured user's and checked by the same gate.
+ADMIN_USER_ENVIRONMENT = ("GATEWAY_ADMIN_USER", "GATEWAY_ADMIN_PASSWORD")
+CLIENT_USER_ENVIRONMENT = ("GATEWAY_USER", "GATEWAY_PASSWORD")
+
+
+def _environment_user(environ: Mapping[str, str], variables: tuple[str, str],
+                      previous: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The user ``variables`` name (both or neither must be set), hashed.  A
+    reload keeps the hash ``previous`` (the running config) holds for it: a
+    running process's environment does not change, and hashing again would
+    cost a PBKDF2 run and look like a changed password."""
+    name_variable, password_variable = variables
+    name, password = environ.get(name_variable, ""), environ.get(password_variable, "")
+    if not name and not password:
+        return None
+    if not name or not password:
+        missing = password_variable if name else name_variable
+        raise ConfigError(f"{name_variable} and {password_variable} go together: {missing} is not set")
+    kept = next((e["password_hash"] for e in previous if e.get("name") == name), None)
+    hashed = kept if kept is not None else hash_password(password)
+    return {"name": name, "password_hash": hashed}
+
+
+# The client users' file when [auth] users_file names none (a Secret's mount).
+USERS_FILE_ENVIRONMENT = "GATEWAY_USERS_FILE"
+
+
+def _with_users_file(built: Config, environ: Mapping[str, str]) -> Config:
+    """[auth] users from the users file too, before they are checked together
+    (names, the groups the authorization map may name)."""
+    path = built.auth.users_file or environ.get(USERS_FILE_ENVIRONMENT, "")
+    if not path:
+        return built
+    try:
+        entries = tomllib.loads(Path(path).read_text()).get("users", [])
+    except FileNotFoundError:
+        raise ConfigError(f"users file {path} does not exist (auth.users_file or {USERS_FILE_ENVIRONMENT})") from None
+    except OSError as exc:
+        raise ConfigError(f"users file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"users file {path}: {exc}") from None
+    if not isinstance(entries, list):
+        raise ConfigError(f"users file {path}: users must be a list of tables")
+    configured = {e.get("name") for e in built.auth.users}
+    twice = sorted(str(e.get("name")) for e in entries if isinstance(e, dict) and e.get("name") in configured)
+    if twice:
+        raise ConfigError(f"users file {path}: {', '.join(map(repr, twice))} also in [auth] users; remove one")
+    try:
+        return dataclasses.replace(built, auth=dataclasses.replace(built.auth, users=[*built.auth.users, *entries]))
+    except ValueError as exc:
+        raise ConfigError(f"users file {path}: {exc}") from None
+
+
+def _with_environment_users(built: Config, environ: Mapping[str, str], previous: Config | None) -> Config:
+    admin = _environment_user(environ, ADMIN_USER_ENVIRONMENT, previous.admin.users if previous else [])
+    client = _environment_user(environ, CLIENT_USER_ENVIRONMENT, previous.auth.users if previous else [])
+    if admin is not None:
+        if any(e.get("name") == admin["name"] for e in built.admin.users):
+            raise ConfigError(f"admin user {admin['name']!r} is in [admin] users and in {ADMIN_USER_ENVIRONMENT[0]}; "
+                              "remove one")
+        admin_users = [*built.admin.users, {**admin, "role": "write"}]
+        built = dataclasses.replace(built, admin=dataclasses.replace(built.admin, users=admin_users))
+    if client is not None:
+        if any(e.get("name") == client["name"] for e in built.auth.users):
+            raise ConfigError(f"user {client['name']!r} is in [auth] users (or its users file) and in "
+                              f"{CLIENT_USER_ENVIRONMENT[0]}; remove one")
+        try:
+            auth = dataclasses.replace(built.auth, users=[*built.auth.users, client])
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        built = dataclasses.replace(built, auth=auth)
+    return built
+
+
 def load(path: str | None = None, overrides: dict[str, Any] | None = None,
-         environ: Mapping[str, str] | None = None) -> Config:
+         environ: Mapping[str, str] | None = None, previous: Config | None = None) -> Config:
     """Read ``path`` (TOML) if given, then apply ``overrides`` (from flags).
     ``environ`` (``os.environ`` for the command) fills in the per-node [ha]
     keys of :data:`HA_ENVIRONMENT` over the file's; without an [ha] table
-    they are ignored, so one pod spec also runs a single-node file."""
+    they are ignored, so one pod spec also runs a single-node file.  It also
+    gives the first users (:data:`ADMIN_USER_ENVIRONMENT`,
+    :data:`CLIENT_USER_ENVIRONMENT`).  ``previous``: the running config a
+    reload replaces, whose hashes of those users are kept."""
     table: dict[str, Any] = {}
     if path is not None:
         try:
@@ -189,8 +268,8 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None,
     ha = table.pop("ha", None)
     if ha is not None and not isinstance(ha, dict):
         raise ConfigError("'ha' must be a table")
+    given = environ or {}
     if ha is not None:
-        given = environ or {}
         ha = {**ha, **{key: given[name] for key, name in HA_ENVIRONMENT.items() if given.get(name)}}
-    built = _build(Config, table, "")
+    built = _with_environment_users(_with_users_file(_build(Config, table, ""), given), given, previous)
     return built if ha is None else dataclasses.replace(built, ha=_build(HaSettings, ha, "ha.").check())

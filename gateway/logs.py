@@ -72,4 +72,29 @@ def configure(log_format: str = "console", level: str = "info") -> Any:
     )
     # Assembled now, not on each use: the server binds one logger per
     # connection, and binding a lazy proxy builds a logger anew every time.
-    return structlog.get_logger("gateway").bind()
+    log = structlog.get_logger("gateway").bind()
+    for name in LIBRARY_LOGGERS:
+        library = logging.getLogger(name)
+        library.handlers = [_Forward(log)]
+        # Their INFO is chatter about their own state: warnings and worse only.
+        library.setLevel(max(logging.WARNING, getattr(logging, level.upper())))
+        library.propagate = False  # else Python's last resort prints it again, raw
+    return log
+
+
+# Libraries that log through the standard library: kazoo (an HA node's
+# ZooKeeper client) says "Connection dropped ..." and the like.
+LIBRARY_LOGGERS = ("kazoo",)
+
+
+class _Forward(logging.Handler):
+    """A library's standard-library log records as lines of ours (``library_log``,
+    in the configured format and level), not raw text among JSON lines."""
+
+    def __init__(self, log: Any) -> None:
+        super().__init__()
+        self.log = log
+
+    def emit(self, record: logging.LogRecord) -> None:
+        method = {"DEBUG": "debug", "INFO": "info", "WARNING": "warning"}.get(record.levelname, "error")
+        getattr(self.log, method)("library_log", source=record.name, message=record.getMessage())

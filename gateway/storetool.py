@@ -8,6 +8,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from persistence import offline
+from persistence.recovery import FolderInUse
+
+# Exit codes: 0 a sound store, 1 damage found (or the folder unreadable), 2 no
+# store there, 3 the folder is in use (a running broker holds its lock).
+IN_USE_EXIT = 3
 
 
 class ProgressBar:
@@ -45,6 +50,11 @@ def main(action: str, data_dir: str) -> int:
     bar = ProgressBar("checking" if action == "check" else "compacting")
     try:
         report = offline.check(directory, progress=bar) if action == "check" else offline.compact(directory, progress=bar)
+    except FolderInUse as exc:
+        # Not a damaged store: a broker (or another tool) has it open.
+        bar.done()
+        print(f"gateway: {exc}", file=sys.stderr)
+        return IN_USE_EXIT
     except OSError as exc:
         bar.done()
         print(f"gateway: {exc}", file=sys.stderr)

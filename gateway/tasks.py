@@ -1,7 +1,8 @@
 """The broker's long-running tasks, each started once by :mod:`gateway.app`
 in the main nursery: group commit, maintenance (expiry, checkpoints,
 garbage collection, compaction, archive retention), the redelivery timer,
-the disk watch, the console's history, password checks in worker threads, TLS reload and signals."""
+the disk watch, the console's history, password checks in worker threads, TLS
+reload and signals (SIGINT and SIGTERM stop, SIGHUP reloads the configuration)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,9 @@ Check = tuple[str, str, Callable[[bool], None]]
 
 class Watch(Protocol):
     """The disk alarm (app.DiskWatch): looks at the free space and raises or
-    clears the alarm."""
+    clears the alarm (0: no alarm, the free space still looked at)."""
+
+    min_free_bytes: int
 
     def check(self) -> None: ...
 
@@ -101,7 +104,7 @@ async def commit(
                 if replicator is not None:
                     replicator.publish(batch)
                 server.durable_advanced()
-        if disk is not None and batch.runs:
+        if disk is not None and batch.runs and disk.min_free_bytes:  # the alarm's quick look; the watch task's otherwise
             disk.check()
         if failed is not None:
             first, last = store.batch_failed(batch, failed)
@@ -244,3 +247,12 @@ async def stop_on_signal(server: Server, log: Any) -> None:
         async for signum in signals:
             log.info("shutdown_requested", signal=signal.Signals(signum).name)
             server.stop()
+
+
+async def reload_on_signal(reload: Callable[[str], Any]) -> None:
+    """SIGHUP reloads the configuration (gateway/reload.py, which logs what
+    it did); it never ends the process.  The reload reads a file or two of a
+    few KB and hashes nothing, so it runs here, between two client inputs."""
+    with trio.open_signal_receiver(signal.SIGHUP) as signals:
+        async for _ in signals:
+            reload("SIGHUP")

@@ -131,7 +131,7 @@ class Follower(Maintenance):
         """Recover the folder as a store would (empty is fine); a snapshot
         that was cut short is wiped, leaving an empty store to catch up."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = recovery.lock_folder(self.directory, f"store {self.directory} is in use by another process")
+        self._lock_fd = recovery.lock_folder(self.directory, recovery.IN_USE.format(self.directory))
         self.history = epochs.load(self.directory)
         if (self.directory / recovery.INCOMPLETE_NAME).exists():
             self.incomplete_found = True

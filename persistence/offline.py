@@ -30,7 +30,9 @@ def check(directory: Path, progress: Progress = None) -> dict[str, Any]:
     if not directory.is_dir():
         raise FileNotFoundError(f"no store at {directory}")
     # Only to see that no broker has it: released at once, nothing is changed.
-    os.close(recovery.lock_folder(directory, f"store {directory} is open in a running broker; stop it first"))
+    busy = (f"store {directory} is in use (a running broker or tool holds its lock), which is not damage: "
+            "stop the broker first, or check a copy of the folder")
+    os.close(recovery.lock_folder(directory, busy))
     corruptions: list[dict[str, Any]] = []
 
     def on_corrupt(path: str, offset: int, reason: str) -> None:

@@ -5,6 +5,7 @@ offline ``check`` both load through here."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from collections.abc import Callable
@@ -30,15 +31,26 @@ LOCK_NAME = "LOCK"
 INCOMPLETE_NAME = "INCOMPLETE"
 
 
+# What a broker (or a backup) says when the folder it would open is locked.
+IN_USE = "store {} is in use by another process (another broker on this data folder?): stop it or choose another --data-dir"
+
+
+class FolderInUse(OSError):
+    """Another process holds the folder's lock (a running broker, or a tool):
+    not a damaged store, and worth saying so."""
+
+
 def lock_folder(directory: Path, busy: str) -> int:
     """Take the folder's lock; its descriptor holds it until closed.
-    Raises OSError saying ``busy`` when another process has it."""
+    Raises :class:`FolderInUse` saying ``busy`` when another process has it."""
     fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         os.close(fd)
-        raise OSError(exc.errno, busy) from exc
+        if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+            raise
+        raise FolderInUse(exc.errno, busy) from exc
     return fd
 
 

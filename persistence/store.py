@@ -125,7 +125,7 @@ class Store(Maintenance):
         self.directory.mkdir(parents=True, exist_ok=True)
         if (self.directory / recovery.INCOMPLETE_NAME).exists():
             raise OSError(f"store {self.directory} is an incomplete copy (a backup's catch-up was cut short)")
-        self._lock_fd = recovery.lock_folder(self.directory, f"store {self.directory} is in use by another process")
+        self._lock_fd = recovery.lock_folder(self.directory, recovery.IN_USE.format(self.directory))
         clean = (self.directory / CLEAN_NAME).exists()
         index = self._index
         journal = self._journal

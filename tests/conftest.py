@@ -240,8 +240,8 @@ def gateway(tmp_path: Path) -> Iterator[Callable[..., Any]]:
 
     made: list[Process] = []
 
-    def start(*args: str) -> Process:
-        process = Process(list(args), tmp_path)
+    def start(*args: str, env: dict[str, str] | None = None) -> Process:
+        process = Process(list(args), tmp_path, env)
         made.append(process)
         return process
 

@@ -78,6 +78,13 @@ def _add_labels(obj: dict[str, Any], pairs: dict[str, str], selectors: bool, tem
             spec["selector"].update(pairs)
         elif "selector" in spec:  # workloads and PodDisruptionBudgets
             spec["selector"].setdefault("matchLabels", {}).update(pairs)
+        if obj["kind"] == "NetworkPolicy":  # its own pods, and its peers chosen by pod labels
+            if "podSelector" in spec:
+                spec["podSelector"].setdefault("matchLabels", {}).update(pairs)
+            for rule, peers in (("ingress", "from"), ("egress", "to")):
+                for peer in (p for r in spec.get(rule, []) for p in r.get(peers, [])):
+                    if "podSelector" in peer:
+                        peer["podSelector"].setdefault("matchLabels", {}).update(pairs)
         # kustomize's selector field specs also reach a pod template's (anti-)affinity terms.
         affinity = spec.get("template", {}).get("spec", {}).get("affinity", {})
         for kind in ("podAffinity", "podAntiAffinity"):
@@ -203,17 +210,49 @@ def pod_environment(objects: list[dict[str, Any]], pod: str) -> dict[str, str]:
     return env
 
 
+def generated_secret(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    """The Secret ``name`` as secretGenerator made it (its name with a hash suffix)."""
+    found = [o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"].rsplit("-", 1)[0] == name]
+    assert len(found) == 1, f"expected one Secret {name}-<hash>, found {[o['metadata']['name'] for o in found]}"
+    return found[0]
+
+
+def mount_secrets(objects: list[dict[str, Any]], env: dict[str, str], where: Path) -> dict[str, str]:
+    """What the kubelet does with the container's Secret volumes, under
+    ``where``: each Secret's keys written as files, and ``env``'s paths into
+    their mount points pointed at those files instead."""
+    pod = pod_spec(the(objects, "StatefulSet"))
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    secrets = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Secret"}
+    env = dict(env)
+    for mount in container(objects)["volumeMounts"]:
+        volume = volumes.get(mount["name"], {})
+        if "secret" not in volume:
+            continue
+        folder = where / mount["name"]
+        folder.mkdir(parents=True, exist_ok=True)
+        for key, encoded in secrets[volume["secret"]["secretName"]]["data"].items():
+            (folder / key).write_bytes(base64.b64decode(encoded))
+        prefix = mount["mountPath"].rstrip("/") + "/"
+        for name, value in env.items():
+            if value.startswith(prefix):
+                env[name] = str(folder / value[len(prefix):])
+    return env
+
+
 def effective_config(objects: list[dict[str, Any]], tmp_path: Path, pod: str | None = None) -> tuple[config.Config, Any]:
     """The config pod ``pod`` (the first by default) would run with: the
     ConfigMap's file at the --config path plus the flags and the pod's
-    environment, through the real CLI parser and loader."""
+    environment (its Secrets' files where it names them), through the real
+    CLI parser and loader."""
     ctr = container(objects)
     args = cli.parser().parse_args(ctr["args"])
     cm = the(objects, "ConfigMap")
     path = tmp_path / "gateway.toml"
     path.write_text(cm["data"][Path(args.config).name])
     overrides = {k: getattr(args, k) for k in ("bind", "stomp_port", "mqtt_port", "admin_port", "data_dir", "log_format", "log_level")}
-    return config.load(str(path), overrides, pod_environment(objects, pod or pod_names(objects)[0])), args
+    env = mount_secrets(objects, pod_environment(objects, pod or pod_names(objects)[0]), tmp_path / "secrets")
+    return config.load(str(path), overrides, env), args
 
 
 # -- the Dockerfile -----------------------------------------------------------

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -35,12 +36,13 @@ def accepting(port: int) -> bool:
 class Process:
     """`gateway serve ...` as a child process, stopped in teardown."""
 
-    def __init__(self, args: list[str], cwd: Path) -> None:
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
         for flag in ("--mqtt-port", "--admin-port"):  # never the shared defaults in tests
             if flag not in args and "--help" not in args:
                 args = [*args, flag, "0"]
         self.proc = subprocess.Popen(
-            [GATEWAY, "serve", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [GATEWAY, "serve", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=None if env is None else {**os.environ, **env},
         )
         self.stdout = ""
         self.stderr = ""
@@ -73,10 +75,11 @@ class BrokerProcess:
     and stall the broker); :meth:`log_tail` shows it in failure messages.
     """
 
-    def __init__(self, tmp_path: Path, *extra: str) -> None:
+    def __init__(self, tmp_path: Path, *extra: str, env: dict[str, str] | None = None) -> None:
         self.data_dir = tmp_path / "data"
         self.log_path = tmp_path / "broker.log"
         self.extra = list(extra)
+        self.env = None if env is None else {**os.environ, **env}
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.lifetimes = 0
@@ -92,6 +95,7 @@ class BrokerProcess:
                     [GATEWAY, "serve", "--bind", HOST, "--stomp-port", str(self.port), "--mqtt-port", "0",
                      "--admin-port", "0", "--data-dir", str(self.data_dir), "--log-level", "info", *self.extra],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.data_dir.parent,
+                    env=self.env,
                 )
             deadline = time.monotonic() + STARTUP_TIMEOUT
             while time.monotonic() < deadline:

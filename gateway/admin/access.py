@@ -14,8 +14,9 @@ from gateway.auth import ADMIN, AccessDenied, AuthSettings, Gatekeeper, dummy_ha
 
 # The header the console's scripts send with each request.
 CONSOLE_MARK = "x-requested-with"
-NO_USERS = ("no admin users are configured: add one to [admin] users (gateway passwd --name NAME --role write "
-            "prints the entry) or a users file, or set GATEWAY_ADMIN_USER and GATEWAY_ADMIN_PASSWORD")
+NO_USERS = ("no admin users are configured: set GATEWAY_ADMIN_USER and GATEWAY_ADMIN_PASSWORD and restart, "
+            "or add one to [admin] users (gateway passwd --name NAME --role write prints the entry) or a users "
+            "file and send SIGHUP")
 
 
 def basic(header: str) -> tuple[str | None, str]:
@@ -36,6 +37,11 @@ class Access:
     def __init__(self, users: dict[str, tuple[str, str]], gate: Gatekeeper | None = None) -> None:
         self.users = users
         self.gate = gate if gate is not None else Gatekeeper(AuthSettings())
+        self.dummy = dummy_hash(hashed for hashed, _ in users.values())
+
+    def replace(self, users: dict[str, tuple[str, str]]) -> None:
+        """The admin users from a reloaded configuration, for the requests that follow."""
+        self.users = users
         self.dummy = dummy_hash(hashed for hashed, _ in users.values())
 
     def authorize(self, request: Request, need: str) -> Response | None:

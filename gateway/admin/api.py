@@ -21,6 +21,7 @@ Routes (``admin/server.py`` runs them over h11):
     DELETE /api/v1/destinations/{name}           write: delete an unused queue (?force=true: with its messages),
                                                  or an offline durable subscription (its name is its key: durable:...)
     GET    /api/v1/cluster                       read: this node and its HA group (admin/cluster.py)
+    POST   /api/v1/reload                        write: read the config file again and apply it (gateway/reload.py)
     GET    /api/v1/connections                   read: every connection
     DELETE /api/v1/connections/{id}              write: close one
     GET    /api/v1/archive[/{topic}[/messages]]  read: topic archives (admin/archive.py)
@@ -96,6 +97,10 @@ def load_users(settings: AdminSettings) -> dict[str, tuple[str, str]]:
         name, hashed, role = entry.get("name"), entry.get("password_hash"), entry.get("role", "read")
         if not name or not hashed or role not in ROLES:
             raise ValueError(f"admin user entries need name, password_hash and role read|write: {entry.get('name')!r}")
+        if name in users:
+            # [admin] users, the users file and GATEWAY_ADMIN_USER: which one
+            # counts would be a guess.
+            raise ValueError(f"admin user {name!r} is defined twice (config, users file {path or '-'} or environment)")
         users[name] = (hashed, role)
     return users
 
@@ -144,6 +149,7 @@ class AdminApi:
         gate: Gatekeeper | None = None,
         cluster: Source | None = None,
         history: Any = None,
+        reload: Callable[[], Any] | None = None,
     ) -> None:
         self.broker = broker
         self.archive = archive  # persistence.archive.Archive, or None
@@ -155,6 +161,8 @@ class AdminApi:
         # Sources of /api/v1/cluster: this node (single) or its HA group.
         self.cluster = cluster
         self.history = history  # admin/history.History, or None (no charts)
+        # Reads the configuration again and applies it (gateway/reload.py): a reload.Outcome.
+        self.reload = reload
 
     def handle(self, request: Request) -> Response:
         parts = urlsplit(request.target)
@@ -217,6 +225,13 @@ class AdminApi:
             # The group's records come from ZooKeeper: read in a worker thread, as the body.
             source = self.cluster or Single(lambda: getattr(self.broker.store, "durable_lsn", 0))
             return Response(200, b"", stream=ClusterBody(source))
+        if rest == "reload" and method == "POST":
+            if self.reload is None:
+                return error(404, "this node has no configuration to reload")
+            outcome = self.reload()
+            if outcome.refused is not None:
+                return error(409, f"the configuration was not reloaded (the running one stays): {outcome.refused}")
+            return ok(outcome.body())
         if rest == "connections" and method == "GET":
             return ok([self._connection(cid, c) for cid, c in list(self.server.connections.items())])
         if rest.startswith("connections/") and method == "DELETE":

@@ -12,7 +12,7 @@ import trio
 
 from gateway import tasks
 from gateway.auth import Gatekeeper, VerificationPending
-from gateway.transports.server import close_stream, peer_address, peer_host
+from gateway.transports.server import close_stream, open_listeners, peer_address, peer_host
 from gateway.admin.api import AdminApi, AdminSettings
 from gateway.admin.http import SECURITY_HEADERS, Request, Response, error
 from gateway.transports.websocket import Upgrades
@@ -93,7 +93,7 @@ async def serve_admin(
     ``slots``: the connection bound, shared by the plain and TLS ports;
     ``passwords``: a gate whose password checks this port runs itself, in
     one worker thread (where no broker runs the broker's: an HA backup)."""
-    listeners: list[Any] = await trio.open_tcp_listeners(port, host=host)
+    listeners = await open_listeners("admin" if ssl_context is None else "admin-tls", host, port)
     bound = listeners[0].socket.getsockname()[1]
     if ssl_context is not None:
         # The handshake happens on the first read, inside the request's time

@@ -46,7 +46,6 @@ the connection both use gateway/ha/link.py.
 from __future__ import annotations
 
 import collections
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +56,7 @@ from gateway.admin.cluster import Lag
 from gateway.ha.link import IDLE_TIMEOUT_S, LINK_ERRORS, Link, LinkDead, ignore
 from gateway.ha.status import Marks
 from gateway.ha.window import WINDOW_BATCHES, WINDOW_BYTES, seeding, size_of
+from gateway.transports.server import open_listeners
 from persistence import epochs
 from persistence import replication as r
 from persistence.catchup import Answer, SnapshotSource, plan
@@ -232,7 +232,8 @@ class Primary:
     async def run(self, host: str, port: int, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Listen on ``host:port`` (reports the bound port) and watch the sync timeout."""
         async with trio.open_nursery() as nursery:
-            listeners = await nursery.start(functools.partial(trio.serve_tcp, self.serve_backup, port, host=host))
+            listeners = await open_listeners("replication", host, port)
+            await nursery.start(trio.serve_listeners, self.serve_backup, listeners)
             nursery.start_soon(self.watch_sync)
             task_status.started(listeners[0].socket.getsockname()[1])
 

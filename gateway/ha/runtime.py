@@ -131,7 +131,8 @@ class HaNode:
             await trio.to_thread.run_sync(self.coordinator.connect)
         except CoordinationError as exc:
             if self.incarnation == 1:
-                self.log.error("ha_start_failed", reason=str(exc))
+                self.log.error("ha_start_failed", reason=f"{exc}: check [ha] zookeeper ({self.ha.zookeeper}) and that "
+                                                         "the ensemble is up; the node exits (a supervisor restarts it)")
                 return EXIT_NO_ZOOKEEPER
             # Rejoining: ZooKeeper may be what deposed it; keep trying.
             self.log.warning("ha_rejoin_failed", reason=str(exc))
@@ -409,9 +410,15 @@ class Process:
     async def stop_on_signal(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         # Open for the whole process, not per node: a signal between two
         # nodes, or while one joins, still ends the process with 0.
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
             task_status.started()
             async for signum in signals:
+                if signum == signal.SIGHUP:
+                    # Every node of a group must run one configuration; a reload
+                    # here would last until the next failover. Said, not done.
+                    self.log.warning("config_reload_failed", trigger="SIGHUP", reason="an HA node does not reload "
+                                     "its configuration: restart its pods (deploy/README.md, \"Rolling upgrade\")")
+                    continue
                 self.log.info("shutdown_requested", signal=signal.Signals(signum).name)
                 self.stopped.set()
                 if self.node is not None:

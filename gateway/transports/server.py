@@ -11,6 +11,7 @@ session; the same loop serves every protocol whose session has the shape of
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import itertools
 import ssl
@@ -35,6 +36,44 @@ class TrioClock:
 
     def wall_ms(self) -> int:
         return time.time_ns() // 1_000_000
+
+
+# Where each listener's port is set, for the line a port that cannot be bound gets.
+PORT_SETTINGS = {
+    "stomp": "stomp_port or --stomp-port", "mqtt": "mqtt_port or --mqtt-port", "admin": "admin_port or --admin-port",
+    "stomp-tls": "stomp_tls_port", "mqtt-tls": "mqtt_tls_port", "admin-tls": "admin_tls_port",
+    "replication": "ha.replication_listen",
+}
+
+
+class ListenError(OSError):
+    """A listener that could not bind: the message names the listener, its
+    address and port, and what to do about it (one line, for the operator)."""
+
+
+def listen_failure(name: str, host: str, port: int, exc: OSError) -> ListenError:
+    where = f"{name} listener cannot listen on {host}:{port}"
+    setting = PORT_SETTINGS.get(name, "its port")
+    if exc.errno == errno.EADDRINUSE:
+        text = (f"{where}: the port is already in use by another process (a system mosquitto often holds 1883): "
+                f"stop it, or choose another port with {setting} (0 picks a free one)")
+    elif exc.errno == errno.EACCES:
+        text = f"{where}: permission denied (ports below 1024 need privileges): choose a port above 1023 with {setting}"
+    elif exc.errno == errno.EADDRNOTAVAIL:
+        text = f"{where}: {host} is no address of this machine: set bind or --bind to one of its addresses (or 0.0.0.0)"
+    else:
+        text = f"{where}: {exc.strerror or exc}"
+    failure = ListenError(text)
+    failure.errno = exc.errno
+    return failure
+
+
+async def open_listeners(name: str, host: str, port: int) -> list[Any]:
+    """``trio.open_tcp_listeners``, failing with a :class:`ListenError` that names the listener."""
+    try:
+        return await trio.open_tcp_listeners(port, host=host)
+    except OSError as exc:
+        raise listen_failure(name, host, port, exc) from None
 
 
 # Builds a session for a new connection: (connection id, bound logger,
@@ -149,6 +188,8 @@ class Server:
 
     async def run(self, specs: list[ListenerSpec], *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Bind every listener, report ``{name: port}``, serve until :meth:`stop`, then drain."""
+        for spec in specs:  # counted from zero, so /metrics has their samples before anyone connects
+            self.accepted.setdefault(spec.name, 0)
         async with trio.open_nursery() as handlers:  # owns every connection task
             handlers.start_soon(self._timers.run)
             async with trio.open_nursery() as listeners:  # owns the accept loops
@@ -166,7 +207,7 @@ class Server:
             handlers.cancel_scope.cancel()
 
     async def _listen(self, spec: ListenerSpec, handlers: trio.Nursery, *, task_status: Any) -> None:
-        listeners: list[Any] = await trio.open_tcp_listeners(spec.port, host=spec.host)
+        listeners = await open_listeners(spec.name, spec.host, spec.port)
         port = listeners[0].socket.getsockname()[1]
         if spec.ssl_context is not None:
             listeners = [trio.SSLListener(listener, spec.ssl_context) for listener in listeners]

@@ -26,13 +26,15 @@ def _pip_installs(command: str) -> list[list[str]]:
 
 def test_dockerfile_installs_like_ci_and_runs_the_pod_command(rendered: list[dict[str, Any]]) -> None:
     docker = dockerfile_instructions()
-    assert len(docker["FROM"]) == 1 and re.fullmatch(r"python:3\.11-slim(-\w+)?(@sha256:[0-9a-f]+)?", docker["FROM"][0])
+    assert len(docker["FROM"]) == 1 and re.fullmatch(r"python:3\.11(\.\d+)?-slim(-\w+)?(@sha256:[0-9a-f]+)?", docker["FROM"][0])
 
-    # CI runs `make test`; the Makefile's install rule upgrades pip, then pip-installs
-    # the project (`make fast` adds its compiler later: not part of that install).
+    # CI runs `make test`; the Makefile's install rules (the broker's, then the
+    # test extras on top) upgrade pip, then pip-install the project (`make
+    # fast` adds its compiler later: not part of that install).
     assert "make test" in (ROOT / ".ci" / "run").read_text()
-    install_rule = (ROOT / "Makefile").read_text().split("$(BIN)/.installed:", 1)[1].split("\n\n", 1)[0]
-    make_installs = _pip_installs(install_rule)
+    makefile = (ROOT / "Makefile").read_text()
+    install_rules = [makefile.split(f"$(BIN)/{stamp}:", 1)[1].split("\n\n", 1)[0] for stamp in (".installed-broker", ".installed")]
+    make_installs = [i for rule in install_rules for i in _pip_installs(rule)]
     image_installs = [i for run in docker["RUN"] for i in _pip_installs(run)]
     upgrade = ["--upgrade", "pip"]
 
@@ -40,9 +42,9 @@ def test_dockerfile_installs_like_ci_and_runs_the_pod_command(rendered: list[dic
         return [a for a in args if a != "--quiet"]
 
     assert upgrade in [strip_quiet(i) for i in make_installs] and upgrade in image_installs
-    (project,) = [strip_quiet(i) for i in make_installs if strip_quiet(i) != upgrade]
-    # CI: `pip install -e '.[test]'`; the image: the same project, no extras, not editable.
-    assert project[-1].split("[")[0] == "."
+    projects = [strip_quiet(i) for i in make_installs if strip_quiet(i) != upgrade]
+    # CI: `pip install -e .` then `-e '.[test]'`; the image: the same project, no extras, not editable.
+    assert [p[-1] for p in projects] == [".", ".[test]"], projects
     assert ["."] in image_installs, f"the image installs with {image_installs}"
 
     # Everything `pip install .` needs is copied: pyproject, its readme, every package.
@@ -62,3 +64,42 @@ def test_dockerfile_installs_like_ci_and_runs_the_pod_command(rendered: list[dic
     assert json.loads(docker["CMD"][-1]) == ctr["command"] + ctr["args"]
     assert "ENTRYPOINT" not in docker
     assert any(c.split()[-1] == "/etc/gateway/gateway.toml" and "deploy/gateway.toml" in c for c in docker["COPY"])
+
+
+def _dockerignore_excludes(path: str) -> bool:
+    """Whether the build context leaves ``path`` out under .dockerignore, by
+    Docker's rules: patterns in order, the last that matches the path or one
+    of its parent folders wins, "!" lets back in; "*" and "?" stay within
+    one path segment, "**" spans any number of them."""
+    excluded = False
+    for line in (ROOT / ".dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        pattern = line.lstrip("!").strip().strip("/")
+        regex = re.escape(pattern).replace(r"\*\*/", "(.*/)?").replace(r"\*\*", ".*").replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
+        parts = path.split("/")
+        if any(re.fullmatch(regex, "/".join(parts[:i])) for i in range(1, len(parts) + 1)):
+            excluded = not negate
+    return excluded
+
+
+def test_dockerignore_sends_what_the_image_copies_and_nothing_heavy_or_secret() -> None:
+    docker = dockerfile_instructions()
+    sources = [word for copy in docker["COPY"] for word in copy.split()[:-1] if not word.startswith("--")]
+    assert sources, "the Dockerfile copies something"
+    for source in sources:
+        sample = source.rstrip("/") + ("/__init__.py" if source.endswith("/") else "")
+        assert not _dockerignore_excludes(sample), f"{sample} is copied by the Dockerfile but left out of the context"
+    for path in ("core/broker.py", "gateway/admin/api.py", "persistence/journal.py", "gateway/admin/static/console.js"):
+        assert not _dockerignore_excludes(path), path
+    for path in (".venv/bin/python", "data/store/00000001.log", ".git/HEAD", "build/npm/stomp.js", "tests/test_layering.py",
+                 "deploy/admin-users.toml", "deploy/client-users.toml", "gateway/__pycache__/app.cpython-311.pyc",
+                 "core/broker.cpython-311-x86_64-linux-gnu.so", "gateway.egg-info/PKG-INFO", ".pytest_cache/README.md"):
+        assert _dockerignore_excludes(path), f"{path} would be sent to the image build"
+
+
+def test_the_base_image_is_pinned_by_exact_version_and_digest() -> None:
+    (base,) = dockerfile_instructions()["FROM"]
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+@sha256:[0-9a-f]{64}", base), base

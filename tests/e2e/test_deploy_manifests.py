@@ -25,8 +25,10 @@ def test_kustomization_renders_the_expected_objects(rendered: list[dict[str, Any
     kinds = sorted((o["kind"], o["metadata"]["name"].rsplit("-", 1)[0] if o["kind"] in ("ConfigMap", "Secret") else o["metadata"]["name"]) for o in rendered)
     assert kinds == [
         ("ConfigMap", "gateway-config"),
+        ("NetworkPolicy", "gateway"),
         ("PodDisruptionBudget", "gateway"),
         ("Secret", "gateway-admin-users"),
+        ("Secret", "gateway-client-users"),
         ("Service", "gateway"),
         ("Service", "gateway-headless"),
         ("StatefulSet", "gateway"),

@@ -6,6 +6,7 @@ grace period agree with what that config says."""
 from __future__ import annotations
 
 import base64
+import copy
 import re
 import subprocess
 import tomllib
@@ -16,7 +17,7 @@ import pytest
 
 from gateway import __main__ as cli
 from gateway import config
-from tests.deploy_helpers import (GATEWAY, container, dockerfile_instructions, effective_config, pod_environment, pod_names, pod_spec,
+from tests.deploy_helpers import (GATEWAY, container, dockerfile_instructions, effective_config, generated_secret, mount_secrets, pod_environment, pod_names, pod_spec,
                                   port_number, the)
 
 # Flush window plus closing the store (last fdatasync): what the kubelet must wait beyond shutdown_grace_s.
@@ -43,7 +44,8 @@ def test_configmap_file_loads_and_agrees_with_the_pod(rendered: list[dict[str, A
     ctr = container(rendered)
     cfg, args = effective_config(rendered, tmp_path)
     # The file alone (without the flags, with the pod's environment) loads too, and says the same thing.
-    alone = config.load(str(tmp_path / "gateway.toml"), environ=pod_environment(rendered, pod_names(rendered)[0]))
+    environment = mount_secrets(rendered, pod_environment(rendered, pod_names(rendered)[0]), tmp_path / "secrets")
+    alone = config.load(str(tmp_path / "gateway.toml"), environ=environment)
     assert (alone.bind, alone.data_dir, alone.log_format) == (cfg.bind, cfg.data_dir, cfg.log_format)
 
     ports = {p["name"]: p["containerPort"] for p in ctr["ports"]}
@@ -74,7 +76,7 @@ def test_configmap_file_loads_and_agrees_with_the_pod(rendered: list[dict[str, A
     users_path = env[users_env]
     secret_mount = next(m for m in ctr["volumeMounts"] if users_path.startswith(m["mountPath"].rstrip("/") + "/"))
     assert secret_mount["readOnly"] is True
-    secret = the(rendered, "Secret")
+    secret = generated_secret(rendered, "gateway-admin-users")
     assert volumes[secret_mount["name"]]["secret"]["secretName"] == secret["metadata"]["name"]
     assert Path(users_path).name in secret["data"]
     # The kubelet waits for the whole drain before SIGKILL.
@@ -153,7 +155,7 @@ def test_services_pdb_and_statefulset_fit_together(rendered: list[dict[str, Any]
 
 
 def test_admin_users_secret_is_a_placeholder_that_admits_nobody(rendered: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    secret = the(rendered, "Secret")
+    secret = generated_secret(rendered, "gateway-admin-users")
     text = base64.b64decode(secret["data"]["users.toml"]).decode()
     assert "REPLACE" in text and "gateway passwd" in text, "the placeholder tells operators what to do"
     users = tomllib.loads(text)["users"]
@@ -169,3 +171,33 @@ def test_admin_users_secret_is_a_placeholder_that_admits_nobody(rendered: list[d
     for name, (hashed, _) in loaded.items():
         for guess in ("", "admin", "password", "changeme", name, "REPLACE-ME"):
             assert not auth.verify_password(guess, hashed), f"the placeholder admits {name}:{guess!r}"
+
+
+def test_client_users_come_from_their_own_secret(rendered: list[dict[str, Any]], tmp_path: Path) -> None:
+    """GATEWAY_USERS_FILE names the key of Secret gateway-client-users, mounted
+    read-only; as shipped it holds no user (anonymous clients, as before), and
+    the users an operator puts there are the broker's [auth] users."""
+    ctr = container(rendered)
+    pod = pod_spec(the(rendered, "StatefulSet"))
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    env = pod_environment(rendered, pod_names(rendered)[0])
+    from gateway.config import USERS_FILE_ENVIRONMENT
+
+    path = env[USERS_FILE_ENVIRONMENT]
+    mount = next(m for m in ctr["volumeMounts"] if path.startswith(m["mountPath"].rstrip("/") + "/"))
+    assert mount["readOnly"] is True
+    secret = generated_secret(rendered, "gateway-client-users")
+    assert volumes[mount["name"]]["secret"]["secretName"] == secret["metadata"]["name"]
+    assert volumes[mount["name"]]["secret"]["defaultMode"] == 0o440
+    (tmp_path / "shipped").mkdir()
+    (tmp_path / "filled").mkdir()
+    shipped, _ = effective_config(rendered, tmp_path / "shipped")
+    assert shipped.auth.users == [] and shipped.admin.users == []
+
+    from gateway.auth import hash_password
+
+    users = f'users = [{{ name = "app", password_hash = "{hash_password("app-pw", iterations=1000)}", groups = ["producers"] }}]\n'
+    filled = copy.deepcopy(rendered)  # the module's rendering stays as shipped
+    generated_secret(filled, "gateway-client-users")["data"][Path(path).name] = base64.b64encode(users.encode()).decode()
+    cfg, _ = effective_config(filled, tmp_path / "filled")
+    assert [(u["name"], u["groups"]) for u in cfg.auth.users] == [("app", ["producers"])]

@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.deploy_helpers import GATEWAY, container, pod_environment, pod_names, pod_spec, the
+from tests.deploy_helpers import GATEWAY, container, generated_secret, mount_secrets, pod_environment, pod_names, pod_spec, the
 from tests.helpers import RawClient, wait_for
 from tests.processes import HOST, free_port
 from tests.zookeeper_helpers import ZooKeeperServer
@@ -78,6 +78,7 @@ class Pod:
         assert env["GATEWAY_HA_NODE_ID"] == name
         assert env["GATEWAY_HA_ADVERTISE"] == f"{name}.{headless}:{ha['replication_listen'].rpartition(':')[2]}"
         env["GATEWAY_HA_ADVERTISE"] = f"{HOST}:{self.replication_port}"
+        env = mount_secrets(rendered, env, self.dir / "secrets")  # the client users Secret, as shipped
         self.env = {**os.environ, **env, USERS_FILE_ENV: str(users_file)}
         self.log_path = self.dir / "pod.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -145,7 +146,7 @@ def _users_file(rendered: list[dict[str, Any]], tmp_path: Path) -> Path:
     """The Secret's users plus a read-only user for the scrape, as README says to add."""
     from gateway.auth import hash_password
 
-    users = tomllib.loads(base64.b64decode(the(rendered, "Secret")["data"]["users.toml"]).decode())["users"]
+    users = tomllib.loads(base64.b64decode(generated_secret(rendered, "gateway-admin-users")["data"]["users.toml"]).decode())["users"]
     users.append({"name": "prometheus", "password_hash": hash_password("scrape-me", iterations=1000), "role": "read"})
     path = tmp_path / "users.toml"
     path.write_text("users = [\n" + "".join(
