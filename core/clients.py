@@ -137,8 +137,7 @@ class Client:
         if authorizer is None or address.is_temporary:
             return
         if authorizer is not self._decided_by:  # a reloaded map: decide afresh from here on
-            self._decisions.clear()
-            self._decided_by = authorizer
+            self._decisions, self._decided_by = {}, authorizer
         key = (operation, address)
         allowed = self._decisions.get(key)
         if allowed is None:
@@ -153,9 +152,8 @@ class Client:
             self.authorize("admin", address)
 
     def temporary(self, address: Address) -> Address:
-        """Where this client's use of a temporary destination goes: a private
-        name (someone's reply-to) as it is; a name of its own to its private
-        destination, created on first use."""
+        """Where this client's use of a temporary destination goes: a private name (someone's
+        reply-to) as it is; a name of its own to its private destination, made on first use."""
         if is_private(address):
             return address
         private = self.temporaries.get(address)
@@ -314,9 +312,8 @@ class Client:
             self.broker.publish(values, to=queue)
 
     def unsubscribe(self, token: Any, *, remove_durable: bool = False) -> int:
-        """Stop consuming.  A durable subscription stays (and keeps collecting)
-        unless ``remove_durable``, a persistent shared membership likewise;
-        returns the LSN of its removal."""
+        """Stop consuming.  A durable subscription or persistent shared membership stays (and
+        keeps collecting) unless ``remove_durable``; returns the LSN of its removal."""
         subscription = self.subscriptions.pop(token, None)
         if subscription is None:
             raise UnknownSubscription(f"no subscription {token!r} on this connection")
@@ -479,9 +476,8 @@ class Client:
     # -- leaving -----------------------------------------------------------
 
     def close(self, reserve: Collection[str] = ()) -> None:
-        """Abort open transactions, return unacked messages to their queues
-        (but ``reserve``: ids of a shared group's that are this client's
-        alone, core.shared), drop this client's temporaries.  Idempotent."""
+        """Abort open transactions, return unacked messages to their queues (but ``reserve``: ids of a
+        shared group's that are this client's alone, core.shared), drop its temporaries.  Idempotent."""
         if self.closed:
             return
         self.closed = True
