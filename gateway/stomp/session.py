@@ -106,6 +106,7 @@ class StompSession:
             fail=lambda reason: self._fail(reason, None),
             on_eof=self._peer_closed,
             silence="heart-beat",
+            while_held=frozenset({frames.Disconnect}),
         )
         self.skeleton = Skeleton(
             self.codec, clock, log, dialect, outbox_high_water_bytes=settings.outbox_high_water_bytes,
