@@ -409,11 +409,19 @@ class StompSession:
             self.skeleton.defer(frame)
             return
         key = frame.headers.get("idempotency-key")
+        client = self.client
         if key is None:
-            self._receipt_if_asked(frame, self.client.commit(transaction))  # type: ignore[union-attr]
-            return
-        lsn, duplicate = self.client.commit_once(transaction, key)  # type: ignore[union-attr]
-        self._receipt_if_asked(frame, lsn, {"duplicate": "true"} if duplicate else None)
+            lsn, extra = client.commit(transaction), {}  # type: ignore[union-attr]
+        else:
+            lsn, duplicate = client.commit_once(transaction, key)  # type: ignore[union-attr]
+            extra = {"duplicate": "true"} if duplicate else {}
+        if client.blocked_on:  # type: ignore[union-attr]
+            # The commit filled a queue: say so, since reading stops now (only
+            # a DISCONNECT is still handled) and the client may wait long.
+            extra["held-by"] = ", ".join(
+                f"{queue.address.text} (high-water mark {queue.high_water} messages)" for queue in client.blocked_on  # type: ignore[union-attr]
+            )
+        self._receipt_if_asked(frame, lsn, extra or None)
 
     def _on_abort(self, frame: frames.Frame) -> None:
         self.client.abort(require(frame, "transaction"))  # type: ignore[union-attr]

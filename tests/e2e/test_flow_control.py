@@ -81,7 +81,9 @@ def test_a_producer_held_after_its_commit_can_still_disconnect_with_a_receipt(br
     for i in range(25):
         producer.send_frame("SEND", {"destination": queue, "transaction": "t"}, f"m{i}".encode())
     producer.send_frame("COMMIT", {"transaction": "t", "receipt": "c"})
-    producer.receipt("c")
+    # The receipt says the commit filled the queue, so a writer that is then
+    # held can name the queue and its limit.
+    assert producer.receipt("c").headers["held-by"] == f"{queue} (high-water mark 10 messages)"
     wait_for(lambda: broker.call(lambda: broker.running.broker.stats.producer_holds) >= 1, what="the producer held")
     producer.send_frame("DISCONNECT", {"receipt": "bye"})
     producer.receipt("bye")
