@@ -3,7 +3,11 @@ and DataFrame readers pointed at it through the user's door (format "gateway")."
 
 from __future__ import annotations
 
+import base64
+import json
 from typing import Any
+from urllib.parse import quote
+from urllib.request import Request, urlopen
 
 from gateway.auth import hash_password
 
@@ -29,3 +33,12 @@ def _load(entry: Any, broker: Any, topic: str, options: dict[str, Any]) -> Any:
     for key, value in options.items():
         reader = reader.option(key, str(value))
     return reader.option("topic", topic).load()
+
+
+def depth(broker: Any, queue: str) -> int:
+    """How many messages wait in ``queue`` (/queue/name), from the admin API."""
+    token = base64.b64encode(f"{USER[0]}:{USER[1]}".encode()).decode()
+    request = Request(f"{url(broker)}/api/v1/destinations/{quote(queue.removeprefix('/'), safe='')}",
+                      headers={"Authorization": f"Basic {token}"})
+    with urlopen(request, timeout=10) as response:
+        return int(json.loads(response.read())["depth"])

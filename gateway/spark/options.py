@@ -24,13 +24,18 @@ LATEST = -1
 DEFAULT_PARTITION_SIZE = 100_000  # rows; ~15 MB of 128-byte messages per task
 DEFAULT_STOMP_PORT = 61613
 DEFAULT_TIMEOUT_S = 30.0
+# A write's transactions: at most the broker's default max_transaction_messages
+# rows, and half its max_transaction_bytes_per_client (64 MiB) of bodies and headers.
+DEFAULT_TRANSACTION_ROWS = 100_000
+DEFAULT_TRANSACTION_BYTES = 32 * 1024 * 1024
+MAX_WRITE_ID_CHARS = 200
 
 # Keys Spark itself may put into a source's or sink's options.
 SPARK_KEYS = frozenset({"path", "checkpointlocation"})
 COMMON = frozenset({"url", "user", "password", "timeout"})
 READ_KEYS = COMMON | {"topic", "startingoffsets", "endingoffsets", "partitionsize", "failondataloss"}
 STREAM_READ_KEYS = (READ_KEYS - {"endingoffsets"}) | {"maxoffsetspertrigger"}
-WRITE_KEYS = COMMON | {"stomp", "destination"}
+WRITE_KEYS = COMMON | {"stomp", "destination", "writeid", "transactionrows", "transactionbytes"}
 
 
 class OptionError(ValueError):
@@ -74,7 +79,10 @@ class WriteOptions:
     endpoint: Endpoint
     stomp_host: str
     stomp_port: int
-    destination: str
+    destination: str | None  # None: every row names its own (a destination or topic column)
+    write_id: str | None  # batch writes: the job identity idempotency keys derive from
+    transaction_rows: int
+    transaction_bytes: int
 
 
 def _check_keys(options: Mapping[str, str], allowed: frozenset[str], what: str) -> dict[str, str]:
@@ -209,12 +217,25 @@ def write_options(options: Mapping[str, str]) -> WriteOptions:
         host, port = host.strip("[]"), int(port_text)
     else:
         host, port = urlsplit(point.url).hostname or "", DEFAULT_STOMP_PORT
-    destination = given.get("destination")
-    if not destination:
-        raise OptionError("option destination is required, e.g. /queue/out or /topic/plant.1.cmd")
-    parsed = names.parse(destination)
+    destination = given.get("destination") or None
+    if destination is not None:
+        destination = destination_name(destination, "option destination")
+    write_id = given.get("writeid")
+    if write_id is not None and not (0 < len(write_id) <= MAX_WRITE_ID_CHARS and write_id.isprintable()):
+        raise OptionError(f"writeId must be 1 to {MAX_WRITE_ID_CHARS} printable characters, got {write_id[:40]!r}")
+    return WriteOptions(
+        point, host, port, destination, write_id,
+        transaction_rows=_positive_int(given, "transactionrows", "transactionRows") or DEFAULT_TRANSACTION_ROWS,
+        transaction_bytes=_positive_int(given, "transactionbytes", "transactionBytes") or DEFAULT_TRANSACTION_BYTES,
+    )
+
+
+def destination_name(text: str, what: str) -> str:
+    """A STOMP destination a message can go to (``/queue/out``, ``/topic/a.b``);
+    raises :class:`OptionError` (a ``ValueError``) saying why not."""
+    parsed = names.parse(text)
     if isinstance(parsed, str):
-        raise OptionError(f"option destination {destination!r}: {parsed}")
+        raise OptionError(f"{what} {text!r}: {parsed}")
     if parsed.is_pattern:
-        raise OptionError(f"option destination {destination!r} is a pattern; a message goes to one destination")
-    return WriteOptions(point, host, port, destination)
+        raise OptionError(f"{what} {text!r} is a pattern; a message goes to one destination")
+    return text

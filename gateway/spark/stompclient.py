@@ -1,8 +1,8 @@
 """A small blocking STOMP 1.2 client for Spark tasks, on the project's own
 sans-IO codec in the client role (so no STOMP library is a runtime dependency).
 
-It does what a writer task needs and nothing more: CONNECT, a transaction of
-SENDs, COMMIT or ABORT with a receipt, DISCONNECT.  Sends are buffered and
+It does what a writer task needs and nothing more: CONNECT, transactions of
+SENDs, each COMMIT with a receipt, DISCONNECT.  Sends are buffered and
 written in large chunks; the broker answers nothing inside a transaction
 unless something is wrong, so between chunks the client only checks, without
 waiting, whether an ERROR arrived.
@@ -24,6 +24,10 @@ class StompError(RuntimeError):
     """The broker sent ERROR, closed the connection, or did not answer in time."""
 
 
+class Stalled(StompError):
+    """The broker read nothing and answered nothing for ``timeout`` seconds."""
+
+
 class StompClient:
     def __init__(self, host: str, port: int, *, timeout_s: float) -> None:
         self.timeout_s = timeout_s
@@ -35,6 +39,9 @@ class StompClient:
         self.codec = codec.StompConnection(codec.Role.CLIENT, max_frame_bytes=MAX_FRAME_BYTES)
         self.out = bytearray()
         self._receipts = 0
+        # From a COMMIT's RECEIPT: the queue whose high-water mark now holds
+        # this producer (the broker stops reading us until it drains).
+        self.held_by: str | None = None
 
     def __enter__(self) -> StompClient:
         return self
@@ -54,14 +61,38 @@ class StompClient:
             self._check_no_error()
 
     def flush(self) -> None:
-        if self.out:
-            try:
-                self.sock.sendall(self.out)
-            except OSError as error:
-                # The broker may have refused a frame and closed: its ERROR says why.
-                self._check_no_error()
-                raise StompError(f"lost the connection to the broker: {error}") from None
-            self.out.clear()
+        """Write what is buffered.  The wait is for progress, not for the
+        whole: a broker that holds this producer back (flow control) and reads
+        on as a consumer drains the queue is waited for; one that reads
+        nothing for ``timeout`` seconds is :class:`Stalled`."""
+        if not self.out:
+            return
+        view = memoryview(self.out)
+        sent = 0
+        try:
+            while sent < len(view):
+                self.sock.settimeout(self.timeout_s)
+                try:
+                    sent += self.sock.send(view[sent:])
+                except TimeoutError:
+                    raise self._stalled() from None
+                except OSError as error:
+                    # The broker may have refused a frame and closed: its ERROR says why.
+                    self._check_no_error()
+                    raise StompError(f"lost the connection to the broker: {error}") from None
+        finally:
+            view.release()
+        self.out.clear()
+
+    def _stalled(self) -> Stalled:
+        why = f"no answer from the broker within {self.timeout_s} s"
+        if self.held_by is not None:
+            why += (
+                f": it holds this writer back (producer flow control) since {self.held_by} is at its high-water mark,"
+                " until consumers drain it to half; start a consumer, raise queue_high_water for the destination,"
+                " set send_fail_if_no_space, or raise the timeout option to wait longer"
+            )
+        return Stalled(why)
 
     # -- frames in --------------------------------------------------------
 
@@ -73,7 +104,7 @@ class StompClient:
                 return frame
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise StompError(f"no answer from the broker within {self.timeout_s} s")
+                raise self._stalled()
             self.sock.settimeout(remaining)
             try:
                 data = self.sock.recv(64 * 1024)
@@ -110,6 +141,8 @@ class StompClient:
         while True:
             reply = self._next_frame(deadline)
             if isinstance(reply, frames.Receipt) and reply.headers.get("receipt-id") == receipt:
+                if "held-by" in reply.headers:
+                    self.held_by = reply.headers["held-by"]
                 return reply
 
     # -- the conversation --------------------------------------------------
@@ -127,6 +160,8 @@ class StompClient:
         self.codec.set_version(reply.headers.get("version", "1.2"))
 
     def disconnect(self) -> None:
+        """DISCONNECT and wait for its receipt (so nothing sent is still in
+        flight when the socket closes)."""
         self.request(frames.Disconnect({}))
 
 

@@ -1,22 +1,30 @@
-"""Batch and streaming writes: one STOMP message per row, one transaction per
-Spark partition.
+"""Batch and streaming writes: one STOMP message per row, a Spark partition
+in as many transactions as the broker's limits need.
 
-Each task connects, BEGINs, SENDs its rows, and COMMITs with a receipt; only
-the receipt makes the task succeed.  A task that fails before it closes its
-connection with the transaction still open, and the broker rolls back a
-transaction its connection leaves open, so nothing is half-sent.
+Each task connects and, for every ``transactionRows`` rows (or
+``transactionBytes`` of bodies and headers, whichever comes first), BEGINs,
+SENDs and COMMITs with a receipt.  The COMMIT's receipt is the truth: a
+transaction is sent once it is receipted, whatever happens to the connection
+after (a DISCONNECT that gets no answer fails nothing).  A task that fails
+leaves its open transaction on a closed connection, and the broker rolls back
+a transaction its connection leaves open, so no transaction is half-sent.
 
-The COMMIT carries ``idempotency-key``: ``<write id>:<partition>`` for a batch
-write (the id is made once on the driver, so a retried task reuses it) and
-``<query id>:<batch id>:<partition>`` for a micro-batch, read from the local
-properties Spark sets on every task of a streaming batch.  If Spark replays a
-partition whose COMMIT already succeeded, the broker drops the replay's sends
-and answers the receipt with ``duplicate: true``.
+Each COMMIT carries ``idempotency-key``: ``spark-write:<write id>:<partition>``
+for a batch write (the ``writeId`` option, or an id made once per ``save()`` on
+the driver, so a retried task reuses it) and
+``spark-stream:<query id>:<batch id>:<partition>`` for a micro-batch, read from
+the local properties Spark sets on every task of a streaming batch; the
+partition's second transaction appends ``:1``, the third ``:2``, and so on.
+If Spark (or the user, with the same ``writeId``) replays a partition whose
+COMMITs already succeeded, the broker drops the replay's sends and answers
+each receipt with ``duplicate: true``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import logging
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -25,8 +33,8 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, BooleanType, ByteType, IntegerType, LongType, MapType, ShortType, StringType, StructType
 
-from gateway.spark.options import OptionError, WriteOptions
-from gateway.spark.stompclient import StompClient
+from gateway.spark.options import OptionError, WriteOptions, destination_name, topic_name
+from gateway.spark.stompclient import StompClient, StompError
 from gateway.stomp import frames
 
 # Spark's local properties on the tasks of a streaming micro-batch
@@ -41,12 +49,19 @@ COLUMNS: dict[str, tuple[type, ...]] = {
     "headers": (MapType,),
     "priority": INTEGERS,
     "persistent": (BooleanType,),
+    # Per-row routing, as the Kafka sink's topic column: a STOMP destination,
+    # or a topic in any form the topic option takes; the destination option,
+    # when set, wins (as Kafka's topic option overrides the column).
+    "destination": (StringType,),
+    "topic": (StringType,),
 }
 # Headers a row may not set: the transport's own, and the ones columns set.
-RESERVED_HEADERS = frozenset({"destination", "transaction", "receipt", "content-length", "priority", "persistent"})
+RESERVED_HEADERS = frozenset({"destination", "transaction", "receipt", "content-length", "priority", "persistent", "idempotency-key"})
+
+log = logging.getLogger("gateway.spark")
 
 
-def check_schema(schema: StructType) -> None:
+def check_schema(schema: StructType, options: WriteOptions) -> None:
     """Driver side: refuse a DataFrame this sink cannot write, before any task runs."""
     fields = {field.name: field.dataType for field in schema.fields}
     if "body" not in fields:
@@ -59,16 +74,47 @@ def check_schema(schema: StructType) -> None:
             raise OptionError(f"column {name!r} has type {data_type.simpleString()}; expected {' or '.join(t.typeName() for t in accepted)}")
         if isinstance(data_type, MapType) and not (isinstance(data_type.keyType, StringType) and isinstance(data_type.valueType, StringType)):
             raise OptionError(f"column headers must be map<string,string>, got {data_type.simpleString()}")
+    if "destination" in fields and "topic" in fields:
+        raise OptionError("a DataFrame may route rows by a destination or a topic column, not both")
+    if options.destination is None and "destination" not in fields and "topic" not in fields:
+        raise OptionError("option destination is required (e.g. /queue/out or /topic/plant.1.cmd), or a destination or topic column naming each row's")
 
 
-def send_frame(destination: str, transaction: str, row: Any) -> frames.Send:
+class Router:
+    """Each row's destination: the option, else its column (checked once per distinct value)."""
+
+    def __init__(self, fixed: str | None) -> None:
+        self.fixed = fixed
+        self.known: dict[tuple[str, str], str] = {}
+
+    def __call__(self, values: dict[str, Any]) -> str:
+        if self.fixed is not None:
+            return self.fixed
+        column = "destination" if "destination" in values else "topic"
+        text = values.get(column)
+        if text is None:
+            raise ValueError(f"a row has no {column} (null) and the destination option is not set")
+        found = self.known.get((column, text))
+        if found is None:
+            if column == "destination":
+                found = destination_name(text, "a row's destination")
+            else:
+                found = "/topic/" + topic_name(text, pattern=False)
+            if len(self.known) < MAX_KNOWN_DESTINATIONS:
+                self.known[(column, text)] = found
+        return found
+
+
+MAX_KNOWN_DESTINATIONS = 10_000  # checked names a task remembers
+
+
+def send_frame(destination: str, transaction: str, values: dict[str, Any]) -> frames.Send:
     """The SEND for one row; a bad value raises and so fails (and rolls back) the task."""
-    values = row.asDict()
     headers = {"destination": destination, "transaction": transaction}
     user_headers = values.get("headers") or {}
     clash = RESERVED_HEADERS.intersection(user_headers)
     if clash:
-        raise ValueError(f"row headers may not set {', '.join(sorted(clash))}; use the priority/persistent columns")
+        raise ValueError(f"row headers may not set {', '.join(sorted(clash))}; use the priority/persistent/destination columns")
     headers.update(user_headers)
     priority = values.get("priority")
     if priority is not None:
@@ -85,33 +131,87 @@ def send_frame(destination: str, transaction: str, row: Any) -> frames.Send:
     return frames.Send(headers, bytes(body))
 
 
+def frame_bytes(frame: frames.Send) -> int:
+    """What the broker counts against max_transaction_bytes_per_client."""
+    return len(frame.body) + sum(len(k) + len(v) for k, v in frame.headers.items())
+
+
 @dataclasses.dataclass
 class SentPartition(WriterCommitMessage):
     partition: int
     rows: int
-    duplicate: bool  # the broker had committed this key already and dropped the replay
+    transactions: int
+    duplicates: int  # transactions the broker had committed already (a replay), so dropped
+
+
+def transaction_key(base: str, number: int) -> str:
+    """The idempotency key of a partition's ``number``-th transaction (the
+    first keeps the bare key, as before partitions were split)."""
+    return base if number == 0 else f"{base}:{number}"
 
 
 def send_partition(options: WriteOptions, rows: Iterator[Any], partition: int, key: str) -> SentPartition:
-    """Executor side: the partition's rows in one transaction, committed with ``key``."""
-    transaction = f"spark-{uuid.uuid4().hex}"
-    count = 0
+    """Executor side: the partition's rows in transactions of at most
+    ``transaction_rows`` rows and ``transaction_bytes`` bytes, each committed
+    with its own key derived from ``key``."""
+    route = Router(options.destination)
+    count = transactions = duplicates = 0
     with StompClient(options.stomp_host, options.stomp_port, timeout_s=options.endpoint.timeout_s) as client:
         client.connect(options.stomp_host, options.endpoint.user, options.endpoint.password)
-        client.send_frame(frames.Begin({"transaction": transaction}))
-        for row in rows:
-            client.send_frame(send_frame(options.destination, transaction, row))
-            count += 1
-        receipt = client.request(frames.Commit({"transaction": transaction, "idempotency-key": key}))
-        client.disconnect()
-    return SentPartition(partition, count, receipt.headers.get("duplicate") == "true")
+        try:
+            pending: frames.Send | None = None  # the row that did not fit the last transaction
+            rows = iter(rows)
+            while True:
+                transaction = f"spark-{uuid.uuid4().hex}"
+                in_tx = size = 0
+                for row in itertools.chain([] if pending is None else [pending], rows):
+                    if isinstance(row, frames.Send):
+                        frame = row
+                        frame.headers["transaction"] = transaction
+                    else:
+                        values = row.asDict()
+                        frame = send_frame(route(values), transaction, values)
+                    grown = size + frame_bytes(frame)
+                    if in_tx and (in_tx >= options.transaction_rows or grown > options.transaction_bytes):
+                        pending = frame
+                        break
+                    if in_tx == 0:
+                        client.send_frame(frames.Begin({"transaction": transaction}))
+                    client.send_frame(frame)
+                    in_tx, size = in_tx + 1, grown
+                else:
+                    pending = None
+                if in_tx == 0:
+                    break
+                receipt = client.request(frames.Commit({"transaction": transaction, "idempotency-key": transaction_key(key, transactions)}))
+                count += in_tx
+                transactions += 1
+                duplicates += receipt.headers.get("duplicate") == "true"
+                if pending is None:
+                    break
+        except StompError as error:
+            if transactions:
+                raise StompError(
+                    f"{error} (partition {partition}: {count} rows in {transactions} transaction(s) were committed before"
+                    " this and stay sent; a rerun with the same writeId, or Spark's retry of this task, skips them)"
+                ) from None
+            raise
+        try:
+            client.disconnect()
+        except StompError as error:
+            # Every transaction has its receipt: the rows are sent, and the
+            # broker ends a connection that goes away; nothing to fail for.
+            log.warning("disconnect_unanswered partition=%s rows=%s reason=%s", partition, count, error)
+    return SentPartition(partition, count, transactions, duplicates)
 
 
 class GatewayWriter(DataSourceWriter):
     def __init__(self, options: WriteOptions, schema: StructType) -> None:
-        check_schema(schema)
+        check_schema(schema, options)
         self.options = options
-        self.write_id = uuid.uuid4().hex  # one per save(), shared by the retries of its tasks
+        # The writeId option names the job, so a rerun of it lands once; else
+        # one per save(), shared by the retries of its tasks.
+        self.write_id = options.write_id or uuid.uuid4().hex
 
     def write(self, iterator: Iterator[Any]) -> SentPartition:
         context = TaskContext.get()
@@ -121,7 +221,9 @@ class GatewayWriter(DataSourceWriter):
 
 class GatewayStreamWriter(DataSourceStreamWriter):
     def __init__(self, options: WriteOptions, schema: StructType) -> None:
-        check_schema(schema)
+        check_schema(schema, options)
+        if options.write_id is not None:
+            raise OptionError("writeId is for batch writes; a stream's keys derive from its query id and batch id (keep its checkpointLocation)")
         self.options = options
 
     def write(self, iterator: Iterator[Any]) -> SentPartition:
