@@ -53,7 +53,7 @@ class Access:
         ok = ok and entry is not None
         self.gate.answered(ADMIN, host, ok)
         if not ok or entry is None:
-            return error(401, "credentials required", **{"WWW-Authenticate": 'Basic realm="gateway"'})
+            return error(401, "wrong user or password", **{"WWW-Authenticate": 'Basic realm="gateway"'})
         if need == "write" and entry[1] != "write":
             return error(403, "this user may only read")
         return None

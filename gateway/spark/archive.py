@@ -56,7 +56,7 @@ class ArchiveClient:
             return urlopen(request, timeout=self.endpoint.timeout_s)
         except HTTPError as error:
             with error:
-                raise _error_from(error, path) from None
+                raise _error_from(error, path, self.endpoint) from None
         except URLError as error:
             raise ArchiveError(f"cannot reach the broker's admin API at {self.endpoint.url}: {error.reason}") from None
 
@@ -85,7 +85,7 @@ class ArchiveClient:
                 yield from stream
 
 
-def _error_from(error: HTTPError, path: str) -> ArchiveError:
+def _error_from(error: HTTPError, path: str, endpoint: Endpoint) -> ArchiveError:
     text = error.read(64 * 1024)
     try:
         body = json.loads(text)
@@ -95,6 +95,12 @@ def _error_from(error: HTTPError, path: str) -> ArchiveError:
     if not isinstance(body, dict):
         body = {}
     message = f"broker answered {error.code} to GET {path}: {reason or text[:200].decode('utf-8', 'replace') or error.reason}"
+    if error.code == 401:
+        # The broker answers 401 alike to no credentials and to wrong ones.
+        if endpoint.user is None:
+            message = f"the broker's admin API at {endpoint.url} needs a user: set the user and password options (an admin user with the read role)"
+        else:
+            message = f"the broker's admin API at {endpoint.url} refused user {endpoint.user!r}: wrong user or password"
     if error.code == 410 and "earliest" in body:
         return DataLossError(message, status=410, body=body)
     return ArchiveError(message, status=error.code, body=body)

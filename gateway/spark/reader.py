@@ -59,12 +59,28 @@ def read_slice(options: ReadOptions, schema: StructType, piece: planning.Slice) 
                 yield batch if batch.schema.equals(target) else batch.cast(target)
             return
         except DataLossError as loss:
-            if not piece.tolerate_loss or loss.earliest <= start:
+            if not piece.tolerate_loss:
+                raise DataLossError(
+                    f"{loss}. Messages the query needed were dropped by the archive's retention"
+                    " (archive_retention_s / archive_retention_bytes) before it read them. To read on from the"
+                    " earliest kept offset instead of failing, set the option failOnDataLoss to false",
+                    status=loss.status, body=loss.body,
+                ) from None
+            if loss.earliest <= start:
                 raise
             if loss.earliest >= piece.end:
                 return  # the whole slice was dropped; failOnDataLoss=false skips it
             start = loss.earliest
     raise DataLossError(f"{piece.topic}: retention kept dropping offsets while reading {piece.start}..{piece.end - 1}")
+
+
+def no_archive(pattern: str) -> str:
+    """Why a batch read found nothing to read at all."""
+    return (
+        f"no archived topic matches {pattern!r}: a topic is archived from its first message on, once a"
+        f" [[broker.policies]] entry whose destination matches /topic/{pattern} sets archive = true"
+        " (GET /api/v1/archive lists the archived topics)"
+    )
 
 
 class ArchiveReader(DataSourceReader):
@@ -74,6 +90,8 @@ class ArchiveReader(DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         infos = ArchiveClient(self.options.endpoint).topics(self.options.pattern)
+        if not infos:
+            raise planning.PlanError(no_archive(self.options.pattern))
         ranges = planning.batch_ranges(infos, self.options.starting, self.options.ending)
         tolerate = ranges if not self.options.fail_on_data_loss else ()
         return [InputPartition(piece) for piece in planning.split(ranges, self.options.partition_size, tolerate=tolerate)]

@@ -102,5 +102,15 @@ def test_a_bad_topic_or_an_unreachable_broker_is_a_clear_error(spark, spark_brok
         read(spark, broker, "plant/#/temp").collect()
     with pytest.raises(Exception, match="cannot reach the broker's admin API"):
         spark.read.format("gateway").option("url", "http://127.0.0.1:9").option("topic", unique("t")).load().collect()
-    with pytest.raises(Exception, match="401"):
+    with pytest.raises(Exception, match="refused user 'spark': wrong user or password"):
         spark.read.format("gateway").option("url", f"http://127.0.0.1:{broker.admin_port}").option("topic", "plant.>").option("user", "spark").option("password", "wrong").load().collect()
+    with pytest.raises(Exception, match="needs a user: set the user and password options"):
+        spark.read.format("gateway").option("url", f"http://127.0.0.1:{broker.admin_port}").option("topic", "plant.>").load().collect()
+
+
+def test_a_topic_or_pattern_with_no_archive_says_so_and_which_policy_archives_it(spark, spark_broker, stomp_client):
+    broker = spark_broker()
+    stomp_client(broker).send("/topic/other.1", b"not archived", receipt=True)
+    for topic in ("other.1", "plant/+/nothing"):
+        with pytest.raises(Exception, match=r"no archived topic matches .*archive = true"):
+            read(spark, broker, topic).collect()
