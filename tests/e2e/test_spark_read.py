@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from tests.helpers import unique
-from tests.spark_helpers import read
+from tests.helpers import unique, wait_for
+from tests.spark_helpers import archived, read
 
 
 def test_stomp_and_mqtt_messages_come_back_as_rows_with_every_column(spark, spark_broker, stomp_client, paho):
@@ -41,7 +41,30 @@ def test_stomp_and_mqtt_messages_come_back_as_rows_with_every_column(spark, spar
     for row in rows:
         stamp = row.timestamp.astimezone(datetime.timezone.utc) if row.timestamp.tzinfo else row.timestamp.replace(tzinfo=datetime.timezone.utc)
         assert before <= stamp <= after
-    assert rows[2].priority == 4 and rows[2].headers == {}
+    assert rows[2].priority == 4 and rows[2].headers == {"mqtt-qos": "1"}  # MQTT's flags, see below
+
+
+def test_an_mqtt_messages_row_carries_its_qos_retain_flag_and_mqtt5_properties(spark, spark_broker, paho):
+    from tests.mqtt5_helpers import Paho5, props
+
+    broker = spark_broker()
+    paho(broker, "dev-311").publish("plant/1/state", b"on", qos=1, retain=True)
+    v5 = Paho5(broker.mqtt_port, "dev-5")
+    try:
+        v5.publish("plant/2/state", b'{"on": true}', qos=1, properties=props(
+            ContentType="application/json", ResponseTopic="plant/2/reply", CorrelationData=b"req-17",
+            PayloadFormatIndicator=1, UserProperty=[("site", "north"), ("line", "3")]))
+        v5.publish("plant/3/state", b"x", qos=0, properties=props(CorrelationData=b"\x00\xff"))
+    finally:
+        v5.close()
+    wait_for(lambda: archived(broker, "plant.*.state") == 3, what="3 archived")  # the QoS 0 one has no ack
+    rows = {r.topic: r.headers for r in read(spark, broker, "plant/+/state").collect()}
+    assert rows["plant.1.state"] == {"mqtt-qos": "1", "mqtt-retain": "true"}
+    assert rows["plant.2.state"] == {
+        "mqtt-qos": "1", "content-type": "application/json", "reply-to": "/topic/plant.2.reply",
+        "correlation-id": "req-17", "mqtt-payload-format": "utf-8", "site": "north", "line": "3",
+    }
+    assert rows["plant.3.state"] == {"mqtt-qos": "0", "mqtt-correlation-data": "AP8="}  # binary: base64
 
 
 @pytest.mark.parametrize("topic", ["plant/+/temp", "/topic/plant.*.temp", "plant.>"])
