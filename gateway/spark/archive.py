@@ -19,7 +19,7 @@ from urllib.parse import quote, urlencode
 from urllib.request import Request, urlopen
 
 from gateway.spark.options import Endpoint
-from gateway.spark.planning import TopicInfo
+from gateway.spark.planning import TopicInfo, first_at_or_after
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 READ_BUFFER_BYTES = 1 << 20
@@ -83,6 +83,23 @@ class ArchiveClient:
             # and http.client pays per read to undo the chunked encoding.
             with pa.ipc.open_stream(io.BufferedReader(response, READ_BUFFER_BYTES)) as stream:
                 yield from stream
+
+
+    def time_of(self, topic: str, offset: int) -> int | None:
+        """The timestamp (µs since the epoch) of one archived message; None
+        if retention dropped it."""
+        try:
+            for batch in self.batches(topic, offset, offset + 1):
+                if batch.num_rows:
+                    return int(batch.column(3).cast("int64")[0].as_py()) * 1000  # ms -> µs
+        except DataLossError:
+            return None
+        return None
+
+    def offset_for_time(self, topic: str, instant_us: int, start: int, end: int) -> int:
+        """The first offset in ``start``..``end - 1`` archived at or after
+        ``instant_us``, else ``end`` (about log2(end - start) one-row reads)."""
+        return first_at_or_after(instant_us, start, end, lambda offset: self.time_of(topic, offset))
 
 
 def _error_from(error: HTTPError, path: str, endpoint: Endpoint) -> ArchiveError:

@@ -33,8 +33,8 @@ MAX_WRITE_ID_CHARS = 200
 # Keys Spark itself may put into a source's or sink's options.
 SPARK_KEYS = frozenset({"path", "checkpointlocation"})
 COMMON = frozenset({"url", "user", "password", "timeout"})
-READ_KEYS = COMMON | {"topic", "startingoffsets", "endingoffsets", "partitionsize", "failondataloss"}
-STREAM_READ_KEYS = (READ_KEYS - {"endingoffsets"}) | {"maxoffsetspertrigger"}
+READ_KEYS = COMMON | {"topic", "startingoffsets", "endingoffsets", "partitionsize", "failondataloss", "pushfilters"}
+STREAM_READ_KEYS = (READ_KEYS - {"endingoffsets", "pushfilters"}) | {"maxoffsetspertrigger"}
 WRITE_KEYS = COMMON | {"stomp", "destination", "writeid", "transactionrows", "transactionbytes"}
 
 
@@ -72,6 +72,7 @@ class ReadOptions:
     partition_size: int
     max_offsets_per_trigger: int | None
     fail_on_data_loss: bool
+    push_filters: bool = False  # batch: take Spark's offset/timestamp/topic filters (see pushdown.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,6 +203,7 @@ def read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
         partition_size=_positive_int(given, "partitionsize", "partitionSize") or DEFAULT_PARTITION_SIZE,
         max_offsets_per_trigger=_positive_int(given, "maxoffsetspertrigger", "maxOffsetsPerTrigger"),
         fail_on_data_loss=_bool(given, "failondataloss", "failOnDataLoss", True),
+        push_filters=_bool(given, "pushfilters", "pushFilters", False),
     )
 
 

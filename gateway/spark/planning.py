@@ -19,7 +19,7 @@ also covers retention that runs between planning and reading.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from gateway.spark.options import EARLIEST, LATEST, OffsetSpec
 
@@ -119,3 +119,18 @@ def stream_slices(start: Mapping[str, int], end: Mapping[str, int], partition_si
     ranges = {topic: (start.get(topic, 0), offset) for topic, offset in end.items() if offset > start.get(topic, 0)}
     new = [topic for topic in ranges if topic not in start]
     return split(ranges, partition_size, tolerate=ranges if not fail_on_data_loss else new)
+
+
+def first_at_or_after(instant_us: int, start: int, end: int, time_of: Callable[[int], int | None]) -> int:
+    """Bisection over offsets ``start``..``end - 1`` for the first whose time
+    (``time_of``, µs; None for an offset retention dropped, which counts as
+    earlier than any) is at or after ``instant_us``; ``end`` if none is."""
+    low, high = start, end
+    while low < high:
+        mid = (low + high) // 2
+        when = time_of(mid)
+        if when is not None and when >= instant_us:
+            high = mid
+        else:
+            low = mid + 1
+    return low

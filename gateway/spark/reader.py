@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, Filter, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from gateway.spark import planning
+from gateway.spark import planning, pushdown
 from gateway.spark.archive import ArchiveClient, DataLossError
 from gateway.spark.options import ReadOptions
 
@@ -87,17 +87,33 @@ class ArchiveReader(DataSourceReader):
     def __init__(self, options: ReadOptions, schema: StructType) -> None:
         self.options = options
         self.schema = schema
+        self.bounds = pushdown.Bounds()
 
     def partitions(self) -> list[InputPartition]:
-        infos = ArchiveClient(self.options.endpoint).topics(self.options.pattern)
+        client = ArchiveClient(self.options.endpoint)
+        infos = client.topics(self.options.pattern)
         if not infos:
             raise planning.PlanError(no_archive(self.options.pattern))
         ranges = planning.batch_ranges(infos, self.options.starting, self.options.ending)
+        if self.bounds.narrows:
+            ranges = pushdown.narrow(ranges, self.bounds, client.offset_for_time)
         tolerate = ranges if not self.options.fail_on_data_loss else ()
         return [InputPartition(piece) for piece in planning.split(ranges, self.options.partition_size, tolerate=tolerate)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return read_partition(self.options, self.schema, partition)
+
+
+class FilteringArchiveReader(ArchiveReader):
+    """With ``pushFilters``: Spark's offset, timestamp and topic predicates
+    narrow the ranges read.  A separate class because PySpark refuses a reader
+    that overrides ``pushFilters`` unless the session enables
+    ``spark.sql.python.filterPushdown.enabled`` (off by default)."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        self.bounds, rest = pushdown.bounds(filters)
+        # Spark wants back the very objects it gave, for what it still evaluates.
+        return iter(rest)
 
 
 class ArchiveStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

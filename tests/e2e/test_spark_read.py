@@ -137,3 +137,39 @@ def test_a_topic_or_pattern_with_no_archive_says_so_and_which_policy_archives_it
     for topic in ("other.1", "plant/+/nothing"):
         with pytest.raises(Exception, match=r"no archived topic matches .*archive = true"):
             read(spark, broker, topic).collect()
+
+
+def test_offset_timestamp_and_topic_filters_are_pushed_down_to_the_archive_read(spark, spark_broker, stomp_client):
+    import time
+
+    broker = spark_broker()
+    producer = stomp_client(broker)
+    for i in range(50):
+        producer.send("/topic/plant.a.temp", f"a{i}".encode(), receipt=(i == 49))
+    time.sleep(0.05)  # the two lots get timestamps apart
+    mark = datetime.datetime.now(datetime.timezone.utc)
+    time.sleep(0.05)
+    for i in range(50, 80):
+        producer.send("/topic/plant.a.temp", f"a{i}".encode())
+    for i in range(20):
+        producer.send("/topic/plant.b.temp", f"b{i}".encode(), receipt=(i == 19))
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    try:
+        df = read(spark, broker, "plant.*.temp", partitionSize=10, pushFilters="true")
+        # Pushed down: the partitions cover only the offsets asked for.
+        by_offset = df.where("offset >= 45 and offset < 65 and topic = 'plant.a.temp'")
+        assert by_offset.rdd.getNumPartitions() == 2
+        assert sorted(r.offset for r in by_offset.select("offset").collect()) == list(range(45, 65))
+        by_time = df.where(df.timestamp >= mark).where("topic = 'plant.a.temp'")
+        assert by_time.rdd.getNumPartitions() == 3  # offsets 50..79, found by bisection
+        assert sorted(r.offset for r in by_time.select("offset").collect()) == list(range(50, 80))
+        before = df.where(df.timestamp < mark)
+        assert sorted((r.topic, r.offset) for r in before.select("topic", "offset").collect()) == [("plant.a.temp", o) for o in range(50)]
+        assert before.rdd.getNumPartitions() == 5
+        # Filters it cannot use are Spark's, as without pushdown.
+        assert df.where("offset % 2 = 0 and body = 'a4'").count() == 1
+    finally:
+        spark.conf.unset("spark.sql.python.filterPushdown.enabled")
+    # Without the session setting Spark refuses a reader that takes filters, and says so.
+    with pytest.raises(Exception, match="spark.sql.python.filterPushdown.enabled"):
+        read(spark, broker, "plant.*.temp", pushFilters="true").collect()
