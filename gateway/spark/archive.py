@@ -18,7 +18,7 @@ from urllib.error import HTTPError, URLError
 from urllib.parse import quote, urlencode
 from urllib.request import Request, urlopen
 
-from gateway.spark.options import Endpoint
+from gateway.spark.options import Endpoint, Selection
 from gateway.spark.planning import TopicInfo, first_at_or_after
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -52,8 +52,9 @@ class ArchiveClient:
             token = f"{self.endpoint.user}:{self.endpoint.password or ''}".encode()
             headers["Authorization"] = "Basic " + base64.b64encode(token).decode()
         request = Request(self.endpoint.url + path, headers=headers)
+        context = self.endpoint.tls_context() if self.endpoint.url.startswith("https:") else None
         try:
-            return urlopen(request, timeout=self.endpoint.timeout_s)
+            return urlopen(request, timeout=self.endpoint.timeout_s, context=context)
         except HTTPError as error:
             with error:
                 raise _error_from(error, path, self.endpoint) from None
@@ -64,10 +65,17 @@ class ArchiveClient:
         with self._open(path, "application/json") as response:
             return json.loads(response.read())
 
-    def topics(self, pattern: str) -> list[TopicInfo]:
-        """Every archived topic matching a core pattern, sorted by name."""
-        found = self._json("/api/v1/archive?" + urlencode({"pattern": pattern}))
-        return [TopicInfo(t["topic"], int(t["earliest"]), int(t["latest"])) for t in found["topics"]]
+    def topics(self, selection: Selection) -> list[TopicInfo]:
+        """Every archived topic the selection takes, sorted by name: the
+        broker matches each core pattern; a regular expression is matched
+        here, against the whole list."""
+        found: dict[str, TopicInfo] = {}
+        for pattern in selection.patterns or [None]:
+            query = "?" + urlencode({"pattern": pattern}) if pattern is not None else ""
+            for t in self._json("/api/v1/archive" + query)["topics"]:
+                if selection.matches(t["topic"]):
+                    found[t["topic"]] = TopicInfo(t["topic"], int(t["earliest"]), int(t["latest"]))
+        return [found[name] for name in sorted(found)]
 
     def batches(self, topic: str, start: int, end: int) -> Iterator[Any]:
         """The record batches of offsets ``start``..``end - 1`` of ``topic``.

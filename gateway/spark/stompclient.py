@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import select
 import socket
+import ssl
 import time
 
 from gateway.stomp import codec, frames
@@ -29,12 +30,18 @@ class Stalled(StompError):
 
 
 class StompClient:
-    def __init__(self, host: str, port: int, *, timeout_s: float) -> None:
+    def __init__(self, host: str, port: int, *, timeout_s: float, tls: ssl.SSLContext | None = None) -> None:
         self.timeout_s = timeout_s
         try:
             self.sock = socket.create_connection((host, port), timeout=timeout_s)
         except OSError as error:
             raise StompError(f"cannot reach the broker's STOMP port at {host}:{port}: {error}") from None
+        if tls is not None:
+            try:
+                self.sock = tls.wrap_socket(self.sock, server_hostname=host)
+            except (ssl.SSLError, OSError) as error:
+                self.sock.close()
+                raise StompError(f"TLS with the broker's STOMP port at {host}:{port} failed: {error}") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.codec = codec.StompConnection(codec.Role.CLIENT, max_frame_bytes=MAX_FRAME_BYTES)
         self.out = bytearray()

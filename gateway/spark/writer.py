@@ -156,7 +156,8 @@ def send_partition(options: WriteOptions, rows: Iterator[Any], partition: int, k
     with its own key derived from ``key``."""
     route = Router(options.destination)
     count = transactions = duplicates = 0
-    with StompClient(options.stomp_host, options.stomp_port, timeout_s=options.endpoint.timeout_s) as client:
+    tls = options.endpoint.tls_context() if options.stomp_tls else None
+    with StompClient(options.stomp_host, options.stomp_port, timeout_s=options.endpoint.timeout_s, tls=tls) as client:
         client.connect(options.stomp_host, options.endpoint.user, options.endpoint.password)
         try:
             pending: frames.Send | None = None  # the row that did not fit the last transaction
