@@ -62,7 +62,11 @@ class StompClient:
     # -- frames out -------------------------------------------------------
 
     def send_frame(self, frame: frames.Frame) -> None:
-        self.out += self.codec.send(frame)
+        self.send_raw(self.codec.send(frame))
+
+    def send_raw(self, data: bytes) -> None:
+        """Frames the caller encoded (gateway.spark.writer.RowEncoder)."""
+        self.out += data
         if len(self.out) >= FLUSH_BYTES:
             self.flush()
             self._check_no_error()

@@ -7,7 +7,8 @@ import pytest
 
 from gateway.spark import options as opts
 from gateway.spark.options import OptionError
-from gateway.spark.writer import Router, frame_bytes, send_frame, transaction_key
+from gateway.spark.writer import Router, RowEncoder, send_frame, transaction_key
+from gateway.stomp import codec, frames
 
 STOMP = {"stomp": "127.0.0.1:61613"}
 
@@ -55,10 +56,39 @@ def test_a_row_goes_to_the_option_else_its_own_destination_or_topic():
         Router(None)({"topic": None})
 
 
-def test_a_rows_frame_and_what_it_counts_against_the_transaction_bytes():
-    frame = send_frame("/queue/a", "t1", {"body": "hé", "headers": {"k": "v"}, "priority": 3, "persistent": True})
-    assert frame.headers == {"destination": "/queue/a", "transaction": "t1", "k": "v", "priority": "3", "persistent": "true"}
-    assert frame.body == "hé".encode()
-    assert frame_bytes(frame) == 3 + sum(len(k) + len(v) for k, v in frame.headers.items())
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"body": b"x" * 128},
+        {"body": "hé"},
+        {"body": None},
+        {"body": b"", "headers": {"k": "v"}},
+        {"body": b"b", "headers": {"a:b": "c\nd", "back\\slash": "x"}, "priority": 3, "persistent": True},
+        {"body": b"b", "priority": 0, "persistent": False},
+    ],
+)
+def test_the_row_encoder_makes_the_bytes_the_codec_makes_of_the_rows_frame(values):
+    client = codec.StompConnection(codec.Role.CLIENT)
+    client.set_version("1.2")
+    encoder = RowEncoder(client.escape, "t1")
+    for destination in ("/queue/a", "/topic/plant.1:x"):  # twice each: the cached head too
+        for _ in range(2):
+            data = encoder.encode(destination, values)
+            assert data == client.send(send_frame(destination, "t1", values))
+    # And the broker's codec reads it back as that frame.
+    server = codec.StompConnection(codec.Role.SERVER)
+    server.receive_data(b"CONNECT\naccept-version:1.2\nhost:h\n\n\x00")
+    assert isinstance(next(server.events()), frames.Connect)
+    server.set_version("1.2")
+    server.receive_data(data)
+    (frame,) = list(server.events())
+    expected = send_frame("/topic/plant.1:x", "t1", values)
+    assert (frame.command, frame.headers, frame.body) == ("SEND", {**expected.headers, **({"content-length": str(len(expected.body))} if expected.body else {})}, expected.body)
+
+
+def test_a_rows_bad_values_fail_it():
+    encoder = RowEncoder(codec.StompConnection(codec.Role.CLIENT).escape, "t1")
+    with pytest.raises(ValueError, match="priority must be 0 to 9"):
+        encoder.encode("/queue/a", {"body": b"", "priority": 12})
     with pytest.raises(ValueError, match="may not set destination"):
-        send_frame("/queue/a", "t1", {"body": b"", "headers": {"destination": "/queue/b"}})
+        encoder.encode("/queue/a", {"body": b"", "headers": {"destination": "/queue/b"}})
