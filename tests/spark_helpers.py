@@ -7,6 +7,7 @@ import base64
 import json
 from typing import Any
 from urllib.parse import quote, urlencode
+from urllib.error import HTTPError
 from urllib.request import Request, urlopen
 
 from gateway.auth import hash_password
@@ -43,8 +44,14 @@ def _get(broker: Any, path: str) -> Any:
 
 
 def depth(broker: Any, queue: str) -> int:
-    """How many messages wait in ``queue`` (/queue/name), from the admin API."""
-    return int(_get(broker, f"/api/v1/destinations/{quote(queue.removeprefix('/'), safe='')}")["depth"])
+    """How many messages wait in ``queue`` (/queue/name), from the admin API
+    (0 before the queue exists)."""
+    try:
+        return int(_get(broker, f"/api/v1/destinations/{quote(queue.removeprefix('/'), safe='')}")["depth"])
+    except HTTPError as error:
+        if error.code == 404:
+            return 0
+        raise
 
 
 def archived(broker: Any, pattern: str) -> int:

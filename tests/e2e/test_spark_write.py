@@ -227,3 +227,31 @@ def test_a_batch_job_rerun_with_the_same_write_id_lands_once(spark, spark_broker
             query.processAllAvailable()
     finally:
         query.stop()
+
+
+def test_a_writer_held_by_a_full_queue_waits_while_a_consumer_drains_it_and_completes(spark, spark_broker, stomp_client):
+    import threading
+
+    broker = spark_broker(broker={"queue_high_water": 100})
+    queue = f"/queue/{unique('drained')}"
+    consumer = stomp_client(broker)
+    held: list[int] = []
+
+    def drain_once_held() -> None:
+        # Only once the writer is held at the high-water mark does a consumer come.
+        wait_for(lambda: depth(broker, queue) >= 100, timeout=60, what="the queue filled")
+        held.append(depth(broker, queue))
+        consumer.subscribe(queue)
+
+    drainer = threading.Thread(target=drain_once_held)
+    drainer.start()
+    try:
+        # Spark's own thread: a data source is found through the session of the calling thread.
+        df = spark.range(500, numPartitions=1).selectExpr("cast(id as string) as body")
+        writer(df, broker, queue).option("transactionRows", "100").option("timeout", "20").save()
+    finally:
+        drainer.join(60)
+    assert held and held[0] <= 200  # it waited at the mark (one transaction may land past it)
+    consumer.wait_messages(500)
+    consumer.barrier()
+    assert sorted(int(m.body) for m in consumer.messages) == list(range(500))
