@@ -410,16 +410,19 @@ class StompSession:
             return
         key = frame.headers.get("idempotency-key")
         client = self.client
+        assert client is not None  # CONNECTED: the only state with COMMIT in its table
+        extra: dict[str, str] = {}
         if key is None:
-            lsn, extra = client.commit(transaction), {}  # type: ignore[union-attr]
+            lsn = client.commit(transaction)
         else:
-            lsn, duplicate = client.commit_once(transaction, key)  # type: ignore[union-attr]
-            extra = {"duplicate": "true"} if duplicate else {}
-        if client.blocked_on:  # type: ignore[union-attr]
+            lsn, duplicate = client.commit_once(transaction, key)
+            if duplicate:
+                extra["duplicate"] = "true"
+        if client.blocked_on:
             # The commit filled a queue: say so, since reading stops now (only
             # a DISCONNECT is still handled) and the client may wait long.
             extra["held-by"] = ", ".join(
-                f"{queue.address.text} (high-water mark {queue.high_water} messages)" for queue in client.blocked_on  # type: ignore[union-attr]
+                f"{queue.address.text} (high-water mark {queue.high_water} messages)" for queue in client.blocked_on
             )
         self._receipt_if_asked(frame, lsn, extra or None)
 
