@@ -255,3 +255,13 @@ def test_a_writer_held_by_a_full_queue_waits_while_a_consumer_drains_it_and_comp
     consumer.wait_messages(500)
     consumer.barrier()
     assert sorted(int(m.body) for m in consumer.messages) == list(range(500))
+
+
+def test_a_partition_past_the_brokers_default_transaction_limit_is_written_whole(spark, spark_broker):
+    # The case with the defaults: 120,000 rows in one partition, where
+    # one transaction may hold 100,000 (max_transaction_messages).
+    broker = spark_broker(broker={"queue_high_water": 0})  # no flow control: count in the queue
+    queue = f"/queue/{unique('big')}"
+    df = spark.range(120_000, numPartitions=1).selectExpr("cast(id as string) as body")
+    writer(df, broker, queue).save()
+    assert depth(broker, queue) == 120_000
