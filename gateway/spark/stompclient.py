@@ -25,6 +25,14 @@ class StompError(RuntimeError):
     """The broker sent ERROR, closed the connection, or did not answer in time."""
 
 
+class Refused(StompError):
+    """The broker answered ERROR; ``reason`` is its message header."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class Stalled(StompError):
     """The broker read nothing and answered nothing for ``timeout`` seconds."""
 
@@ -165,7 +173,13 @@ class StompClient:
             headers["passcode"] = password or ""
         self.out += self.codec.send(frames.Connect(headers))
         self.flush()
-        reply = self._next_frame(time.monotonic() + self.timeout_s)
+        try:
+            reply = self._next_frame(time.monotonic() + self.timeout_s)
+        except Refused as refusal:
+            if refusal.reason == "authentication failed":  # the broker's one answer to a bad login, on purpose
+                who = f"user {user!r}" if user is not None else "a client without a login (set the user and password options)"
+                raise StompError(f"the broker's STOMP port refused {who}: wrong user or password") from None
+            raise
         if not isinstance(reply, frames.Connected):
             raise StompError(f"expected CONNECTED, got {reply.command}")
         self.codec.set_version(reply.headers.get("version", "1.2"))
@@ -176,7 +190,8 @@ class StompClient:
         self.request(frames.Disconnect({}))
 
 
-def _refusal(frame: frames.Frame) -> StompError:
+def _refusal(frame: frames.Frame) -> Refused:
     """The broker's ERROR as an exception: its message header, then its body."""
     detail = frame.body.decode("utf-8", "replace")
-    return StompError(f"broker sent ERROR: {frame.headers.get('message', '')} {detail}".strip())
+    reason = frame.headers.get("message", "")
+    return Refused(f"broker sent ERROR: {reason} {detail}".strip(), reason)

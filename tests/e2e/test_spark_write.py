@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gateway.auth import hash_password
 from tests.helpers import unique, wait_for
 from tests.spark_helpers import USER, depth, stream, url
 
@@ -265,3 +266,11 @@ def test_a_partition_past_the_brokers_default_transaction_limit_is_written_whole
     df = spark.range(120_000, numPartitions=1).selectExpr("cast(id as string) as body")
     writer(df, broker, queue).save()
     assert depth(broker, queue) == 120_000
+
+
+def test_a_wrong_stomp_password_says_so(spark, spark_broker):
+    broker = spark_broker(auth={"users": [{"name": "writer", "password_hash": hash_password("right", iterations=1000)}]})
+    df = spark.createDataFrame([(b"x",)], "body binary")
+    with pytest.raises(Exception, match="refused user 'writer': wrong user or password"):
+        (df.write.format("gateway").mode("append").option("stomp", f"127.0.0.1:{broker.stomp_port}")
+         .option("user", "writer").option("password", "wrong").option("destination", "/queue/x").save())
