@@ -79,6 +79,9 @@ def check_schema(schema: StructType, options: WriteOptions) -> None:
         raise OptionError("option destination is required (e.g. /queue/out or /topic/plant.1.cmd), or a destination or topic column naming each row's")
 
 
+MAX_KNOWN_DESTINATIONS = 10_000  # checked names a task remembers
+
+
 class Router:
     """Each row's destination: the option, else its column (checked once per distinct value)."""
 
@@ -102,9 +105,6 @@ class Router:
             if len(self.known) < MAX_KNOWN_DESTINATIONS:
                 self.known[(column, text)] = found
         return found
-
-
-MAX_KNOWN_DESTINATIONS = 10_000  # checked names a task remembers
 
 
 def send_frame(destination: str, transaction: str, values: dict[str, Any]) -> frames.Send:
