@@ -33,7 +33,7 @@ from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, Wri
 from pyspark.sql.types import BinaryType, BooleanType, ByteType, IntegerType, LongType, MapType, ShortType, StringType, StructType
 
 from gateway.spark.options import OptionError, WriteOptions, destination_name, topic_name
-from gateway.spark.stompclient import StompClient, StompError
+from gateway.spark.stompclient import Stalled, StompClient, StompError
 from gateway.stomp import frames
 
 # Spark's local properties on the tasks of a streaming micro-batch
@@ -225,11 +225,17 @@ def send_partition(options: WriteOptions, rows: Iterator[Any], partition: int, k
                 if pending is None:
                     break
         except StompError as error:
+            notes = []
             if transactions:
-                raise StompError(
-                    f"{error} (partition {partition}: {count} rows in {transactions} transaction(s) were committed before"
-                    " this and stay sent; a rerun with the same writeId, or Spark's retry of this task, skips them)"
-                ) from None
+                notes.append(f"partition {partition}: {count} rows in {transactions} transaction(s) were committed before"
+                             " this and stay sent; a rerun with the same writeId, or Spark's retry of this task, skips them")
+            if isinstance(error, Stalled):
+                # What was written but not read (up to the COMMIT) waits in
+                # the broker's socket buffer and goes through once it drains.
+                notes.append("the transaction in flight may still be committed when the broker reads on: only a rerun"
+                             " with the same writeId is sure to land each row once")
+            if notes:
+                raise StompError(f"{error} ({'; '.join(notes)})") from None
             raise
         try:
             client.disconnect()
