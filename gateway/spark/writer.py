@@ -277,9 +277,9 @@ class GatewayStreamWriter(DataSourceStreamWriter):
         return send_partition(self.options, iterator, partition, f"spark-stream:{query}:{batch}:{partition}")
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Each partition committed its own transaction already."""
+        """Each partition committed its own transactions already."""
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Failed tasks left nothing (their transactions rolled back); committed
-        ones stay committed, and Spark's replay of this batch id is deduplicated
-        by the broker."""
+        """A failed task's open transaction was rolled back; the transactions
+        it (or another task) committed stay committed, and Spark's replay of
+        this batch id is deduplicated by the broker, key by key."""
