@@ -134,8 +134,9 @@ class RowEncoder:
     """A row's SEND as bytes, the very bytes ``codec.send(send_frame(...))``
     makes, without building a frame per row: each destination's head
     (command, destination, transaction) is escaped and encoded once.  This is
-    the writer's per-row path (the benchmark showed frame building and
-    encoding as a third of Spark's CPU per row), so it is kept to joins."""
+    the writer's per-row path (building and encoding a frame per row was a
+    fifth to a third of Spark's CPU per row in benchmarks/spark_write.py), so
+    it is kept to joins."""
 
     MAX_HEADS = 10_000  # destinations whose encoded head a task keeps
 
