@@ -14,8 +14,9 @@ in a local Spark session runs
          .option("partitionSize", ceil(N / P)).load().count()
 
 for each partition count P (default 1, 2 and 4), R times each (default 2; the
-best is reported, the first run of the session also pays for starting Python
-workers).  Every count must equal N.  Reports rows/s per P, the broker's RSS,
+best and the median are reported, after an untimed read that starts the
+Python workers), with the broker's CPU seconds per row (median), and
+with ``--group-by`` also ``groupBy("topic", "priority").count()``.  Every count must equal N.  Reports rows/s per P, the broker's RSS,
 and the peak RSS of the Spark JVM with its Python workers.  The bar (issue 7):
 at least 200,000 rows/s on this machine.
 """
@@ -28,6 +29,7 @@ import math
 import os
 import platform
 import signal
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -79,6 +81,10 @@ def scenario(args: argparse.Namespace, broker: Broker, admin: int, r: dict, dead
     r["runs"] = {}
     r["spark_peak_rss_mib"] = 0.0
     try:
+        # Warm up (not timed): the first read of a session starts the Python workers.
+        (spark.read.format("gateway").option("url", f"http://127.0.0.1:{admin}").option("user", archive.USER[0])
+         .option("password", archive.USER[1]).option("topic", archive.ARCHIVED.removeprefix("/topic/"))
+         .option("endingOffsets", json.dumps({archive.ARCHIVED.removeprefix("/topic/"): 1000})).load().count())
         for p in args.partitions:
             df = (
                 spark.read.format("gateway").option("url", f"http://127.0.0.1:{admin}")
@@ -86,18 +92,28 @@ def scenario(args: argparse.Namespace, broker: Broker, admin: int, r: dict, dead
                 .option("topic", archive.ARCHIVED.removeprefix("/topic/"))
                 .option("partitionSize", str(math.ceil(n / p))).load()
             )
-            times = []
+            times, cpu_us, group_times = [], [], []
             for _ in range(args.repeat):
                 if time.monotonic() > deadline - 30:
                     raise Failed(f"timed out before the {p}-partition runs finished")
-                t0 = time.monotonic()
+                c0, t0 = broker.cpu(), time.monotonic()
                 count = df.count()
                 times.append(time.monotonic() - t0)
+                cpu_us.append((broker.cpu() - c0) / n * 1e6)
                 r["spark_peak_rss_mib"] = max(r["spark_peak_rss_mib"], _tree_rss_mib(jvm))
                 if count != n:
                     raise Failed(f"{p} partitions: count() = {count:,}, expected {n:,}")
+                if args.group_by:  # a query that reads every column Spark shuffles on: priority per topic
+                    t0 = time.monotonic()
+                    groups = df.groupBy("topic", "priority").count().collect()
+                    group_times.append(time.monotonic() - t0)
+                    if sum(row["count"] for row in groups) != n:
+                        raise Failed(f"{p} partitions: groupBy counted {sum(row['count'] for row in groups):,}, expected {n:,}")
             best = min(times)
-            r["runs"][p] = {"seconds": times, "rows_per_s": n / best}
+            r["runs"][p] = {"seconds": times, "rows_per_s": n / best, "median_rows_per_s": n / statistics.median(times),
+                            "broker_cpu_us_per_row": statistics.median(cpu_us)}
+            if group_times:
+                r["runs"][p]["group_by_median_rows_per_s"] = n / statistics.median(group_times)
         r["broker_after"] = broker.memory_mib()
     finally:
         spark.stop()
@@ -120,6 +136,11 @@ def print_scenario(r: dict) -> None:
         seconds = ", ".join(f"{s:.2f}" for s in run["seconds"])
         print(f"   {p} partition(s), master {r['master']}: {f(run['rows_per_s'])} rows/s into count() "
               f"(runs {seconds} s; {verdict} the {BAR_ROWS_PER_S:,} rows/s bar)")
+        if "median_rows_per_s" in run:
+            group = (f"; groupBy(topic, priority).count() median {f(run['group_by_median_rows_per_s'])} rows/s"
+                     if "group_by_median_rows_per_s" in run else "")
+            print(f"      median {f(run['median_rows_per_s'])} rows/s; broker CPU median "
+                  f"{run['broker_cpu_us_per_row']:.2f} us/row{group}")
     if "broker_after" in r:
         print(f"   broker RSS {r['broker_after']['rss_mib']:.0f} MiB (peak {r['broker_after']['peak_rss_mib']:.0f} MiB); "
               f"Spark JVM + Python workers peak RSS {r['spark_peak_rss_mib']:.0f} MiB")
@@ -133,6 +154,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="partition counts to run (default 1,2,4)")
     parser.add_argument("--master", default="local[4]", help="Spark master (default local[4]: four tasks at once)")
     parser.add_argument("--repeat", type=int, default=2, metavar="R", help="counts per partition count (default 2)")
+    parser.add_argument("--group-by", action="store_true", help="also time groupBy(topic, priority).count() each run")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--broker-cmd", default=default_broker_cmd(), metavar="CMD",
                         help="broker command; {port} and {data_dir} are substituted (default: %(default)s)")

@@ -228,7 +228,7 @@ class Broker:
                 record = message.record()
                 lsn, message.location = self.store.add_message(record, keys)
         if policy.archive and address.kind is Kind.TOPIC:
-            archived = self.store.archive_message(address.name, record or message.record())
+            archived = self.store.archive_message(address.name, message.archive_record(record))
             if message.persistent:  # a receipt promises the archived copy too
                 lsn = max(lsn, archived)
         if dead_letter:

@@ -9,6 +9,9 @@ from core.names import Address
 from core.storage import MessageStore, StoredMessage
 
 DEFAULT_PRIORITY = 4
+# Headers only a topic archive's copy of an MQTT-published message carries.
+ARCHIVE_QOS = "mqtt-qos"
+ARCHIVE_RETAIN = "mqtt-retain"
 MAX_PRIORITY = 9
 _new_record = tuple.__new__
 
@@ -150,6 +153,20 @@ class Message:
             self.redeliveries, -1,
         ))
 
+    def archive_record(self, record: StoredMessage | None = None) -> StoredMessage:
+        """What a topic archive keeps: the stored record, plus, for a message
+        published over MQTT, its QoS and RETAIN flag as ``mqtt-qos`` and
+        ``mqtt-retain`` headers, so an archive read shows them.  Only the
+        archived copy has them: no subscriber receives them as headers."""
+        kept = record or self.record()
+        if self.qos is None:
+            return kept
+        headers = dict(self.headers or {})
+        headers[ARCHIVE_QOS] = str(self.qos)
+        if self.retain_published:
+            headers[ARCHIVE_RETAIN] = "true"
+        return kept._replace(headers=headers)
+
     def load(self, store: MessageStore) -> bool:
         """Fill in a stub's headers and body from ``store``.  False when its
         record is unreadable: the store has reported and counted it, and the
@@ -183,7 +200,7 @@ def store_transaction(
     lsn, locations = store.transaction(
         [(message.record(), keys) for message, keys in adds],
         [(key, message.id) for key, message in acks],
-        archived=[(topic, message.record()) for topic, message in archived],
+        archived=[(topic, message.archive_record()) for topic, message in archived],
         commit_key=commit_key,
     )
     for (message, _), location in zip(adds, locations):

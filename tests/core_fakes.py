@@ -78,6 +78,7 @@ class RecordingStore:
         self.bodies: dict[int, tuple[dict[str, str], bytes]] = {}
         self.loads = 0
         self.damaged: set[int] = set()  # locations whose record fails to read
+        self.archived_headers: list[dict[str, str] | None] = []  # of each archive_message, in order
 
     def _next(self, *call: Any) -> int:
         self.calls.append(call)
@@ -111,6 +112,7 @@ class RecordingStore:
         return self._next(*call), locations
 
     def archive_message(self, topic: str, message: StoredMessage) -> int:
+        self.archived_headers.append(message.headers)
         return self._next("archive", topic, message.body)
 
     def forget_commit_key(self, key: str) -> int:

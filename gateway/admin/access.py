@@ -66,17 +66,17 @@ class Access:
         ok = ok and entry is not None
         self.gate.answered(ADMIN, host, ok)
         if not ok or entry is None:
-            return _challenge(request)
+            return _challenge(request, "wrong user or password")
         if need == "write" and entry[1] != "write":
             return error(403, "this user may only read")
         request.user, request.role = name or "", entry[1]
         return None
 
 
-def _challenge(request: Request) -> Response:
+def _challenge(request: Request, reason: str = "credentials required") -> Response:
     """401 asking for basic auth; the console's own requests (marked with
     X-Requested-With) get no challenge header, so the browser shows the
     console's login form instead of its own password dialog."""
     if CONSOLE_MARK in request.headers:
-        return error(401, "credentials required")
-    return error(401, "credentials required", **{"WWW-Authenticate": 'Basic realm="gateway"'})
+        return error(401, reason)
+    return error(401, reason, **{"WWW-Authenticate": 'Basic realm="gateway"'})

@@ -4,7 +4,10 @@ Reading stops while the core holds this producer back (a queue it sent to is
 over its high-water mark) or while the session holds an event back (a CONNECT
 waiting for its password check, a persistent SEND during the disk alarm).
 Frames already received stay in the codec meanwhile; the server parks its
-reader until :meth:`InputGate.release`.  Sans-IO.
+reader until :meth:`InputGate.release`.  While the core holds a producer, a
+protocol may go on reading up to its next event and handle it if it adds
+nothing to a queue (STOMP: a DISCONNECT), so a client done sending can leave.
+Sans-IO.
 """
 
 from __future__ import annotations

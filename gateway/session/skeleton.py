@@ -70,6 +70,11 @@ class Dialect:
     silence: str
     # Room for more deliveries beyond the outbox's (MQTT: its in-flight window).
     room: Callable[[], bool] = lambda: True
+    # Events still handled while the core holds this producer back: those that
+    # add nothing to a queue (a DISCONNECT), so a client that has what it
+    # needed (a COMMIT's receipt) can still leave.  Reading goes on, one event
+    # at most: the first other one is held back (``deferred``) until release.
+    while_held: frozenset[type] = frozenset()
     # If set, ``handlers`` holds plain functions of (owner, event), one table
     # for every session of a protocol (no bound methods per session).
     owner: Any = None
@@ -126,8 +131,11 @@ class Skeleton:
     @property
     def wants_input(self) -> bool:
         """False while reading more would only buffer: the outbox is not being
-        read, or the core is holding this producer back."""
-        return not self.gate.blocked and not self.outbox.full
+        read, an event is held back, or the core is holding this producer back
+        and the protocol handles nothing meanwhile (``Dialect.while_held``)."""
+        if self.outbox.full:
+            return False
+        return not self.gate.blocked or (self.deferred is None and bool(self.dialect.while_held))
 
     def receive_data(self, data: bytes | bytearray) -> None:
         if self.state is _CLOSED:
@@ -197,10 +205,14 @@ class Skeleton:
         handler, until the session closes or this producer is held back."""
         gate = self.gate
         owner = self.dialect.owner
+        while_held = self.dialect.while_held
         event: Any = None
         events = self.codec.events() if replay is None else itertools.chain((replay,), self.codec.events())
         try:
             for event in events:
+                if gate.blocked and type(event) not in while_held:
+                    self.deferred = event  # held: handled first on release
+                    return
                 handler = self.handlers.get(type(event))
                 if handler is None:
                     self.dialect.reject(event)
@@ -214,7 +226,8 @@ class Skeleton:
                 client = self.client
                 if gate.blocked or (client is not None and client.blocked_on):
                     gate.blocked = True  # producer flow control: stop reading
-                    return
+                    if self.deferred is not None or not while_held:
+                        return
         except self.dialect.errors as exc:
             self.dialect.on_error(exc, event)
 

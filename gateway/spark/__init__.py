@@ -14,7 +14,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.types import StructType
 
 from gateway.spark import options
-from gateway.spark.reader import SCHEMA, ArchiveReader, ArchiveStreamReader
+from gateway.spark.reader import SCHEMA, ArchiveReader, ArchiveStreamReader, FilteringArchiveReader
 from gateway.spark.writer import GatewayStreamWriter, GatewayWriter
 
 __all__ = ["GatewayDataSource"]
@@ -31,7 +31,8 @@ class GatewayDataSource(DataSource):
         return SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return ArchiveReader(options.read_options(self.options, streaming=False), schema)
+        given = options.read_options(self.options, streaming=False)
+        return (FilteringArchiveReader if given.push_filters else ArchiveReader)(given, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return ArchiveStreamReader(options.read_options(self.options, streaming=True), schema)

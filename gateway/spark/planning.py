@@ -19,7 +19,7 @@ also covers retention that runs between planning and reading.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from gateway.spark.options import EARLIEST, LATEST, OffsetSpec
 
@@ -69,11 +69,18 @@ def batch_ranges(infos: Iterable[TopicInfo], starting: OffsetSpec, ending: Offse
     return ranges
 
 
-def split(ranges: Mapping[str, tuple[int, int]], partition_size: int, *, tolerate: Iterable[str] = ()) -> list[Slice]:
+def split(
+    ranges: Mapping[str, tuple[int, int]], partition_size: int, *, tolerate: Iterable[str] = (), min_partitions: int | None = None
+) -> list[Slice]:
     """Cut each topic's range into slices of at most ``partition_size`` offsets,
-    topics in name order so the plan is deterministic."""
+    topics in name order so the plan is deterministic.  With
+    ``min_partitions`` (Kafka's minPartitions) the slices are made smaller,
+    if need be, so that there are at least that many (while offsets last)."""
     if partition_size <= 0:
         raise ValueError("partition_size must be positive")
+    if min_partitions:
+        total = sum(end - start for start, end in ranges.values())
+        partition_size = max(1, min(partition_size, total // min_partitions))
     tolerant = frozenset(tolerate)
     out = []
     for topic in sorted(ranges):
@@ -114,8 +121,30 @@ def next_offsets(start: Mapping[str, int], infos: Iterable[TopicInfo], max_rows:
     return ends
 
 
-def stream_slices(start: Mapping[str, int], end: Mapping[str, int], partition_size: int, *, fail_on_data_loss: bool) -> list[Slice]:
+def stream_slices(
+    start: Mapping[str, int], end: Mapping[str, int], partition_size: int, *, fail_on_data_loss: bool, min_partitions: int | None = None
+) -> list[Slice]:
     """The partitions of the micro-batch ``start`` -> ``end``."""
     ranges = {topic: (start.get(topic, 0), offset) for topic, offset in end.items() if offset > start.get(topic, 0)}
     new = [topic for topic in ranges if topic not in start]
-    return split(ranges, partition_size, tolerate=ranges if not fail_on_data_loss else new)
+    return split(ranges, partition_size, tolerate=ranges if not fail_on_data_loss else new, min_partitions=min_partitions)
+
+
+def new_rows(start: Mapping[str, int], end: Mapping[str, int]) -> int:
+    """How many offsets the micro-batch ``start`` -> ``end`` covers."""
+    return sum(offset - start.get(topic, 0) for topic, offset in end.items() if offset > start.get(topic, 0))
+
+
+def first_at_or_after(instant_us: int, start: int, end: int, time_of: Callable[[int], int | None]) -> int:
+    """Bisection over offsets ``start``..``end - 1`` for the first whose time
+    (``time_of``, µs; None for an offset retention dropped, which counts as
+    earlier than any) is at or after ``instant_us``; ``end`` if none is."""
+    low, high = start, end
+    while low < high:
+        mid = (low + high) // 2
+        when = time_of(mid)
+        if when is not None and when >= instant_us:
+            high = mid
+        else:
+            low = mid + 1
+    return low

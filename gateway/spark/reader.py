@@ -14,16 +14,17 @@ idempotent COMMIT), as with Spark's Kafka source.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
-from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, Filter, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from gateway.spark import planning
+from gateway.spark import planning, pushdown
 from gateway.spark.archive import ArchiveClient, DataLossError
-from gateway.spark.options import ReadOptions
+from gateway.spark.options import OffsetSpec, ReadOptions, Selection, TimeSpec
 
 # The columns, in the order and types of the archive's Arrow schema.
 SCHEMA = (
@@ -59,7 +60,14 @@ def read_slice(options: ReadOptions, schema: StructType, piece: planning.Slice) 
                 yield batch if batch.schema.equals(target) else batch.cast(target)
             return
         except DataLossError as loss:
-            if not piece.tolerate_loss or loss.earliest <= start:
+            if not piece.tolerate_loss:
+                raise DataLossError(
+                    f"{loss}. Messages the query needed were dropped by the archive's retention"
+                    " (archive_retention_s / archive_retention_bytes) before it read them. To read on from the"
+                    " earliest kept offset instead of failing, set the option failOnDataLoss to false",
+                    status=loss.status, body=loss.body,
+                ) from None
+            if loss.earliest <= start:
                 raise
             if loss.earliest >= piece.end:
                 return  # the whole slice was dropped; failOnDataLoss=false skips it
@@ -67,19 +75,75 @@ def read_slice(options: ReadOptions, schema: StructType, piece: planning.Slice) 
     raise DataLossError(f"{piece.topic}: retention kept dropping offsets while reading {piece.start}..{piece.end - 1}")
 
 
+def no_archive(selection: Selection) -> str:
+    """Why a batch read found nothing to read at all."""
+    where = " or ".join(f"/topic/{p}" for p in selection.patterns) or "the topics"
+    return (
+        f"no archived topic matches {selection.given}: a topic is archived from its first message on, once a"
+        f" [[broker.policies]] entry whose destination matches {where} sets archive = true"
+        " (GET /api/v1/archive lists the archived topics)"
+    )
+
+
+def by_time(
+    client: ArchiveClient, infos: list[planning.TopicInfo], offsets: OffsetSpec, times: TimeSpec | None, *, strategy: str, what: str
+) -> OffsetSpec:
+    """``offsets`` with the topics ``times`` names (or every topic) moved to
+    their first offset archived at or after that time, as Kafka's
+    startingTimestamp/endingTimestamp.  A start with no such offset fails
+    (strategy ``error``, Kafka's default) or is ``latest``; an end is ``latest``."""
+    if times is None:
+        return offsets
+    per_topic = dict(offsets.per_topic)
+    for info in infos:
+        ms = times.ms_for(info.topic)
+        if ms is None:
+            continue
+        offset = client.offset_for_time(info.topic, ms * 1000, info.earliest, info.latest)
+        if offset == info.latest and strategy == "error":
+            raise planning.PlanError(
+                f"no message of {info.topic} was archived at or after {ms} ms (the {what} timestamp; its newest"
+                " is older): set startingOffsetsByTimestampStrategy to latest to start at the latest offset instead"
+            )
+        per_topic[info.topic] = offset
+    return OffsetSpec(offsets.default, tuple(sorted(per_topic.items())))
+
+
 class ArchiveReader(DataSourceReader):
     def __init__(self, options: ReadOptions, schema: StructType) -> None:
         self.options = options
         self.schema = schema
+        self.bounds = pushdown.Bounds()
 
     def partitions(self) -> list[InputPartition]:
-        infos = ArchiveClient(self.options.endpoint).topics(self.options.pattern)
-        ranges = planning.batch_ranges(infos, self.options.starting, self.options.ending)
-        tolerate = ranges if not self.options.fail_on_data_loss else ()
-        return [InputPartition(piece) for piece in planning.split(ranges, self.options.partition_size, tolerate=tolerate)]
+        options = self.options
+        client = ArchiveClient(options.endpoint)
+        infos = client.topics(options.selection)
+        if not infos:
+            raise planning.PlanError(no_archive(options.selection))
+        starting = by_time(client, infos, options.starting, options.starting_time, strategy=options.time_strategy, what="start")
+        ending = by_time(client, infos, options.ending, options.ending_time, strategy="latest", what="end")
+        ranges = planning.batch_ranges(infos, starting, ending)
+        if self.bounds.narrows:
+            ranges = pushdown.narrow(ranges, self.bounds, client.offset_for_time)
+        tolerate = ranges if not options.fail_on_data_loss else ()
+        pieces = planning.split(ranges, options.partition_size, tolerate=tolerate, min_partitions=options.min_partitions)
+        return [InputPartition(piece) for piece in pieces]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return read_partition(self.options, self.schema, partition)
+
+
+class FilteringArchiveReader(ArchiveReader):
+    """With ``pushFilters``: Spark's offset, timestamp and topic predicates
+    narrow the ranges read.  A separate class because PySpark refuses a reader
+    that overrides ``pushFilters`` unless the session enables
+    ``spark.sql.python.filterPushdown.enabled`` (off by default)."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        self.bounds, rest = pushdown.bounds(filters)
+        # Spark wants back the very objects it gave, for what it still evaluates.
+        return iter(rest)
 
 
 class ArchiveStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -89,13 +153,17 @@ class ArchiveStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.client = ArchiveClient(options.endpoint)
         self.target: dict[str, int] | None = None  # set by Trigger.AvailableNow
         self.initial: dict[str, int] | None = None
+        self.last_batch = time.monotonic()  # for minOffsetsPerTrigger's maxTriggerDelay
 
     def initialOffset(self) -> dict[str, int]:
         """Resolved once per run, so ``latest`` means "when the query started"
         even if Spark asks again before its first batch is logged (else what was
         published between two empty triggers could be skipped)."""
         if self.initial is None:
-            self.initial = planning.initial_offsets(self.client.topics(self.options.pattern), self.options.starting)
+            infos = self.client.topics(self.options.selection)
+            starting = by_time(self.client, infos, self.options.starting, self.options.starting_time,
+                               strategy=self.options.time_strategy, what="start")
+            self.initial = planning.initial_offsets(infos, starting)
         return self.initial
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -107,16 +175,25 @@ class ArchiveStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        infos = self.client.topics(self.options.pattern)
+        infos = self.client.topics(self.options.selection)
         if self.target is not None:
             infos = [planning.TopicInfo(i.topic, i.earliest, min(i.latest, self.target[i.topic])) for i in infos if i.topic in self.target]
-        return planning.next_offsets(start, infos, max_rows)
+        ends = planning.next_offsets(start, infos, max_rows)
+        least = self.options.min_offsets_per_trigger
+        now = time.monotonic()
+        if (least is not None and self.target is None and planning.new_rows(start, ends) < least
+                and now - self.last_batch < self.options.max_trigger_delay_s):
+            return start  # Kafka's minOffsetsPerTrigger: wait for more, up to maxTriggerDelay
+        if ends != start:
+            self.last_batch = now
+        return ends
 
     def reportLatestOffset(self) -> dict[str, int]:
-        return {info.topic: info.latest for info in self.client.topics(self.options.pattern)}
+        return {info.topic: info.latest for info in self.client.topics(self.options.selection)}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
-        slices = planning.stream_slices(start, end, self.options.partition_size, fail_on_data_loss=self.options.fail_on_data_loss)
+        slices = planning.stream_slices(start, end, self.options.partition_size, fail_on_data_loss=self.options.fail_on_data_loss,
+                                        min_partitions=self.options.min_partitions)
         return [InputPartition(piece) for piece in slices]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:

@@ -106,6 +106,7 @@ class StompSession:
             fail=lambda reason: self._fail(reason, None),
             on_eof=self._peer_closed,
             silence="heart-beat",
+            while_held=frozenset({frames.Disconnect}),
         )
         self.skeleton = Skeleton(
             self.codec, clock, log, dialect, outbox_high_water_bytes=settings.outbox_high_water_bytes,
@@ -408,11 +409,22 @@ class StompSession:
             self.skeleton.defer(frame)
             return
         key = frame.headers.get("idempotency-key")
+        client = self.client
+        assert client is not None  # CONNECTED: the only state with COMMIT in its table
+        extra: dict[str, str] = {}
         if key is None:
-            self._receipt_if_asked(frame, self.client.commit(transaction))  # type: ignore[union-attr]
-            return
-        lsn, duplicate = self.client.commit_once(transaction, key)  # type: ignore[union-attr]
-        self._receipt_if_asked(frame, lsn, {"duplicate": "true"} if duplicate else None)
+            lsn = client.commit(transaction)
+        else:
+            lsn, duplicate = client.commit_once(transaction, key)
+            if duplicate:
+                extra["duplicate"] = "true"
+        if client.blocked_on:
+            # The commit filled a queue: say so, since reading stops now (only
+            # a DISCONNECT is still handled) and the client may wait long.
+            extra["held-by"] = ", ".join(
+                f"{queue.address.text} (high-water mark {queue.high_water} messages)" for queue in client.blocked_on
+            )
+        self._receipt_if_asked(frame, lsn, extra or None)
 
     def _on_abort(self, frame: frames.Frame) -> None:
         self.client.abort(require(frame, "transaction"))  # type: ignore[union-attr]

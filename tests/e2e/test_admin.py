@@ -69,8 +69,9 @@ def test_readiness_turns_503_once_draining(admin_broker):
 def test_everything_but_the_probes_needs_credentials(admin_broker, method, path):
     status, body, response = call(admin_broker, method, path, auth=None)
     assert status == 401 and response.getheader("WWW-Authenticate", "").startswith("Basic")
-    assert json.loads(body)["status"] == 401
-    assert call(admin_broker, method, path, auth=(WRITER[0], "wrong"))[0] == 401
+    assert json.loads(body)["status"] == 401 and json.loads(body)["reason"] == "credentials required"
+    status, body, _ = call(admin_broker, method, path, auth=(WRITER[0], "wrong"))
+    assert status == 401 and json.loads(body)["reason"] == "wrong user or password"
 
 
 def test_a_reader_may_read_but_not_write(admin_broker, stomp_client):

@@ -93,7 +93,8 @@ def test_stomp_and_mqtt_publishes_are_kept_in_order_and_read_back_as_arrow(archi
     assert rows[0]["priority"] == 7 and rows[1]["priority"] == 4
     assert dict(rows[0]["headers"]) == {"unit": "C"}  # user headers only: no priority, persistent, receipt
     assert dict(rows[1]["headers"]) == {"unit": "F"}
-    assert rows[2]["headers"] == [] and rows[3]["headers"] == []  # MQTT 3.1.1 carries none
+    # MQTT 3.1.1 carries no headers; the archive keeps its QoS (and RETAIN flag, when set).
+    assert rows[2]["headers"] == [("mqtt-qos", "1")] and rows[3]["headers"] == [("mqtt-qos", "0")]
     assert len({r["message_id"] for r in rows}) == 5
     now = time.time()
     assert all(abs(r["timestamp"].timestamp() - now) < 60 for r in rows)

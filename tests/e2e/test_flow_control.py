@@ -70,6 +70,49 @@ def test_a_full_queue_holds_its_producer_until_consumers_make_room(broker_factor
     assert rest == [f"r{i}" for i in range(10, 30)]
 
 
+def test_a_producer_held_after_its_commit_can_still_disconnect_with_a_receipt(broker_factory, raw_client, stomp_client):
+    # As a Spark writer task does: a transaction that takes the queue past its
+    # high-water mark, COMMIT with a receipt, then DISCONNECT with a receipt.
+    broker = broker_factory(broker={"queue_high_water": 10})
+    queue = f"/queue/{unique('held-bye')}"
+    producer = raw_client(broker)
+    producer.connect(heart_beat="0,0")
+    producer.send_frame("BEGIN", {"transaction": "t"})
+    for i in range(25):
+        producer.send_frame("SEND", {"destination": queue, "transaction": "t"}, f"m{i}".encode())
+    producer.send_frame("COMMIT", {"transaction": "t", "receipt": "c"})
+    # The receipt says the commit filled the queue, so a writer that is then
+    # held can name the queue and its limit.
+    assert producer.receipt("c").headers["held-by"] == f"{queue} (high-water mark 10 messages)"
+    wait_for(lambda: broker.call(lambda: broker.running.broker.stats.producer_holds) >= 1, what="the producer held")
+    producer.send_frame("DISCONNECT", {"receipt": "bye"})
+    producer.receipt("bye")
+    assert producer.wait_closed() == []
+    wait_for(lambda: broker.call(lambda: len(broker.running.server.connections)) == 0, what="the held connection released")
+    consumer = stomp_client(broker)
+    consumer.subscribe(queue)
+    assert [m.body for m in consumer.wait_messages(25)] == [f"m{i}".encode() for i in range(25)]
+
+
+def test_a_disconnect_behind_a_held_send_waits_its_turn(broker_factory, raw_client, stomp_client):
+    # Frames stay in order: only a DISCONNECT that comes next is handled while
+    # the producer is held; one behind a held SEND waits for the SEND.
+    broker = broker_factory(broker={"queue_high_water": 3})
+    queue = f"/queue/{unique('held-order')}"
+    producer = raw_client(broker)
+    producer.connect(heart_beat="0,0")
+    for i in range(4):
+        producer.send_frame("SEND", {"destination": queue, "receipt": f"r{i}"}, f"m{i}".encode())
+    assert [producer.expect("RECEIPT").headers["receipt-id"] for _ in range(3)] == ["r0", "r1", "r2"]
+    producer.send_frame("DISCONNECT", {"receipt": "bye"})
+    assert producer.quiet_for(0.3) == [], "a frame behind a held SEND was handled before it"
+    consumer = stomp_client(broker)
+    consumer.subscribe(queue)
+    consumer.wait_messages(4)
+    assert [producer.expect("RECEIPT").headers["receipt-id"] for _ in range(2)] == ["r3", "bye"]
+    assert producer.wait_closed() == []
+
+
 def test_with_send_fail_if_no_space_a_full_queue_refuses_the_send(broker_factory, raw_client):
     broker = broker_factory(broker={"queue_high_water": 5, "send_fail_if_no_space": True})
     queue = f"/queue/{unique('refuse')}"

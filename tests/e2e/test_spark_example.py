@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from tests.helpers import wait_for
-from tests.spark_helpers import USER, read, url
+from tests.spark_helpers import USER, archived, read, url
 
 ROOT = Path(__file__).resolve().parents[2]
 READINGS = {"1": [20.0, 21.0, 22.5], "2": [18.25, 17.75]}
@@ -25,7 +25,8 @@ def test_hourly_temperature_example_writes_averages_per_device(spark, spark_brok
         for temp in temps:
             client.publish(f"plant/{device}/temp", str(temp).encode(), qos=1)
         client.publish(f"plant/{device}/temp", b"sensor fault", qos=1)  # not a number: left out
-    wait_for(lambda: read(spark, broker, "plant.*.temp").count() == 7, timeout=10, what="7 archived readings")
+    wait_for(lambda: archived(broker, "plant.*.temp") == 7, timeout=10, what="7 archived readings")
+    assert read(spark, broker, "plant.*.temp").count() == 7
 
     output = tmp_path / "hourly"
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}

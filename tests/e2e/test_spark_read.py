@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from tests.helpers import unique
-from tests.spark_helpers import read
+from tests.helpers import unique, wait_for
+from tests.spark_helpers import archived, read
 
 
 def test_stomp_and_mqtt_messages_come_back_as_rows_with_every_column(spark, spark_broker, stomp_client, paho):
@@ -41,7 +41,30 @@ def test_stomp_and_mqtt_messages_come_back_as_rows_with_every_column(spark, spar
     for row in rows:
         stamp = row.timestamp.astimezone(datetime.timezone.utc) if row.timestamp.tzinfo else row.timestamp.replace(tzinfo=datetime.timezone.utc)
         assert before <= stamp <= after
-    assert rows[2].priority == 4 and rows[2].headers == {}
+    assert rows[2].priority == 4 and rows[2].headers == {"mqtt-qos": "1"}  # MQTT's flags, see below
+
+
+def test_an_mqtt_messages_row_carries_its_qos_retain_flag_and_mqtt5_properties(spark, spark_broker, paho):
+    from tests.mqtt5_helpers import Paho5, props
+
+    broker = spark_broker()
+    paho(broker, "dev-311").publish("plant/1/state", b"on", qos=1, retain=True)
+    v5 = Paho5(broker.mqtt_port, "dev-5")
+    try:
+        v5.publish("plant/2/state", b'{"on": true}', qos=1, properties=props(
+            ContentType="application/json", ResponseTopic="plant/2/reply", CorrelationData=b"req-17",
+            PayloadFormatIndicator=1, UserProperty=[("site", "north"), ("line", "3")]))
+        v5.publish("plant/3/state", b"x", qos=0, properties=props(CorrelationData=b"\x00\xff"))
+    finally:
+        v5.close()
+    wait_for(lambda: archived(broker, "plant.*.state") == 3, what="3 archived")  # the QoS 0 one has no ack
+    rows = {r.topic: r.headers for r in read(spark, broker, "plant/+/state").collect()}
+    assert rows["plant.1.state"] == {"mqtt-qos": "1", "mqtt-retain": "true"}
+    assert rows["plant.2.state"] == {
+        "mqtt-qos": "1", "content-type": "application/json", "reply-to": "/topic/plant.2.reply",
+        "correlation-id": "req-17", "mqtt-payload-format": "utf-8", "site": "north", "line": "3",
+    }
+    assert rows["plant.3.state"] == {"mqtt-qos": "0", "mqtt-correlation-data": "AP8="}  # binary: base64
 
 
 @pytest.mark.parametrize("topic", ["plant/+/temp", "/topic/plant.*.temp", "plant.>"])
@@ -102,5 +125,51 @@ def test_a_bad_topic_or_an_unreachable_broker_is_a_clear_error(spark, spark_brok
         read(spark, broker, "plant/#/temp").collect()
     with pytest.raises(Exception, match="cannot reach the broker's admin API"):
         spark.read.format("gateway").option("url", "http://127.0.0.1:9").option("topic", unique("t")).load().collect()
-    with pytest.raises(Exception, match="401"):
+    with pytest.raises(Exception, match="refused user 'spark': wrong user or password"):
         spark.read.format("gateway").option("url", f"http://127.0.0.1:{broker.admin_port}").option("topic", "plant.>").option("user", "spark").option("password", "wrong").load().collect()
+    with pytest.raises(Exception, match="needs a user: set the user and password options"):
+        spark.read.format("gateway").option("url", f"http://127.0.0.1:{broker.admin_port}").option("topic", "plant.>").load().collect()
+
+
+def test_a_topic_or_pattern_with_no_archive_says_so_and_which_policy_archives_it(spark, spark_broker, stomp_client):
+    broker = spark_broker()
+    stomp_client(broker).send("/topic/other.1", b"not archived", receipt=True)
+    for topic in ("other.1", "plant/+/nothing"):
+        with pytest.raises(Exception, match=r"no archived topic matches .*archive = true"):
+            read(spark, broker, topic).collect()
+
+
+def test_offset_timestamp_and_topic_filters_are_pushed_down_to_the_archive_read(spark, spark_broker, stomp_client):
+    import time
+
+    broker = spark_broker()
+    producer = stomp_client(broker)
+    for i in range(50):
+        producer.send("/topic/plant.a.temp", f"a{i}".encode(), receipt=(i == 49))
+    time.sleep(0.05)  # the two lots get timestamps apart
+    mark = datetime.datetime.now(datetime.timezone.utc)
+    time.sleep(0.05)
+    for i in range(50, 80):
+        producer.send("/topic/plant.a.temp", f"a{i}".encode())
+    for i in range(20):
+        producer.send("/topic/plant.b.temp", f"b{i}".encode(), receipt=(i == 19))
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    try:
+        df = read(spark, broker, "plant.*.temp", partitionSize=10, pushFilters="true")
+        # Pushed down: the partitions cover only the offsets asked for.
+        by_offset = df.where("offset >= 45 and offset < 65 and topic = 'plant.a.temp'")
+        assert by_offset.rdd.getNumPartitions() == 2
+        assert sorted(r.offset for r in by_offset.select("offset").collect()) == list(range(45, 65))
+        by_time = df.where(df.timestamp >= mark).where("topic = 'plant.a.temp'")
+        assert by_time.rdd.getNumPartitions() == 3  # offsets 50..79, found by bisection
+        assert sorted(r.offset for r in by_time.select("offset").collect()) == list(range(50, 80))
+        before = df.where(df.timestamp < mark)
+        assert sorted((r.topic, r.offset) for r in before.select("topic", "offset").collect()) == [("plant.a.temp", o) for o in range(50)]
+        assert before.rdd.getNumPartitions() == 5
+        # Filters it cannot use are Spark's, as without pushdown.
+        assert df.where("offset % 2 = 0 and body = 'a4'").count() == 1
+    finally:
+        spark.conf.unset("spark.sql.python.filterPushdown.enabled")
+    # Without the session setting Spark refuses a reader that takes filters, and says so.
+    with pytest.raises(Exception, match="spark.sql.python.filterPushdown.enabled"):
+        read(spark, broker, "plant.*.temp", pushFilters="true").collect()

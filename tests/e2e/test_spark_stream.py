@@ -12,7 +12,7 @@ import pytest
 
 from persistence.settings import StoreSettings
 from tests.helpers import wait_for
-from tests.spark_helpers import read, stream
+from tests.spark_helpers import archived, read, stream
 
 
 def run_until_idle(df: Any, sink: Path, checkpoint: Path, **writer_options: Any) -> Any:
@@ -43,7 +43,7 @@ def test_a_query_restarted_from_its_checkpoint_delivers_every_message_exactly_on
     for i in range(5, 8):
         producer.send("/topic/plant.1.temp", f"a{i}".encode(), receipt=(i == 7))
     device.publish("plant/2/temp", b"b0", qos=1)
-    wait_for(lambda: read(spark, broker, "plant.2.temp").count() == 1, timeout=10, what="plant/2/temp archived")
+    wait_for(lambda: archived(broker, "plant.2.temp") == 1, timeout=10, what="plant/2/temp archived")
 
     run_until_idle(df, sink, checkpoint)
     rows = sorted((r.topic, r.offset, bytes(r.body)) for r in spark.read.parquet(str(sink)).collect())
@@ -93,6 +93,7 @@ def test_retention_drops_old_offsets_and_a_read_of_them_fails_with_the_brokers_r
     with pytest.raises(Exception, match="410") as failed:
         read(spark, broker, "plant.kept", startingOffsets='{"plant.kept": 0}').collect()
     assert reason in str(failed.value)
+    assert "set the option failOnDataLoss to false" in str(failed.value)  # as Kafka's says what to do
 
     skipped = read(spark, broker, "plant.kept", startingOffsets='{"plant.kept": 0}', failOnDataLoss="false", partitionSize=10)
     assert sorted(r.offset for r in skipped.select("offset").collect()) == list(range(earliest, 100))

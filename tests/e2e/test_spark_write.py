@@ -1,6 +1,9 @@
-"""Writes through Spark: one STOMP message per row, one transaction per
-partition committed with a receipt; a failed task sends nothing; a streaming
-batch Spark replays under the same batch id is not sent twice."""
+"""Writes through Spark: one STOMP message per row, a partition in as many
+transactions as the broker's limits need, each committed with a receipt; a
+failed task sends nothing half; what was committed is reported as committed
+even when the queue then holds the writer back; a streaming batch Spark
+replays under the same batch id, or a batch job rerun with its writeId, is not
+sent twice."""
 
 from __future__ import annotations
 
@@ -9,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import unique
-from tests.spark_helpers import USER, stream, url
+from gateway.auth import hash_password
+from tests.helpers import unique, wait_for
+from tests.spark_helpers import USER, depth, stream, url
 
 
 def writer(df: Any, broker: Any, destination: str) -> Any:
@@ -150,3 +154,124 @@ def test_a_partition_the_broker_refuses_fails_with_the_brokers_reason_and_sends_
         writer(df, broker, queue).save()
     consumer.barrier()
     assert consumer.messages == []
+
+
+def test_a_write_that_fills_an_idle_queue_past_its_high_water_mark_is_reported_as_committed(spark, spark_broker):
+    # The issue's case, scaled down: two partitions, each one transaction that
+    # takes a queue nobody consumes past queue_high_water.  Each COMMIT's
+    # receipt makes its task succeed; the DISCONNECT after it is answered
+    # although the broker now holds the writer back.
+    broker = spark_broker(broker={"queue_high_water": 1000})
+    queue = f"/queue/{unique('idle')}"
+    df = spark.range(2400, numPartitions=2).selectExpr("cast(id as string) as body")
+    writer(df, broker, queue).option("timeout", "5").save()
+    assert depth(broker, queue) == 2400
+    wait_for(lambda: broker.call(lambda: len(broker.running.server.connections)) == 0, what="the writers' connections closed")
+
+
+def test_a_partition_larger_than_a_transaction_is_sent_in_several_each_once(spark, spark_broker, stomp_client):
+    broker = spark_broker(broker={"max_transaction_messages": 100})
+    queue = f"/queue/{unique('split')}"
+    consumer = stomp_client(broker)
+    consumer.subscribe(queue)
+    df = spark.range(250, numPartitions=1).selectExpr("cast(id as string) as body")
+    writer(df, broker, queue).option("transactionRows", "100").save()
+    consumer.wait_messages(250)
+    # The same by bytes: 50 rows of 1,000 bytes in transactions of at most 10,000.
+    wide = spark.range(250, 300, numPartitions=1).selectExpr("rpad(cast(id as string), 1000, '.') as body")
+    writer(wide, broker, queue).option("transactionBytes", "10000").save()
+    consumer.wait_messages(300)
+    consumer.barrier()
+    assert sorted(int(m.body.rstrip(b".")) for m in consumer.messages) == list(range(300))
+
+
+def test_a_writer_held_by_a_full_idle_queue_names_the_queue_and_its_limit_and_a_rerun_with_its_write_id_lands_once(spark, spark_broker, stomp_client):
+    broker = spark_broker(broker={"queue_high_water": 100})
+    queue = f"/queue/{unique('held')}"
+    df = spark.range(300, numPartitions=1).selectExpr("cast(id as string) as body")
+    job = writer(df, broker, queue).option("transactionRows", "100").option("timeout", "3").option("writeId", "nightly-2026-11-27")
+    # The first transaction fills the queue (nobody consumes): the writer is
+    # held, and says by which queue, at which limit, and what stays sent.
+    with pytest.raises(Exception, match=rf"{queue} \(high-water mark 100 messages\)") as failed:
+        job.save()
+    assert "100 rows in 1 transaction(s) were committed" in str(failed.value)
+    assert "the transaction in flight may still be committed" in str(failed.value)
+    assert depth(broker, queue) == 100
+    # A consumer drains it, and the job is run again as it was: the committed
+    # transaction is dropped as a duplicate, the rest is sent.
+    consumer = stomp_client(broker)
+    consumer.subscribe(queue)
+    job.save()
+    consumer.wait_messages(300)
+    consumer.barrier()
+    assert sorted(int(m.body) for m in consumer.messages) == list(range(300))
+
+
+def test_a_batch_job_rerun_with_the_same_write_id_lands_once(spark, spark_broker, stomp_client, tmp_path: Path):
+    broker = spark_broker()
+    queue = f"/queue/{unique('rerun')}"
+    consumer = stomp_client(broker)
+    consumer.subscribe(queue)
+    df = spark.range(500, numPartitions=3).selectExpr("cast(id as string) as body")
+    writer(df, broker, queue).option("writeId", "job-7").save()
+    writer(df, broker, queue).option("writeId", "job-7").save()  # as a user rerunning a job that "failed"
+    consumer.wait_messages(500)
+    consumer.barrier()
+    assert sorted(int(m.body) for m in consumer.messages) == list(range(500))
+    # Without a writeId each save() is a new job: the same rows are sent again.
+    writer(df, broker, queue).save()
+    consumer.wait_messages(1000)
+    query = stream(spark, broker, "plant.x.temp").select("body").writeStream.format("gateway").option(
+        "stomp", f"127.0.0.1:{broker.stomp_port}").option("destination", queue).option("writeId", "w").option(
+        "checkpointLocation", str(tmp_path / "checkpoint")).start()
+    try:
+        with pytest.raises(Exception, match="writeId is for batch writes"):
+            query.processAllAvailable()
+    finally:
+        query.stop()
+
+
+def test_a_writer_held_by_a_full_queue_waits_while_a_consumer_drains_it_and_completes(spark, spark_broker, stomp_client):
+    import threading
+
+    broker = spark_broker(broker={"queue_high_water": 100})
+    queue = f"/queue/{unique('drained')}"
+    consumer = stomp_client(broker)
+    held: list[int] = []
+
+    def drain_once_held() -> None:
+        # Only once the writer is held at the high-water mark does a consumer come.
+        wait_for(lambda: depth(broker, queue) >= 100, timeout=60, what="the queue filled")
+        held.append(depth(broker, queue))
+        consumer.subscribe(queue)
+
+    drainer = threading.Thread(target=drain_once_held)
+    drainer.start()
+    try:
+        # Spark's own thread: a data source is found through the session of the calling thread.
+        df = spark.range(500, numPartitions=1).selectExpr("cast(id as string) as body")
+        writer(df, broker, queue).option("transactionRows", "100").option("timeout", "20").save()
+    finally:
+        drainer.join(60)
+    assert held and held[0] <= 200  # it waited at the mark (one transaction may land past it)
+    consumer.wait_messages(500)
+    consumer.barrier()
+    assert sorted(int(m.body) for m in consumer.messages) == list(range(500))
+
+
+def test_a_partition_past_the_brokers_default_transaction_limit_is_written_whole(spark, spark_broker):
+    # The issue's case with the defaults: 120,000 rows in one partition, where
+    # one transaction may hold 100,000 (max_transaction_messages).
+    broker = spark_broker(broker={"queue_high_water": 0})  # no flow control: count in the queue
+    queue = f"/queue/{unique('big')}"
+    df = spark.range(120_000, numPartitions=1).selectExpr("cast(id as string) as body")
+    writer(df, broker, queue).save()
+    assert depth(broker, queue) == 120_000
+
+
+def test_a_wrong_stomp_password_says_so(spark, spark_broker):
+    broker = spark_broker(auth={"users": [{"name": "writer", "password_hash": hash_password("right", iterations=1000)}]})
+    df = spark.createDataFrame([(b"x",)], "body binary")
+    with pytest.raises(Exception, match="refused user 'writer': wrong user or password"):
+        (df.write.format("gateway").mode("append").option("stomp", f"127.0.0.1:{broker.stomp_port}")
+         .option("user", "writer").option("password", "wrong").option("destination", "/queue/x").save())

@@ -83,3 +83,17 @@ def test_the_remembered_keys_are_bounded_oldest_forgotten_first() -> None:
     producer.begin("again")
     assert producer.commit_once("again", "k0")[1] is False  # forgotten: committed again
     assert list(broker.commit_keys) == ["k3", "k4", "k0"]
+
+
+def test_an_mqtt_messages_archived_copy_carries_its_qos_and_retain_flag_and_nothing_else_does() -> None:
+    broker, store = make()
+    sink = RecordingSink()
+    subscriber = broker.open_client(sink)
+    subscriber.subscribe("s", address("/topic/plant.>"), AckMode.AUTO)
+    producer = broker.open_client(RecordingSink())
+    mqtt = broker.message(address("/topic/plant.1"), {"site": "north"}, b"m")
+    mqtt.qos, mqtt.retain_published = 1, True  # as gateway/mqtt/session.py sets them
+    producer.send(mqtt, None)
+    producer.send(broker.message(address("/topic/plant.2"), {"site": "south"}, b"s"), None)
+    assert store.archived_headers == [{"site": "north", "mqtt-qos": "1", "mqtt-retain": "true"}, {"site": "south"}]
+    assert [m.headers for m in sink.messages] == [{"site": "north"}, {"site": "south"}]  # as published

@@ -29,11 +29,15 @@ class Words:
             word, _, self.buffer = self.buffer.partition(b";")
             if word == b"boom":
                 raise ValueError("boom")
-            yield int(word) if word.isdigit() else word.decode()
+            yield int(word) if word.isdigit() else Leave("leave") if word == b"leave" else word.decode()
+
+
+class Leave(str):
+    """The toy's DISCONNECT: an event that adds nothing to a queue."""
 
 
 class Toy:
-    def __init__(self, clock: FakeClock, broker: Broker) -> None:
+    def __init__(self, clock: FakeClock, broker: Broker, while_held: frozenset[type] = frozenset()) -> None:
         self.seen: list[str] = []
         self.said: list[str] = []
         self.room = True
@@ -41,7 +45,7 @@ class Toy:
         self.skeleton = Skeleton(Words(), clock, None, Dialect(
             handlers={
                 State.AWAITING_CONNECT: {str: self.login},
-                State.CONNECTED: {str: self.word},
+                State.CONNECTED: {str: self.word, Leave: self.word},
                 State.CLOSED: {},
             },
             reject=lambda event: self.said.append(f"reject {event}"),
@@ -51,6 +55,7 @@ class Toy:
             on_eof=lambda: self.said.append("eof"),
             silence="idle",
             room=lambda: self.room,
+            while_held=while_held,
         ), outbox_high_water_bytes=100, connect_timeout_s=5.0, heartbeat=b".")
 
     def login(self, word: str) -> None:
@@ -61,8 +66,8 @@ class Toy:
         self.seen.append(word)
         if word == "wait":
             self.skeleton.defer("waited")
-        elif word == "bye":
-            self.skeleton.close("bye")
+        elif word in ("bye", "leave"):
+            self.skeleton.close(word)
 
 
 def toy() -> tuple[FakeClock, Toy]:
@@ -133,3 +138,30 @@ def test_deliveries_resume_only_with_room_in_the_outbox_and_the_protocols_window
     t.room = True
     t.skeleton.on_drained()
     assert not t.skeleton.paused
+
+
+def test_while_the_core_holds_the_producer_only_the_next_event_is_read_and_a_leave_is_handled() -> None:
+    clock = FakeClock()
+    t = Toy(clock, Broker(clock), while_held=frozenset({Leave}))
+    t.skeleton.receive_data(b"me;")
+    t.skeleton.gate.blocked = True  # as Skeleton.process sets it when the core holds the producer
+    assert t.skeleton.wants_input  # nothing held back yet: read on, to find a leave
+    t.skeleton.receive_data(b"a;leave;")
+    assert t.seen == ["login me"] and t.skeleton.deferred == "a"  # "a" waits, in order, and so what follows it
+    assert not t.skeleton.wants_input
+    t.skeleton.gate.release()
+    t.skeleton.resume_input()
+    assert t.seen == ["login me", "a", "leave"] and t.skeleton.state is State.CLOSED
+
+    t = Toy(clock, Broker(clock), while_held=frozenset({Leave}))
+    t.skeleton.receive_data(b"me;")
+    t.skeleton.gate.blocked = True
+    t.skeleton.receive_data(b"leave;")  # next while held: handled at once
+    assert t.seen == ["login me", "leave"] and t.skeleton.state is State.CLOSED
+
+
+def test_a_protocol_that_handles_nothing_while_held_stops_reading() -> None:
+    _, t = toy()
+    t.skeleton.receive_data(b"me;")
+    t.skeleton.gate.blocked = True
+    assert not t.skeleton.wants_input

@@ -125,3 +125,39 @@ def test_max_rows_is_shared_without_exceeding_or_wasting_it(backlog, limit):
     available = sum(i.latest - start[i.topic] for i in infos)
     assert all(start[i.topic] <= end[i.topic] <= i.latest for i in infos)
     assert moved == min(limit, available)
+
+
+def test_topics_are_selected_by_pattern_comma_list_or_regular_expression():
+    chosen = opts.read_options({**URL, "subscribe": "plant/1/temp, plant.2.*"}, streaming=False).selection
+    assert chosen.patterns == ("plant.1.temp", "plant.2.*")
+    assert chosen.matches("plant.2.humidity") and not chosen.matches("plant.3.temp")
+    regex = opts.read_options({**URL, "subscribePattern": r"plant\.\d+\.temp"}, streaming=False).selection
+    assert regex.matches("plant.12.temp") and not regex.matches("plant.12.temp.raw")  # whole names, as Kafka
+    with pytest.raises(OptionError, match="empty topic name"):
+        opts.read_options({**URL, "subscribe": "a,,b"}, streaming=False)
+
+
+def test_timestamps_follow_kafkas_names_and_precedence():
+    given = opts.read_options({**URL, "topic": "plant.>", "startingTimestamp": "1000",
+                               "startingOffsetsByTimestamp": '{"plant.1": 5}', "endingOffsetsByTimestamp": '{"plant/2": 7}'}, streaming=False)
+    assert given.starting_time == opts.TimeSpec(1000) and given.ending_time == opts.TimeSpec(None, (("plant.2", 7),))
+    assert given.ending_time.ms_for("plant.2") == 7 and given.ending_time.ms_for("plant.3") is None
+    with pytest.raises(OptionError, match="startingTimestamp must be milliseconds"):
+        opts.read_options({**URL, "topic": "plant.>", "startingTimestamp": "yesterday"}, streaming=False)
+    with pytest.raises(OptionError, match="which topic 'plant.>' does not match"):
+        opts.read_options({**URL, "topic": "plant.>", "startingOffsetsByTimestamp": '{"other": 5}'}, streaming=False)
+    with pytest.raises(OptionError, match="unknown option.*endingtimestamp"):
+        opts.read_options({**URL, "topic": "plant.>", "endingTimestamp": "5"}, streaming=True)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("15m", 900.0), ("30s", 30.0), ("500ms", 0.5), ("2h", 7200.0), ("250", 0.25)])
+def test_max_trigger_delay_takes_spark_durations(text, seconds):
+    given = opts.read_options({**URL, "topic": "x", "maxTriggerDelay": text, "minOffsetsPerTrigger": "3"}, streaming=True)
+    assert given.max_trigger_delay_s == seconds and given.min_offsets_per_trigger == 3
+
+
+def test_min_partitions_cuts_smaller_slices_while_offsets_last():
+    assert len(split({"a": (0, 40)}, 100, min_partitions=8)) == 8
+    assert len(split({"a": (0, 40), "b": (0, 9)}, 100, min_partitions=4)) == 5  # 12 offsets each: 4 + 1
+    assert len(split({"a": (0, 3)}, 100, min_partitions=8)) == 3  # one offset per slice at most
+    assert len(split({"a": (0, 40)}, 5, min_partitions=2)) == 8  # partitionSize still bounds a slice
