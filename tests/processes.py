@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -19,8 +20,39 @@ HOST = "127.0.0.1"
 STARTUP_TIMEOUT = 30.0  # recovery of a store included
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+_EPHEMERAL = _ephemeral_range()
+_handed: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port nobody listens on, from below the kernel's ephemeral
+    range: a broker killed and started again on it (the HA and durability
+    tests do) could otherwise find it taken meanwhile as the source port of
+    some outgoing connection (a ZooKeeper client, a replication link).  Never
+    the same port twice in one test run, so two taken before either is bound
+    differ."""
+    low = 10000
+    high = _EPHEMERAL[0] - 1
+    for _ in range(200) if high - low > 1000 else ():
+        port = random.randint(low, high)
+        if port in _handed:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                continue
+        _handed.add(port)
+        return port
+    with socket.socket() as s:  # no room below the ephemeral range: any free one
         s.bind((HOST, 0))
         return s.getsockname()[1]
 
