@@ -191,9 +191,7 @@ class SharedGroups(dict[str, SharedGroup]):
         """What was reserved for ``membership``, now that it is back: its
         to be handed again (marked redelivered), no longer noted."""
         reserved, membership.reserved = membership.reserved, []
-        for message in reserved:
-            if _noted(membership.group, message):
-                self.store.note(RESERVED_NOTES, _reserved_key(membership.group, message.id), None)
+        self._note(membership.group, reserved, None)
         return [message.redelivery() for message in reserved]
 
     def drop_member(self, membership: Membership) -> int:
@@ -237,24 +235,24 @@ class SharedGroups(dict[str, SharedGroup]):
         (``RESERVED_NOTES``) take their messages out of their groups' queues
         and give them back to their members; a note whose message or member
         is gone is forgotten."""
-        wanted: dict[str, dict[str, str]] = {}  # group key -> message id -> member key
+        wanted: dict[str, dict[str, tuple[Membership, str]]] = {}  # group key -> message id -> (holder, note)
         for note, member in notes.items():
             group_key_, _, message_id = note.rpartition("\n")
             holder = self.memberships.get(member.decode("utf-8", "replace"))
             if holder is None or holder.group.key != group_key_:
                 self.store.note(RESERVED_NOTES, note, None)
                 continue
-            wanted.setdefault(group_key_, {})[message_id] = member.decode()
+            wanted.setdefault(group_key_, {})[message_id] = (holder, note)
         for group_key_, by_message in wanted.items():
             queue = self[group_key_].queue
             for message in queue.pending.clear():  # recovery only: one pass over the group's backlog
-                member = by_message.pop(message.id, None)
-                if member is None:
+                found = by_message.pop(message.id, None)
+                if found is None:
                     queue.pending.push(message)
                 else:
-                    self.memberships[member].reserved.append(message)
-            for message_id in by_message:  # acknowledged before the restart
-                self.store.note(RESERVED_NOTES, f"{group_key_}\n{message_id}", None)
+                    found[0].reserved.append(message)
+            for _, note in by_message.values():  # acknowledged before the restart
+                self.store.note(RESERVED_NOTES, note, None)
 
     def settle_restored(self) -> None:
         """After recovery: a durable group whose memberships all went (its
@@ -280,19 +278,25 @@ class SharedGroups(dict[str, SharedGroup]):
         return membership
 
     def _reserve(self, membership: Membership, messages: list[Message]) -> None:
+        assert membership.key is not None  # only a persistent membership outlives its connection
         membership.reserved.extend(messages)
-        member = membership.key.encode() if membership.key is not None else b""
-        for message in messages:
-            if _noted(membership.group, message):
-                self.store.note(RESERVED_NOTES, _reserved_key(membership.group, message.id), member)
+        self._note(membership.group, messages, membership.key.encode())
 
     def _drop_reserved(self, group: SharedGroup, messages: list[Message]) -> None:
         """Messages reserved for a member whose membership ended: done with
         (MQTT 5 gives them to nobody else), in the store too."""
-        for message in messages:
-            if _noted(group, message):
-                self.store.note(RESERVED_NOTES, _reserved_key(group, message.id), None)
+        self._note(group, messages, None)
         group.queue.discard(messages)
+
+    def _note(self, group: SharedGroup, messages: list[Message], member: bytes | None) -> None:
+        """Note (``member``'s key) or forget (None) the reservations of
+        ``messages`` in ``group``: only a durable group's stored messages
+        outlive a restart, so only theirs are in the store."""
+        if not group.durable:
+            return
+        for message in messages:
+            if message.location >= 0:
+                self.store.note(RESERVED_NOTES, f"{group.key}\n{message.id}", member)
 
     def _settle(self, group: SharedGroup) -> int:
         """Remove ``group`` if it has neither consumers nor memberships: its
@@ -306,16 +310,6 @@ class SharedGroups(dict[str, SharedGroup]):
         queue.delayed.clear()
         queue.relieve()
         return 0 if queue.key is None else self.store.remove_subscription(queue.key)
-
-
-def _reserved_key(group: SharedGroup, message_id: str) -> str:
-    return f"{group.key}\n{message_id}"
-
-
-def _noted(group: SharedGroup, message: Message) -> bool:
-    """Whether a reservation of ``message`` is in the store: a stored
-    message of a durable group (anything else does not outlive a restart)."""
-    return message.location >= 0 and group.durable
 
 
 def _text(selector: Any) -> str | None:
