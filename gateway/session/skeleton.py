@@ -206,11 +206,12 @@ class Skeleton:
         gate = self.gate
         owner = self.dialect.owner
         while_held = self.dialect.while_held
+        held = gate.blocked  # a local, set again below when a handler holds us: one test per event
         event: Any = None
         events = self.codec.events() if replay is None else itertools.chain((replay,), self.codec.events())
         try:
             for event in events:
-                if gate.blocked and type(event) not in while_held:
+                if held and type(event) not in while_held:
                     self.deferred = event  # held: handled first on release
                     return
                 handler = self.handlers.get(type(event))
@@ -225,7 +226,7 @@ class Skeleton:
                     return
                 client = self.client
                 if gate.blocked or (client is not None and client.blocked_on):
-                    gate.blocked = True  # producer flow control: stop reading
+                    gate.blocked = held = True  # producer flow control: stop reading
                     if self.deferred is not None or not while_held:
                         return
         except self.dialect.errors as exc:
