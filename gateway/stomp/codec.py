@@ -281,9 +281,11 @@ class StompConnection:
         # unescape (whatever the version), and ASCII counts bytes as characters.
         if b"\r" in head or b"\\" in head or not head.isascii():
             return None
-        # No content-length (ACK, SUBSCRIBE, a SEND without it): left to the
-        # general parser before the head is split, not after.
-        if b"\ncontent-length:" not in head:
+        # Without a content-length only an empty body is simple (ACK, NACK,
+        # SUBSCRIBE, BEGIN: the NUL right after the blank line); a body that
+        # must be scanned for its NUL goes to the general parser before the
+        # head is split, not after.
+        if b"\ncontent-length:" not in head and buf[term + 2 : term + 3] != b"\x00":
             return None
         lines = head.decode("ascii").split("\n")
         cls = self._incoming.get(lines[0])
@@ -297,11 +299,15 @@ class StompConnection:
             if key not in headers:  # §Repeated Header Entries: the first wins
                 headers[key] = value
         length_text = headers.get("content-length")
-        if length_text is None or not length_text.isdigit() or len(length_text) > _SIMPLE_LENGTH_DIGITS:
+        if length_text is None:
+            length = digits_floor = 0  # _next_simple finds the NUL or leaves the frame
+        elif not length_text.isdigit() or len(length_text) > _SIMPLE_LENGTH_DIGITS:
             return None
+        else:
+            length = int(length_text)
+            digits_floor = 10 ** (len(length_text) - 1)
         parsed = (
-            cls, headers, term - pos, len(lines) - 1, int(length_text),
-            10 ** (len(length_text) - 1), cls.command in frames.COMMANDS_WITH_BODY,
+            cls, headers, term - pos, len(lines) - 1, length, digits_floor, cls.command in frames.COMMANDS_WITH_BODY,
         )
         if term - pos <= _SIMPLE_HEAD_CACHED_BYTES:
             self._last_head = buf[pos : term + 2]

@@ -1,5 +1,5 @@
-"""The parser's fast path (a simple head with a content-length, and a repeated
-head reused) against the general parser it stands in for: the same frames,
+"""The parser's fast path (a simple head with a content-length, or without one
+and with an empty body, and a repeated head reused) against the general parser it stands in for: the same frames,
 the same errors with the same ERROR headers, the same bytes left buffered, for
 the cases that must fall back and for whatever Hypothesis builds.
 
@@ -90,6 +90,13 @@ CASES = [
     pytest.param(b"ACK\nid:1\ncontent-length:1\n\nx\x00", {}, id="body-on-ack"),
     pytest.param(b"ACK\nid:1\ncontent-length:1\n\n\n\x00", {}, id="blank-body-on-ack"),
     pytest.param(b"ACK\nid:1\ncontent-length:0\n\n\x00", {}, id="empty-ack"),
+    pytest.param(b"ACK\nid:1\n\n\x00ACK\nid:2\n\n\x00ACK\nid:2\n\n\x00", {}, id="ack-without-length"),
+    pytest.param(b"ACK\nid:1\n\nx\x00", {}, id="body-on-ack-without-length"),
+    pytest.param(b"ACK\nid:1\n\n\n\x00", {}, id="blank-body-on-ack-without-length"),
+    pytest.param(b"SEND\ndestination:/queue/a\n\n\x00" * 2, {}, id="empty-send-without-length"),
+    pytest.param(b"SUBSCRIBE\nid:1\ndestination:/queue/a\nid:2\n\n\x00", {}, id="subscribe-dup-first-wins"),
+    pytest.param(b"ACK\nid:1\n\n", {}, id="ack-waiting-for-nul"),
+    pytest.param(b"ACK\nid:1\n\n\x00", {"limits": {"max_header_bytes": 3}}, id="ack-header-line-too-long"),
     pytest.param(SEND, {"limits": {"max_frame_bytes": 48}}, id="frame-too-large"),
     pytest.param(SEND, {"limits": {"max_frame_bytes": 49}}, id="frame-just-fits"),
     pytest.param(SEND, {"limits": {"max_headers": 1}}, id="too-many-headers"),
