@@ -463,6 +463,13 @@ class StompConnection:
         lines.append("\n")
         return "\n".join(lines).encode() + body + b"\x00"
 
+    def receipt(self, receipt_id: str) -> bytes:
+        """``send(Receipt({"receipt-id": receipt_id}))``, byte for byte: a
+        receipted producer gets one per SEND, so it skips the general path."""
+        if self.role is not Role.SERVER:
+            raise LocalProtocolError("a client cannot send RECEIPT")
+        return f"RECEIPT\nreceipt-id:{self.escape(receipt_id)}\n\n\x00".encode()
+
     def escape(self, text: str) -> str:
         """Escape one header key or value for the negotiated version."""
         if "\\" in text or ":" in text or "\n" in text or "\r" in text:

@@ -442,8 +442,11 @@ class StompSession:
             self._receipt(receipt, lsn, extra)
 
     def _receipt(self, receipt_id: str, lsn: int, extra: dict[str, str] | None = None) -> None:
-        headers = {"receipt-id": receipt_id} if extra is None else {"receipt-id": receipt_id, **extra}
-        self.outbox.append(self.codec.send(frames.Receipt(headers)), lsn, receipt_id)
+        if extra is None:
+            data = self.codec.receipt(receipt_id)
+        else:
+            data = self.codec.send(frames.Receipt({"receipt-id": receipt_id, **extra}))
+        self.outbox.append(data, lsn, receipt_id)
 
     def _on_error(self, exc: Exception, frame: frames.Frame | None) -> None:
         """The one mapping of what a frame (or the codec) raised onto an ERROR."""

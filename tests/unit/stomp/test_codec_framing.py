@@ -245,3 +245,13 @@ def test_eof_closes_but_buffered_frames_are_still_parsed() -> None:
     assert conn.mid_frame  # the cut frame is still there, for the caller to report
     with pytest.raises(LocalProtocolError):
         conn.receive_data(b"D\n\n\x00")
+
+
+@FAST
+@given(version=st.sampled_from(VERSIONS), receipt_id=text_st(""))
+def test_receipt_is_the_general_encoding_byte_for_byte(version: str, receipt_id: str) -> None:
+    """The receipt shortcut a receipted SEND takes says what send() says."""
+    conn = connection(Role.SERVER, version=version)
+    assert conn.receipt(receipt_id) == conn.send(frames.Receipt({"receipt-id": receipt_id}))
+    with pytest.raises(LocalProtocolError):
+        connection(Role.CLIENT, version=version).receipt(receipt_id)
