@@ -53,7 +53,7 @@ bench: $(BIN)/.installed  ## throughput and latency benchmarks (prints msgs/s, p
 	$(BIN)/python benchmarks/run.py $(ARGS)
 
 # Optional: the sans-IO hot path (STOMP codec and session, the session
-# skeleton, the core's routing) compiled with mypyc into extension modules next
+# skeleton, the core's routing, the store's journal, index and records) compiled with mypyc into extension modules next
 # to their .py files, which the same imports then load; `make run` and `make
 # test` use them while they are there. `make unfast` (or `make clean`) removes
 # them: the .py files are the fallback and stay the source. Rebuild after
@@ -65,7 +65,8 @@ FAST_MODULES := \
 	core/messages.py core/names.py core/registry.py core/subscriptions.py \
 	gateway/session/flow.py gateway/session/outbox.py gateway/session/skeleton.py \
 	gateway/stomp/codec.py gateway/stomp/delivery.py gateway/stomp/frames.py \
-	gateway/stomp/headers.py gateway/stomp/session.py
+	gateway/stomp/headers.py gateway/stomp/session.py \
+	persistence/index.py persistence/journal.py persistence/records.py persistence/store.py
 fast: $(BIN)/.installed  ## compile the hot path with mypyc (about 25 s; `make unfast` undoes it)
 	$(BIN)/pip install --quiet 'mypy==$(MYPY_VERSION)'
 	$(MAKE) --no-print-directory unfast
@@ -78,7 +79,8 @@ fast: $(BIN)/.installed  ## compile the hot path with mypyc (about 25 s; `make u
 FAST_TESTS := tests/unit tests/test_layering.py tests/test_compiled.py \
 	$(addprefix tests/e2e/test_,smoke.py connect.py acks.py queues.py topics.py transactions.py \
 	selectors.py errors.py flow_control.py connection_writes.py mqtt.py mqtt_paho.py mqtt_clients.py \
-	durability_queues.py memory_bound.py websocket.py fault_isolation.py)
+	durability_queues.py durability_sigterm.py durability_subscriptions.py durability_transactions.py \
+	store_corruption.py store_disk_full.py memory_bound.py websocket.py fault_isolation.py)
 test-fast: fast system-packages  ## build with mypyc, then run FAST_TESTS against the build (about 3 min)
 	$(BIN)/python -X dev -bb -m pytest $(PYTEST_ARGS) $(FAST_TESTS)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,7 +77,7 @@ class Batch:
 
     first_lsn: int
     last_lsn: int
-    runs: list[tuple[int, int, bytearray]]
+    runs: list[tuple[int, int, bytes | bytearray]]  # bytearrays here, bytes from a primary
     sync: bool = True
     checkpoint: Any = None  # a prepared checkpoint, written after the journal is synced
     error: OSError | None = None  # set by the worker when the checkpoint could not be written
@@ -99,10 +99,10 @@ class Journal:
         self.torn_bytes = 0
         self._seg = 1
         self._end = 0
-        self._runs: list[tuple[int, int, bytearray]] = []
+        self._runs: list[tuple[int, int, bytes | bytearray]] = []
         self._buf: bytearray | None = None
         self._first_pending = 1
-        self._inflight: list[tuple[int, int, bytearray]] = []
+        self._inflight: list[tuple[int, int, bytes | bytearray]] = []
         self._inflight_first = 1
         self._rfds: dict[int, int] = {}
         # Worker-only: the segment it writes and its descriptor.
@@ -172,7 +172,7 @@ class Journal:
 
     def _scan_segment(
         self, seg: int, offset: int, last: bool, on_corrupt: OnCorrupt | None, truncate: bool
-    ) -> Iterator[tuple[int, int, memoryview]]:
+    ) -> Generator[tuple[int, int, memoryview], None, int]:
         path = self.path(seg)
         with open(path, "rb") as f:
             data = f.read()
@@ -413,6 +413,9 @@ def neutralize(batch: Batch) -> list[tuple[int, bytes]]:
     """
     removed = []
     for seg, start, data in batch.runs:
+        # The store's own batches (a follower's hold a primary's bytes and
+        # are never neutralized): rewritten where they lie.
+        assert isinstance(data, bytearray)
         p = 0
         while p < len(data):
             _m, _c, _v, rtype, length = HEADER.unpack_from(data, p)

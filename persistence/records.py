@@ -315,7 +315,7 @@ def encode_tx(ops: list[tuple[int, bytes]]) -> tuple[bytes, list[int]]:
     return b"".join(parts), starts
 
 
-def decode_tx(payload: bytes | memoryview) -> list[tuple[int, int, memoryview]]:
+def decode_tx(payload: bytes | bytearray | memoryview) -> list[tuple[int, int, memoryview]]:
     """``(offset within payload, type, nested payload)`` for each op.  The
     whole TX passed its checksum, so nested checksums are not re-checked."""
     view = memoryview(payload)
