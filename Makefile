@@ -53,11 +53,12 @@ bench: $(BIN)/.installed  ## throughput and latency benchmarks (prints msgs/s, p
 	$(BIN)/python benchmarks/run.py $(ARGS)
 
 # Optional: the sans-IO hot path (STOMP codec and session, the session
-# skeleton, the core's routing, the store's journal, index and records) compiled with mypyc into extension modules next
-# to their .py files, which the same imports then load; `make run` and `make
-# test` use them while they are there. `make unfast` (or `make clean`) removes
-# them: the .py files are the fallback and stay the source. Rebuild after
-# editing any of these (tests/test_compiled.py fails on a stale build).
+# skeleton, the core's routing, the store's journal, index and records)
+# compiled with mypyc into extension modules next to their .py files, which
+# the same imports then load; `make run` and `make test` use them while they
+# are there. `make unfast` (or `make clean`) removes them: the .py files are
+# the fallback and stay the source. Rebuild after editing any of these
+# (tests/test_compiled.py fails on a stale build).
 # Nothing that imports trio is compiled, and MQTT is left out while its codec moves.
 MYPY_VERSION := 2.4.1
 FAST_MODULES := \
@@ -81,7 +82,7 @@ FAST_TESTS := tests/unit tests/test_layering.py tests/test_compiled.py \
 	selectors.py errors.py flow_control.py connection_writes.py mqtt.py mqtt_paho.py mqtt_clients.py \
 	durability_queues.py durability_sigterm.py durability_subscriptions.py durability_transactions.py \
 	store_corruption.py store_disk_full.py memory_bound.py websocket.py fault_isolation.py)
-test-fast: fast system-packages  ## build with mypyc, then run FAST_TESTS against the build (about 3 min)
+test-fast: fast system-packages  ## build with mypyc, then run FAST_TESTS against the build (about 4 min)
 	$(BIN)/python -X dev -bb -m pytest $(PYTEST_ARGS) $(FAST_TESTS)
 
 unfast:  ## back to pure Python: remove what `make fast` built

@@ -1,7 +1,8 @@
 """The parser's fast path (a simple head with a content-length, or without one
-and with an empty body, and a repeated head reused) against the general parser it stands in for: the same frames,
-the same errors with the same ERROR headers, the same bytes left buffered, for
-the cases that must fall back and for whatever Hypothesis builds.
+and with an empty body, and a repeated head reused) against the general parser
+it stands in for: the same frames, the same errors with the same ERROR headers,
+the same bytes left buffered, for the cases that must fall back and for
+whatever Hypothesis builds.
 
 ``StompConnection(fast_path=False)`` runs every frame through the general
 parser, the reference here.
