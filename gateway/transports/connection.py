@@ -69,11 +69,16 @@ class Pass:
     never await, so one is open at a time; a nested one joins the outer, and
     the outermost writes each dirty connection's output once at its end."""
 
-    __slots__ = ("depth", "dirty", "after_output")
+    __slots__ = ("depth", "dirty", "after_output", "first")
 
     def __init__(self, after_output: Callable[[], None] | None = None) -> None:
         self.depth = 0
         self.dirty: list[Connection] = []
+        # The connection whose input the pass handles: written first, so a
+        # producer waiting on its receipt is answered before the deliveries
+        # its message made to others go out (ActiveMQ's producer thread also
+        # writes the receipt before the dispatch).
+        self.first: Connection | None = None
         # What to call when writing resumed deliveries (which may have acked
         # stored messages, so the store has work): the server's after_input.
         self.after_output = after_output
@@ -83,14 +88,20 @@ class Pass:
 
     def __exit__(self, *exc_info: object) -> None:
         self.depth -= 1
-        if not self.depth and self.dirty:
-            self._flush()
+        if not self.depth:
+            if self.dirty:
+                self._flush()
+            self.first = None
 
     def _flush(self) -> None:
         """Output that writing produces (deliveries it resumed) goes to
         writer tasks, so one pass cannot drain a whole queue without yielding."""
         dirty = self.dirty
         self.dirty = []
+        first = self.first
+        if first is not None and len(dirty) > 1 and dirty[0] is not first and first in dirty:
+            dirty.remove(first)
+            dirty.insert(0, first)
         resumed = False
         for connection in dirty:
             try:
@@ -388,6 +399,7 @@ class Connection:
                     if not data:
                         return
                     continue  # lingering: discard input after we closed
+                writes.first = self
                 with writes:
                     io.receive_data(data)
                     self._after_session_call()
