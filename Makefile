@@ -53,13 +53,15 @@ bench: $(BIN)/.installed  ## throughput and latency benchmarks (prints msgs/s, p
 	$(BIN)/python benchmarks/run.py $(ARGS)
 
 # Optional: the sans-IO hot path (STOMP codec and session, the session
-# skeleton, the core's routing, the store's journal, index and records)
-# compiled with mypyc into extension modules next to their .py files, which
-# the same imports then load; `make run` and `make test` use them while they
-# are there. `make unfast` (or `make clean`) removes them: the .py files are
-# the fallback and stay the source. Rebuild after editing any of these
-# (tests/test_compiled.py fails on a stale build).
-# Nothing that imports trio is compiled, and MQTT is left out while its codec moves.
+# skeleton, the core's routing, the store's journal, index and records, the
+# MQTT codec and its in- and outgoing halves) compiled with mypyc into
+# extension modules next to their .py files, which the same imports then load;
+# `make run` and `make test` use them while they are there. `make unfast` (or
+# `make clean`) removes them: the .py files are the fallback and stay the
+# source. Rebuild after editing any of these (tests/test_compiled.py fails on a
+# stale build).
+# Nothing that imports trio is compiled. gateway/mqtt/wire.py stays out (mypyc
+# cannot compile its str subclass), and the MQTT session and properties with it.
 MYPY_VERSION := 2.4.1
 FAST_MODULES := \
 	core/broker.py core/buffers.py core/clients.py core/destinations.py core/matching.py \
@@ -67,7 +69,9 @@ FAST_MODULES := \
 	gateway/session/flow.py gateway/session/outbox.py gateway/session/skeleton.py \
 	gateway/stomp/codec.py gateway/stomp/delivery.py gateway/stomp/frames.py \
 	gateway/stomp/headers.py gateway/stomp/session.py \
-	persistence/index.py persistence/journal.py persistence/records.py persistence/store.py
+	persistence/index.py persistence/journal.py persistence/records.py persistence/store.py \
+	gateway/mqtt/codec.py gateway/mqtt/decoders.py gateway/mqtt/encoders.py gateway/mqtt/packets.py \
+	gateway/mqtt/topics.py gateway/mqtt/inflight.py gateway/mqtt/outgoing.py gateway/mqtt/incoming.py
 fast: $(BIN)/.installed  ## compile the hot path with mypyc (about 25 s; `make unfast` undoes it)
 	$(BIN)/pip install --quiet 'mypy==$(MYPY_VERSION)'
 	$(MAKE) --no-print-directory unfast
@@ -81,7 +85,8 @@ FAST_TESTS := tests/unit tests/test_layering.py tests/test_compiled.py \
 	$(addprefix tests/e2e/test_,smoke.py connect.py acks.py queues.py topics.py transactions.py \
 	selectors.py errors.py flow_control.py connection_writes.py mqtt.py mqtt_paho.py mqtt_clients.py \
 	durability_queues.py durability_sigterm.py durability_subscriptions.py durability_transactions.py \
-	store_corruption.py store_disk_full.py memory_bound.py websocket.py fault_isolation.py)
+	store_corruption.py store_disk_full.py memory_bound.py websocket.py fault_isolation.py \
+	mqtt5_publish.py mqtt5_sessions.py mqtt5_subscriptions.py mqtt5_shared_qos2.py)
 test-fast: fast system-packages  ## build with mypyc, then run FAST_TESTS against the build (about 4 min)
 	$(BIN)/python -X dev -bb -m pytest $(PYTEST_ARGS) $(FAST_TESTS)
 

@@ -202,14 +202,14 @@ class MqttConnection:
         """True when part of a packet is buffered (EOF now would cut it)."""
         return self.buffered_bytes > 0
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Add bytes from the peer; ``b""`` means the peer closed its side."""
         if not data:
             self.their_eof = True
             return
         if self.their_eof:
             raise LocalProtocolError("data received after EOF")
-        if type(data) is not bytes:
+        if not isinstance(data, bytes):
             data = bytes(data)
         if self._pos >= len(self._buf) and not self._pieces:
             self._buf = data
@@ -255,9 +255,9 @@ class MqttConnection:
             self._pieces_bytes = 0
         first = buf[pos]
         if 0x30 <= first <= 0x33 and self.state is _CONNECTED and n - pos > 3:
-            packet = self._publish(buf, pos, n, first)
-            if packet is not None:
-                return packet
+            publish = self._publish(buf, pos, n, first)
+            if publish is not None:
+                return publish
         elif (
             first == 0x40 and n - pos > 3 and buf[pos + 1] == 2 and (buf[pos + 2] or buf[pos + 3])
             and self.state is _CONNECTED and self.max_packet_bytes >= 2
@@ -365,9 +365,10 @@ class MqttConnection:
 
     # -- sending -------------------------------------------------------------
 
-    def send(self, packet: p.Packet) -> bytes:
+    def send(self, packet: p.Packet | object) -> bytes:
         """Serialize one packet; LocalProtocolError if this role may not send it
-        or it cannot be encoded validly."""
+        or it cannot be encoded validly (whatever it is: ``object``, so the
+        compiled build refuses a non-packet the same way, not with TypeError)."""
         if type(packet) is p.Publish:
             return self._encode_publish(self, packet)
         if type(packet) is p.Connect and self.role is Role.CLIENT:
@@ -375,4 +376,4 @@ class MqttConnection:
         encode = self._senders.get(type(packet))
         if encode is None:
             raise LocalProtocolError(f"a {self.role.value} cannot send {type(packet).__name__}")
-        return encode(self, packet)
+        return encode(self, packet)  # type: ignore[arg-type]  # a packet: its type found an encoder
