@@ -7,11 +7,14 @@ until a deadline and fails loudly when the deadline passes.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import socket
 import struct
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -28,6 +31,20 @@ _ids = itertools.count(1)
 
 def unique(prefix: str = "x") -> str:
     return f"{prefix}{next(_ids)}"
+
+
+def http_request(url: str, auth: tuple[str, str] | None = None, method: str = "GET", timeout: float = 5.0) -> tuple[int, str]:
+    """``(status, body text)`` of one HTTP request, with Basic auth when
+    ``auth`` is given; an error status is returned, not raised."""
+    request = urllib.request.Request(url, method=method)
+    if auth is not None:
+        request.add_header("Authorization", "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.read().decode()
 
 
 def wait_for(predicate: Callable[[], T], timeout: float = TIMEOUT, interval: float = 0.002, what: str = "") -> T:

@@ -14,9 +14,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests import ha_nodes as failover
 from tests.deploy_helpers import DEPLOY, render_python, the
-from tests.e2e.test_ha_cluster import Node, caught_up, send, until
+from tests.e2e.test_ha_cluster import synced_pair
 from tests.e2e.test_first_users import ADMIN, ADMIN_PASSWORD, ENVIRONMENT, Broker
 from tests.helpers import Client, unique
 from tests.processes import HOST
@@ -152,16 +151,8 @@ def test_every_dashboard_expression_names_metrics_a_single_broker_exports(export
 def test_the_high_availability_panels_name_what_an_ha_group_exports(tmp_path, zookeeper):
     """The primary's and a backup's /metrics, from a real group of two on a
     real ZooKeeper, with the backup in sync (so the lag families have samples)."""
-    nodes = [Node(tmp_path, name, zookeeper, replicas=2).start() for name in ("gw-0", "gw-1")]
-    try:
-        primary = failover.wait_ready(nodes)
-        (backup,) = [n for n in nodes if n is not primary]
-        send(primary, 5)
-        until(lambda: caught_up(primary, backup.node_id), "the backup in sync", nodes)
+    with synced_pair(tmp_path, zookeeper, 5) as (_, primary, backup, _doc):
         texts = [node.get("/metrics") for node in (primary, backup)]
-    finally:
-        for node in nodes:
-            node.kill()
     exported: dict[str, set[str]] = {}
     for answer in texts:
         assert answer is not None and answer[0] == 200

@@ -21,13 +21,11 @@ import signal
 import subprocess
 import time
 import tomllib
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from tests.deploy_helpers import GATEWAY, container, generated_secret, mount_secrets, pod_environment, pod_names, pod_spec, the
-from tests.helpers import RawClient, wait_for
+from tests.helpers import RawClient, http_request, wait_for
 from tests.processes import HOST, free_port
 from tests.zookeeper_helpers import ZooKeeperServer
 
@@ -35,15 +33,7 @@ WAIT_S = 60.0  # any role change or restart: far beyond the session timeout on a
 
 
 def _get(url: str, auth: tuple[str, str] | None = None) -> tuple[int, str]:
-    request = urllib.request.Request(url)
-    if auth is not None:
-        request.add_header("Authorization", "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
-    try:
-        with urllib.request.urlopen(request, timeout=2) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return exc.code, exc.read().decode()
+    return http_request(url, auth, timeout=2)
 
 
 class Pod:

@@ -7,19 +7,16 @@ deploy/'s placeholder hash is warned about at start."""
 
 from __future__ import annotations
 
-import base64
 import json
 import signal
 import subprocess
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 import stomp
 
 from gateway.auth import hash_password
-from tests.helpers import Client, RawClient, unique, wait_for
+from tests.helpers import Client, RawClient, http_request, unique, wait_for
 from tests.mqtt_helpers import Paho
 from tests.processes import GATEWAY, HOST, BrokerProcess, free_port
 
@@ -33,15 +30,7 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 
 def http(port: int, path: str, auth: tuple[str, str] | None = None, method: str = "GET") -> tuple[int, str]:
-    request = urllib.request.Request(f"http://{HOST}:{port}{path}", method=method)
-    if auth is not None:
-        request.add_header("Authorization", "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return exc.code, exc.read().decode()
+    return http_request(f"http://{HOST}:{port}{path}", auth, method)
 
 
 class Broker:

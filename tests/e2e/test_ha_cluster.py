@@ -13,11 +13,13 @@ backup held from applying is exactly the batch it has not acked.  (A single node
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import signal
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,13 +99,24 @@ def send(node: Node, count: int, queue: str = "/queue/seen") -> None:
     client.close()
 
 
-def test_the_cluster_view_shows_roles_epochs_lag_and_failovers(tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
+@contextlib.contextmanager
+def synced_pair(tmp_path: Path, zookeeper: ZooKeeperServer, count: int) -> Iterator[tuple[list[Node], Node, Node, dict[str, Any]]]:
+    """A group of two on ``zookeeper``, its primary sent ``count`` persistent
+    messages and its backup in sync: ``(nodes, primary, backup, the primary's
+    cluster document)``; both nodes killed on the way out."""
     nodes = [Node(tmp_path, name, zookeeper, replicas=2).start() for name in ("gw-0", "gw-1")]
     try:
         primary = failover.wait_ready(nodes)
         (backup,) = [n for n in nodes if n is not primary]
-        send(primary, 10)
-        doc = until(lambda: caught_up(primary, backup.node_id), "the backup in sync", nodes)
+        send(primary, count)
+        yield nodes, primary, backup, until(lambda: caught_up(primary, backup.node_id), "the backup in sync", nodes)
+    finally:
+        for node in nodes:
+            node.kill()
+
+
+def test_the_cluster_view_shows_roles_epochs_lag_and_failovers(tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
+    with synced_pair(tmp_path, zookeeper, 10) as (nodes, primary, backup, doc):
         assert (doc["node_id"], doc["role"], doc["state"]) == (primary.node_id, "primary", "primary")
         epoch = doc["epoch"]
         assert epoch >= 1 and doc["lsn"] >= 10 and doc["primary"] == primary.node_id
@@ -183,9 +196,6 @@ def test_the_cluster_view_shows_roles_epochs_lag_and_failovers(tmp_path: Path, z
 
         doc = until(alone, "the cluster view without ZooKeeper", nodes)
         assert [n["node_id"] for n in doc["nodes"] if n.get("self")] == [primary.node_id]
-    finally:
-        for node in nodes:
-            node.kill()
 
 
 @requires_chromium
@@ -194,12 +204,7 @@ def test_the_primarys_console_shows_the_cluster(tmp_path: Path, zookeeper: ZooKe
     from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
-    nodes = [Node(tmp_path, name, zookeeper, replicas=2).start() for name in ("gw-0", "gw-1")]
-    try:
-        primary = failover.wait_ready(nodes)
-        (backup,) = [n for n in nodes if n is not primary]
-        send(primary, 3)
-        until(lambda: caught_up(primary, backup.node_id), "the backup in sync", nodes)
+    with synced_pair(tmp_path, zookeeper, 3) as (_, primary, backup, _doc):
         console_login(browser, f"http://{HOST}:{primary.admin_port}", *READER, page="cluster")
         wait = WebDriverWait(browser, 20)
         mine, theirs = (f'#nodes tr[data-node="{n.node_id}"]' for n in (primary, backup))
@@ -214,9 +219,6 @@ def test_the_primarys_console_shows_the_cluster(tmp_path: Path, zookeeper: ZooKe
         console_login(browser, f"http://{HOST}:{backup.admin_port}", *READER, page="cluster")
         wait.until(expected_conditions.text_to_be_present_in_element((By.CSS_SELECTOR, f"{mine} td.role"), "primary"))
         assert "(this node)" in browser.find_element(By.CSS_SELECTOR, theirs).text
-    finally:
-        for node in nodes:
-            node.kill()
 
 
 async def test_the_primary_measures_a_backups_lag_in_lsns_bytes_and_seconds(tmp_path: Path) -> None:

@@ -152,6 +152,15 @@ def subscribe(client: RawClient, destination: str) -> str:
     return frame.command if frame.command == "RECEIPT" else f"ERROR: {frame.headers.get('message')}"
 
 
+def subscribe_as(broker: Broker, user: str, destination: str) -> str:
+    """:func:`subscribe` on a connection of its own, logged in as ``user``."""
+    client = broker.session(user)
+    try:
+        return subscribe(client, destination)
+    finally:
+        client.close()
+
+
 @pytest.fixture
 def broker(tmp_path):
     running = Broker(tmp_path)
@@ -187,22 +196,14 @@ def test_sighup_adds_a_user_changes_the_acl_and_refuses_a_bad_file(broker):
         assert "may not read" in subscribe(alice, orders)
     finally:
         alice.close()
-    bob = broker.session("bob")
-    try:
-        assert subscribe(bob, f"/queue/secret.{unique()}") == "RECEIPT"
-    finally:
-        bob.close()
+    assert subscribe_as(broker, "bob", f"/queue/secret.{unique()}") == "RECEIPT"
 
     broker.config.write_text("[auth]\nusers = []\nno_such_setting = 1\n")
     failed = broker.sighup("config_reload_failed")
     assert failed["reason"] == "unknown setting auth.'no_such_setting'" and failed["level"] == "warning"
     # Still serving, with what it had: bob still logs in, the map still grants him secrets.
     assert broker.login("bob") == "CONNECTED"
-    bob = broker.session("bob")
-    try:
-        assert subscribe(bob, f"/queue/secret.{unique()}") == "RECEIPT"
-    finally:
-        bob.close()
+    assert subscribe_as(broker, "bob", f"/queue/secret.{unique()}") == "RECEIPT"
 
     broker.config.write_text("[auth\nnot toml")
     failed = broker.sighup("config_reload_failed")
