@@ -183,17 +183,17 @@ def encode_message(message: StoredMessage, keys: Sequence[str]) -> bytes:
     idb = message_id.encode()
     db = destination.encode()
     fixed = _MSG_FIXED.pack(priority, expires, timestamp, delivery_count, len(idb), len(db), len(keys))
-    # One queue and no application headers is every persistent SEND without
-    # them: no length arrays to build (half the cost of this function).
+    # One queue, or no application headers (every persistent SEND without
+    # them): no length array to build for it (half the cost of this function).
     if len(keys) == 1:
         kb = keys[0].encode()
-        if not headers:
-            return b"".join((fixed, idb, db, _U16.pack(len(kb)), kb, _NO_HEADERS, body or b""))
         key_part: tuple[bytes, ...] = (_U16.pack(len(kb)), kb)
     else:
         kbs = [k.encode() for k in keys]
         key_part = (_lengths("H", kbs), *kbs)
-    texts = [s.encode() for item in headers.items() for s in item] if headers else []
+    if not headers:
+        return b"".join((fixed, idb, db, *key_part, _NO_HEADERS, body or b""))
+    texts = [s.encode() for item in headers.items() for s in item]
     return b"".join((fixed, idb, db, *key_part, _U32.pack(len(texts) // 2), _lengths("I", texts), *texts, body or b""))
 
 
