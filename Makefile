@@ -52,36 +52,27 @@ system-packages:
 bench: $(BIN)/.installed  ## throughput and latency benchmarks (prints msgs/s, percentiles, RSS)
 	$(BIN)/python benchmarks/run.py $(ARGS)
 
-# Optional: the sans-IO hot path (STOMP codec and session, the session
-# skeleton, the core's routing, the store's journal, index and records, the
-# MQTT codec and its in- and outgoing halves) compiled with mypyc into
-# extension modules next to their .py files, which the same imports then load;
-# `make run` and `make test` use them while they are there. `make unfast` (or
-# `make clean`) removes them: the .py files are the fallback and stay the
-# source. Rebuild after editing any of these (tests/test_compiled.py fails on a
-# stale build).
-# Nothing that imports trio is compiled. gateway/mqtt/wire.py stays out (mypyc
-# cannot compile its str subclass), and the MQTT session and properties with it.
+# Optional: the sans-IO hot path compiled with mypyc into extension modules
+# next to their .py files, which the same imports then load; `make run` and
+# `make test` use them while they are there. `make unfast` (or `make clean`)
+# removes them: the .py files are the fallback and stay the source. Rebuild
+# after editing any of them (tests/test_compiled.py fails on a stale build).
+# build_fast.py names the modules (deploy/Dockerfile compiles the same ones
+# into the image's wheel).
 MYPY_VERSION := 2.4.1
-FAST_MODULES := \
-	core/broker.py core/buffers.py core/clients.py core/destinations.py core/matching.py \
-	core/messages.py core/names.py core/registry.py core/subscriptions.py \
-	gateway/session/flow.py gateway/session/outbox.py gateway/session/skeleton.py \
-	gateway/stomp/codec.py gateway/stomp/delivery.py gateway/stomp/frames.py \
-	gateway/stomp/headers.py gateway/stomp/session.py \
-	persistence/index.py persistence/journal.py persistence/records.py persistence/store.py \
-	gateway/mqtt/codec.py gateway/mqtt/decoders.py gateway/mqtt/encoders.py gateway/mqtt/packets.py \
-	gateway/mqtt/topics.py gateway/mqtt/inflight.py gateway/mqtt/outgoing.py gateway/mqtt/incoming.py
-fast: $(BIN)/.installed  ## compile the hot path with mypyc (about 25 s; `make unfast` undoes it)
-	$(BIN)/pip install --quiet 'mypy==$(MYPY_VERSION)'
+FAST_MODULES = $(shell $(PYTHON) build_fast.py --list)
+
+fast: $(BIN)/.installed  ## compile the hot path with mypyc (about a minute; `make unfast` undoes it)
+	$(BIN)/pip install --quiet 'mypy==$(MYPY_VERSION)' 'setuptools>=68'
 	$(MAKE) --no-print-directory unfast
 	@mkdir -p build
-	FAST_MODULES="$(FAST_MODULES)" $(BIN)/python build_fast.py >build/fast.log 2>&1 || { cat build/fast.log; exit 1; }
+	$(BIN)/python build_fast.py >build/fast.log 2>&1 || { cat build/fast.log; exit 1; }
 	@echo "compiled: $(words $(FAST_MODULES)) modules"
 
 # What CI runs against the compiled build (after `make test`, pure): the unit
-# tests and the end-to-end files that drive STOMP and MQTT through it.
-FAST_TESTS := tests/unit tests/test_layering.py tests/test_compiled.py \
+# tests and the end-to-end files that drive STOMP and MQTT through it, and the
+# image's compiled wheel built, installed and run on its own.
+FAST_TESTS := tests/unit tests/test_layering.py tests/test_compiled.py tests/e2e/test_compiled_wheel.py \
 	$(addprefix tests/e2e/test_,smoke.py connect.py acks.py queues.py topics.py transactions.py \
 	selectors.py errors.py flow_control.py connection_writes.py mqtt.py mqtt_paho.py mqtt_clients.py \
 	durability_queues.py durability_sigterm.py durability_subscriptions.py durability_transactions.py \

@@ -258,14 +258,23 @@ def effective_config(objects: list[dict[str, Any]], tmp_path: Path, pod: str | N
 # -- the Dockerfile -----------------------------------------------------------
 
 
-def dockerfile_instructions() -> dict[str, list[str]]:
+def dockerfile_stages() -> list[dict[str, list[str]]]:
+    """Each build stage's instructions, in order: a stage starts at its FROM."""
     text = (DEPLOY / "Dockerfile").read_text()
     text = re.sub(r"\\\n", " ", text)  # line continuations
-    out: dict[str, list[str]] = {}
+    stages: list[dict[str, list[str]]] = []
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
         word, _, rest = line.partition(" ")
-        out.setdefault(word.upper(), []).append(rest.strip())
-    return out
+        if word.upper() == "FROM":
+            stages.append({})
+        assert stages, "a Dockerfile starts with FROM"
+        stages[-1].setdefault(word.upper(), []).append(rest.strip())
+    return stages
+
+
+def dockerfile_instructions() -> dict[str, list[str]]:
+    """The image's own stage, the last: what the pod runs."""
+    return dockerfile_stages()[-1]

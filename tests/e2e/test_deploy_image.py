@@ -1,5 +1,6 @@
-"""The Dockerfile in deploy/: it installs the project the way CI does, copies
-everything that install needs, and runs the pod's command as a non-root user."""
+"""The Dockerfile in deploy/: it installs the project the way CI does (from a
+wheel its build stage compiles with mypyc), copies everything that build
+needs, and runs the pod's command as a non-root user."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import shlex
 import tomllib
 from typing import Any
 
-from tests.deploy_helpers import ROOT, container, dockerfile_instructions
+from tests.deploy_helpers import ROOT, container, dockerfile_stages
 
 
 def _pip_installs(command: str) -> list[list[str]]:
@@ -25,8 +26,10 @@ def _pip_installs(command: str) -> list[list[str]]:
 
 
 def test_dockerfile_installs_like_ci_and_runs_the_pod_command(rendered: list[dict[str, Any]]) -> None:
-    docker = dockerfile_instructions()
-    assert len(docker["FROM"]) == 1 and re.fullmatch(r"python:3\.11(\.\d+)?-slim(-\w+)?(@sha256:[0-9a-f]+)?", docker["FROM"][0])
+    build, docker = dockerfile_stages()
+    (base,) = docker["FROM"]
+    assert re.fullmatch(r"python:3\.11(\.\d+)?-slim(-\w+)?(@sha256:[0-9a-f]+)?", base)
+    assert build["FROM"] == [f"{base} AS build"], "the wheel is built on the image's own base (the same Python ABI)"
 
     # CI runs `make test`; the Makefile's install rules (the broker's, then the
     # test extras on top) upgrade pip, then pip-install the project (`make
@@ -43,14 +46,23 @@ def test_dockerfile_installs_like_ci_and_runs_the_pod_command(rendered: list[dic
 
     assert upgrade in [strip_quiet(i) for i in make_installs] and upgrade in image_installs
     projects = [strip_quiet(i) for i in make_installs if strip_quiet(i) != upgrade]
-    # CI: `pip install -e .` then `-e '.[test]'`; the image: the same project, no extras, not editable.
+    # CI: `pip install -e .` then `-e '.[test]'`; the image: the same project,
+    # no extras, not editable, as the wheel the build stage made of it with the
+    # hot path compiled (by the mypy `make fast` pins), and no compiler.
     assert [p[-1] for p in projects] == [".", ".[test]"], projects
-    assert ["."] in image_installs, f"the image installs with {image_installs}"
+    build_runs = " ".join(build["RUN"])
+    assert re.search(r"(^|\s)GATEWAY_MYPYC=1 pip wheel --no-build-isolation --no-deps --wheel-dir /wheels \.(\s|$)", build_runs), build_runs
+    pinned = re.search(r"^MYPY_VERSION := (\S+)$", makefile, re.MULTILINE)
+    assert pinned and f"'mypy=={pinned.group(1)}'" in build_runs, "the image compiles with the mypy `make fast` pins"
+    assert ["/wheels/gateway-*.whl"] in image_installs, f"the image installs with {image_installs}"
+    assert "--from=build /wheels /wheels" in docker["COPY"]
+    assert not any(word in run for run in docker["RUN"] for word in ("apt-get", "gcc", "mypy")), "the toolchain stays in the build stage"
 
-    # Everything `pip install .` needs is copied: pyproject, its readme, every package.
+    # Everything the wheel build needs is copied: pyproject, its readme, the
+    # build scripts, every package.
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    copied = " ".join(docker["COPY"])
-    needed = ["pyproject.toml", pyproject["project"]["readme"]]
+    copied = " ".join(build["COPY"])
+    needed = ["pyproject.toml", pyproject["project"]["readme"], "setup.py", "build_fast.py"]
     needed += [p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]]
     for name in needed:
         assert re.search(rf"(^|\s){re.escape(name)}/?(\s|$)", copied), f"the Dockerfile does not copy {name}"
@@ -86,8 +98,9 @@ def _dockerignore_excludes(path: str) -> bool:
 
 
 def test_dockerignore_sends_what_the_image_copies_and_nothing_heavy_or_secret() -> None:
-    docker = dockerfile_instructions()
-    sources = [word for copy in docker["COPY"] for word in copy.split()[:-1] if not word.startswith("--")]
+    # What comes from the build context (a COPY --from comes from a stage).
+    copies = [copy for stage in dockerfile_stages() for copy in stage["COPY"] if not copy.startswith("--from=")]
+    sources = [word for copy in copies for word in copy.split()[:-1] if not word.startswith("--")]
     assert sources, "the Dockerfile copies something"
     for source in sources:
         sample = source.rstrip("/") + ("/__init__.py" if source.endswith("/") else "")
@@ -101,5 +114,6 @@ def test_dockerignore_sends_what_the_image_copies_and_nothing_heavy_or_secret() 
 
 
 def test_the_base_image_is_pinned_by_exact_version_and_digest() -> None:
-    (base,) = dockerfile_instructions()["FROM"]
-    assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+@sha256:[0-9a-f]{64}", base), base
+    for stage in dockerfile_stages():
+        (base,) = stage["FROM"]
+        assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+@sha256:[0-9a-f]{64}( AS \w+)?", base), base
