@@ -78,7 +78,7 @@ FAST_TESTS := tests/unit tests/test_layering.py tests/test_compiled.py tests/e2e
 	durability_queues.py durability_sigterm.py durability_subscriptions.py durability_transactions.py \
 	store_corruption.py store_disk_full.py memory_bound.py websocket.py fault_isolation.py \
 	mqtt5_publish.py mqtt5_sessions.py mqtt5_subscriptions.py mqtt5_shared_qos2.py)
-test-fast: fast system-packages  ## build with mypyc, then run FAST_TESTS against the build (about 4 min)
+test-fast: fast system-packages  ## build with mypyc, then run FAST_TESTS against the build (about 6 min)
 	$(BIN)/python -X dev -bb -m pytest $(PYTEST_ARGS) $(FAST_TESTS)
 
 unfast:  ## back to pure Python: remove what `make fast` built
