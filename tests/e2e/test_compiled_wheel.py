@@ -23,6 +23,7 @@ import sys
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -38,10 +39,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _run(args: list[str], **kwargs: object) -> str:
-    result = subprocess.run(args, capture_output=True, text=True, timeout=900, **kwargs)  # type: ignore[call-overload]
+def _run(args: list[str], **kwargs: Any) -> str:
+    result = subprocess.run(args, capture_output=True, text=True, timeout=900, **kwargs)
     assert result.returncode == 0, f"{args} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return str(result.stdout)
+    return result.stdout
 
 
 @pytest.fixture(scope="module")
