@@ -278,3 +278,22 @@ def dockerfile_stages() -> list[dict[str, list[str]]]:
 def dockerfile_instructions() -> dict[str, list[str]]:
     """The image's own stage, the last: what the pod runs."""
     return dockerfile_stages()[-1]
+
+
+def dockerignore_excludes(path: str) -> bool:
+    """Whether the build context leaves ``path`` out under .dockerignore, by
+    Docker's rules: patterns in order, the last that matches the path or one
+    of its parent folders wins, "!" lets back in; "*" and "?" stay within
+    one path segment, "**" spans any number of them."""
+    excluded = False
+    for line in (ROOT / ".dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        pattern = line.lstrip("!").strip().strip("/")
+        regex = re.escape(pattern).replace(r"\*\*/", "(.*/)?").replace(r"\*\*", ".*").replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
+        parts = path.split("/")
+        if any(re.fullmatch(regex, "/".join(parts[:i])) for i in range(1, len(parts) + 1)):
+            excluded = not negate
+    return excluded

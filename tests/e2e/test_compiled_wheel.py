@@ -29,7 +29,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 import build_fast
-from tests.deploy_helpers import ROOT, dockerfile_stages
+from tests.deploy_helpers import ROOT, dockerfile_stages, dockerignore_excludes
 from tests.helpers import Client, unique
 from tests.processes import BrokerProcess, free_port
 
@@ -48,16 +48,22 @@ def _run(args: list[str], **kwargs: Any) -> str:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Built as the image's build stage builds it, from what that stage copies
-    (without bytecode and extensions, which .dockerignore leaves out)."""
+    as the build context has it (.dockerignore leaves out bytecode and
+    `make fast`'s extensions)."""
     work = tmp_path_factory.mktemp("image-build")
     src = work / "src"
     src.mkdir()
+
+    def left_out(folder: str, names: list[str]) -> list[str]:
+        relative = Path(folder).relative_to(ROOT)
+        return [name for name in names if dockerignore_excludes((relative / name).as_posix())]
+
     build_stage = dockerfile_stages()[0]
-    ignore = shutil.ignore_patterns("__pycache__", "*.py[cod]", "*.so")
     for source in (word for copy in build_stage["COPY"] for word in copy.split()[:-1]):
         path = ROOT / source
+        assert not dockerignore_excludes(source.rstrip("/")), f"{source} is not in the build context"
         if path.is_dir():
-            shutil.copytree(path, src / source, ignore=ignore)
+            shutil.copytree(path, src / source, ignore=left_out)
         else:
             shutil.copy2(path, src / source)
     _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-build-isolation", "--no-deps", "--wheel-dir", str(work / "wheels"), "."],
@@ -75,9 +81,11 @@ def site(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def broker(site: Path, tmp_path: Path) -> Iterator[BrokerProcess]:
-    process = BrokerProcess(tmp_path, "--mqtt-port", str(free_port()), env={"PYTHONPATH": str(site)})
-    yield process
+def broker(site: Path, tmp_path: Path) -> Iterator[tuple[BrokerProcess, int]]:
+    """``gateway serve`` from the wheel's folder alone, and its MQTT port."""
+    mqtt_port = free_port()
+    process = BrokerProcess(tmp_path, "--mqtt-port", str(mqtt_port), env={"PYTHONPATH": str(site)})
+    yield process, mqtt_port
     process.kill()
 
 
@@ -105,10 +113,12 @@ print(json.dumps({{"files": files, "toolchain": sorted(m for m in sys.modules if
     assert found["toolchain"] == [], "the compiled modules import the compiler's packages, which the image does not have"
 
 
-def test_a_broker_from_the_wheel_serves_stomp_and_mqtt_and_keeps_receipted_messages_through_sigkill(broker: BrokerProcess) -> None:
-    broker.start()
-    address = ("127.0.0.1", broker.port)
-    mqtt_port = int(broker.extra[broker.extra.index("--mqtt-port") + 1])
+def test_a_broker_from_the_wheel_serves_stomp_and_mqtt_and_keeps_receipted_messages_through_sigkill(
+    broker: tuple[BrokerProcess, int],
+) -> None:
+    process, mqtt_port = broker
+    process.start()
+    address = ("127.0.0.1", process.port)
 
     # MQTT in, STOMP out (the shared core, compiled).
     listener = Client(address).connect()
@@ -131,8 +141,8 @@ def test_a_broker_from_the_wheel_serves_stomp_and_mqtt_and_keeps_receipted_messa
     for i in range(200):
         producer.send(queue, f"m{i}", persistent="true")
     producer.close()
-    broker.kill()
-    broker.start()
+    process.kill()
+    process.start()
     consumer = Client(address).connect()
     consumer.subscribe(queue)
     assert [m.body for m in consumer.wait_messages(200)] == [f"m{i}".encode() for i in range(200)]

@@ -10,7 +10,7 @@ import shlex
 import tomllib
 from typing import Any
 
-from tests.deploy_helpers import ROOT, container, dockerfile_stages
+from tests.deploy_helpers import ROOT, container, dockerfile_stages, dockerignore_excludes
 
 
 def _pip_installs(command: str) -> list[list[str]]:
@@ -78,25 +78,6 @@ def test_dockerfile_installs_like_ci_and_runs_the_pod_command(rendered: list[dic
     assert any(c.split()[-1] == "/etc/gateway/gateway.toml" and "deploy/gateway.toml" in c for c in docker["COPY"])
 
 
-def _dockerignore_excludes(path: str) -> bool:
-    """Whether the build context leaves ``path`` out under .dockerignore, by
-    Docker's rules: patterns in order, the last that matches the path or one
-    of its parent folders wins, "!" lets back in; "*" and "?" stay within
-    one path segment, "**" spans any number of them."""
-    excluded = False
-    for line in (ROOT / ".dockerignore").read_text().splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        negate = line.startswith("!")
-        pattern = line.lstrip("!").strip().strip("/")
-        regex = re.escape(pattern).replace(r"\*\*/", "(.*/)?").replace(r"\*\*", ".*").replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
-        parts = path.split("/")
-        if any(re.fullmatch(regex, "/".join(parts[:i])) for i in range(1, len(parts) + 1)):
-            excluded = not negate
-    return excluded
-
-
 def test_dockerignore_sends_what_the_image_copies_and_nothing_heavy_or_secret() -> None:
     # What comes from the build context (a COPY --from comes from a stage).
     copies = [copy for stage in dockerfile_stages() for copy in stage["COPY"] if not copy.startswith("--from=")]
@@ -104,13 +85,13 @@ def test_dockerignore_sends_what_the_image_copies_and_nothing_heavy_or_secret() 
     assert sources, "the Dockerfile copies something"
     for source in sources:
         sample = source.rstrip("/") + ("/__init__.py" if source.endswith("/") else "")
-        assert not _dockerignore_excludes(sample), f"{sample} is copied by the Dockerfile but left out of the context"
+        assert not dockerignore_excludes(sample), f"{sample} is copied by the Dockerfile but left out of the context"
     for path in ("core/broker.py", "gateway/admin/api.py", "persistence/journal.py", "gateway/admin/static/console.js"):
-        assert not _dockerignore_excludes(path), path
+        assert not dockerignore_excludes(path), path
     for path in (".venv/bin/python", "data/store/00000001.log", ".git/HEAD", "build/npm/stomp.js", "tests/test_layering.py",
                  "deploy/admin-users.toml", "deploy/client-users.toml", "gateway/__pycache__/app.cpython-311.pyc",
                  "core/broker.cpython-311-x86_64-linux-gnu.so", "gateway.egg-info/PKG-INFO", ".pytest_cache/README.md"):
-        assert _dockerignore_excludes(path), f"{path} would be sent to the image build"
+        assert dockerignore_excludes(path), f"{path} would be sent to the image build"
 
 
 def test_the_base_image_is_pinned_by_exact_version_and_digest() -> None:
