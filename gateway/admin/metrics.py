@@ -136,7 +136,7 @@ def render(broker: Any, server: Any, store: Any, writes: Histogram, gatekeeper: 
                [("", stats.retained_refused)])
     if gatekeeper is not None:
         out.family("gateway_logins_refused_total", "counter",
-                   "CONNECTs refused: wrong or missing credentials, an address locked out, a connection limit.",
+                   "CONNECTs refused: wrong or missing credentials, an address locked out, a connection limit, anonymous from another machine.",
                    ((f'{{reason="{kind}"}}', gatekeeper.refused.get(kind, 0))
                     for kind in ("credentials", "rate_limited", "unavailable", "remote_anonymous")))
     if mqtt is not None:  # the MQTT sessions' registry
