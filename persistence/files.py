@@ -22,19 +22,16 @@ def create(path: Path | str, flags: int) -> int:
 
 def make_dirs(path: Path) -> None:
     """``path.mkdir(parents=True, exist_ok=True)`` with every folder it
-    makes 0700 (``Path.mkdir`` gives missing parents the umask's mode)."""
+    makes 0700 (``Path.mkdir`` gives missing parents the umask's mode), and
+    the same errors (a file in the way: NotADirectoryError, FileExistsError)."""
     missing: list[Path] = []
-    while not path.is_dir():
+    while not os.path.lexists(path) and path.parent != path:
         missing.append(path)
-        if path.parent == path:
-            break
         path = path.parent
+    if not missing:
+        path.mkdir(DIR_MODE, exist_ok=True)  # there already: fine if a folder
     for folder in reversed(missing):
-        try:
-            folder.mkdir(DIR_MODE)
-        except FileExistsError:
-            if not folder.is_dir():
-                raise
+        folder.mkdir(DIR_MODE, exist_ok=True)  # exist_ok: another maker got there first
 
 
 def write_bytes(path: Path, data: bytes) -> None:
@@ -58,16 +55,19 @@ def tighten(folder: Path) -> tuple[int | None, int]:
     uid = os.geteuid()
     before: int | None = None
     changed = 0
-    info = folder.lstat()
-    if info.st_uid == uid and stat.S_ISDIR(info.st_mode) and stat.S_IMODE(info.st_mode) & 0o077:
+    info = folder.stat()  # the folder itself, through a link if it is one
+    if info.st_uid == uid and stat.S_IMODE(info.st_mode) & 0o077:
         before = stat.S_IMODE(info.st_mode)
         os.chmod(folder, before & 0o700)
     for root, dirs, names in os.walk(folder):
         for name in dirs + names:
             path = os.path.join(root, name)
-            entry = os.lstat(path)
-            if entry.st_uid != uid or stat.S_ISLNK(entry.st_mode) or not stat.S_IMODE(entry.st_mode) & 0o077:
-                continue
-            os.chmod(path, stat.S_IMODE(entry.st_mode) & 0o700)  # the owner's bits stay as they were
+            try:
+                entry = os.lstat(path)
+                if entry.st_uid != uid or stat.S_ISLNK(entry.st_mode) or not stat.S_IMODE(entry.st_mode) & 0o077:
+                    continue
+                os.chmod(path, stat.S_IMODE(entry.st_mode) & 0o700)  # the owner's bits stay as they were
+            except FileNotFoundError:
+                continue  # gone meanwhile (a store tool's temporary file): nothing left to tighten
             changed += 1
     return before, changed
