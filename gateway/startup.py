@@ -14,8 +14,8 @@ from typing import Any
 from gateway.admin.api import USERS_FILE_ENV, load_users
 from gateway.auth import is_loopback, usable_hash
 from gateway.config import ADMIN_USER_ENVIRONMENT, CLIENT_USER_ENVIRONMENT, USERS_FILE_ENVIRONMENT, Config
-from persistence import files
 from gateway.transports.server import ListenError
+from persistence import files
 from persistence.recovery import FolderInUse
 
 PLACEHOLDER_ADVICE = ("it matches no password, so this user cannot log in (a placeholder such as deploy/'s?): "
