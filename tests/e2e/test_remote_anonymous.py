@@ -1,7 +1,7 @@
 """A broker with no users is closed to the network: it admits anonymous
 clients from this machine (loopback) and refuses them from any other
 address, over STOMP, MQTT 3.1.1 and 5 and STOMP over WebSocket, and says so
-once at start; credentials or ``[auth] anonymous = "true"`` let a remote
+once at start (TLS changes nothing); credentials or ``[auth] anonymous = "true"`` let a remote
 client in, and the latter says at start that the broker is open to anyone.
 
 "Another machine" is a network namespace: the broker runs in one, bound to
@@ -25,14 +25,14 @@ import pytest
 
 from tests.processes import GATEWAY
 
-STOMP_PORT, MQTT_PORT, ADMIN_PORT = 61613, 1883, 8161
+STOMP_PORT, MQTT_PORT, ADMIN_PORT, STOMP_TLS_PORT = 61613, 1883, 8161, 61614
 STARTUP_TIMEOUT = 30.0
 
 # Run by the client (python -c) inside a namespace: one CONNECT per line of
 # argv[1] (JSON: [kind, host, login, password]), what the broker answered as
 # one JSON line per attempt.
 CLIENT = r'''
-import json, socket, sys
+import json, socket, ssl, sys
 import wsproto
 from wsproto import events as ev
 
@@ -63,9 +63,14 @@ def mqtt_connect(level, login, password):
     return bytes([0x10, len(body)]) + body
 
 def attempt(kind, host, login, password):
-    port = {"stomp": %(stomp)d, "mqtt3": %(mqtt)d, "mqtt5": %(mqtt)d, "stomp-ws": %(admin)d}[kind]
-    with socket.create_connection((host, port), timeout=10) as sock:
-        if kind == "stomp":
+    port = {"stomp": %(stomp)d, "stomp-tls": %(tls)d, "mqtt3": %(mqtt)d, "mqtt5": %(mqtt)d, "stomp-ws": %(admin)d}[kind]
+    with socket.create_connection((host, port), timeout=10) as plain:
+        sock = plain
+        if kind == "stomp-tls":  # the test's own certificate: encryption is all that matters here
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+            sock = context.wrap_socket(plain)
+        if kind in ("stomp", "stomp-tls"):
             sock.sendall(stomp_frame(login, password))
             return read_stomp(lambda: sock.recv(65536))
         if kind.startswith("mqtt"):
@@ -105,7 +110,7 @@ def attempt(kind, host, login, password):
 
 for spec in json.loads(sys.argv[1]):
     print(json.dumps(attempt(*spec)), flush=True)
-''' % {"stomp": STOMP_PORT, "mqtt": MQTT_PORT, "admin": ADMIN_PORT}
+''' % {"stomp": STOMP_PORT, "mqtt": MQTT_PORT, "admin": ADMIN_PORT, "tls": STOMP_TLS_PORT}
 
 
 def ip(*args: str) -> None:
@@ -166,9 +171,13 @@ def namespaces() -> Iterator[Namespaces]:
 class NamespacedBroker:
     """``gateway serve --bind 0.0.0.0`` inside the broker's namespace."""
 
-    def __init__(self, namespaces: Namespaces, tmp_path: Path, config: str = "", env: dict[str, str] | None = None) -> None:
+    def __init__(self, namespaces: Namespaces, tmp_path: Path, pki: dict[str, str], config: str = "",
+                 env: dict[str, str] | None = None) -> None:
         self.log_path = tmp_path / "broker.log"
-        (tmp_path / "gateway.toml").write_text(config)
+        # STOMP over TLS too (the MQTT and admin TLS ports on ports of their own).
+        (tmp_path / "gateway.toml").write_text(
+            f"stomp_tls_port = {STOMP_TLS_PORT}\nmqtt_tls_port = 8883\nadmin_tls_port = 8162\n{config}\n"
+            f'[tls]\ncert = "{pki["server"]}"\nkey = "{pki["server"]}"\n')
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 ["ip", "netns", "exec", namespaces.broker, GATEWAY, "serve", "--config", str(tmp_path / "gateway.toml"),
@@ -196,11 +205,11 @@ class NamespacedBroker:
 
 
 @pytest.fixture
-def start_broker(namespaces: Namespaces, tmp_path: Path) -> Iterator:
+def start_broker(namespaces: Namespaces, tmp_path: Path, pki: dict[str, str]) -> Iterator:
     started: list[NamespacedBroker] = []
 
     def start(config: str = "", env: dict[str, str] | None = None) -> NamespacedBroker:
-        broker = NamespacedBroker(namespaces, tmp_path, config, env)
+        broker = NamespacedBroker(namespaces, tmp_path, pki, config, env)
         started.append(broker)
         return broker
 
@@ -209,7 +218,7 @@ def start_broker(namespaces: Namespaces, tmp_path: Path) -> Iterator:
         broker.stop()
 
 
-EVERY_DOOR = ("stomp", "mqtt3", "mqtt5", "stomp-ws")
+EVERY_DOOR = ("stomp", "mqtt3", "mqtt5", "stomp-ws", "stomp-tls")
 
 
 def test_with_no_users_remote_anonymous_clients_are_refused_and_local_ones_admitted(namespaces, start_broker):
@@ -222,8 +231,8 @@ def test_with_no_users_remote_anonymous_clients_are_refused_and_local_ones_admit
     remote = namespaces.connect(namespaces.client, *[(door, namespaces.broker_address, None, None) for door in EVERY_DOOR],
                                 ("stomp", namespaces.broker_address, "guest", "guest"),  # a default login changes nothing
                                 ("mqtt5", namespaces.broker_address, "guest", "guest"))
-    stomp, mqtt3, mqtt5, websocket, stomp_guest, mqtt5_guest = remote
-    for refused in (stomp, websocket, stomp_guest):
+    stomp, mqtt3, mqtt5, websocket, tls, stomp_guest, mqtt5_guest = remote
+    for refused in (stomp, websocket, tls, stomp_guest):
         assert refused["command"] == "ERROR"
         assert "anonymous access from remote addresses is off" in refused["message"]
         assert '[auth] anonymous = "true"' in refused["message"]
@@ -235,7 +244,7 @@ def test_with_no_users_remote_anonymous_clients_are_refused_and_local_ones_admit
 
     # This machine's clients (the broker namespace's loopback) need no set-up.
     local = namespaces.connect(namespaces.broker, *[(door, "127.0.0.1", None, None) for door in EVERY_DOOR])
-    assert [r.get("command", r.get("connack")) for r in local] == ["CONNECTED", 0, 0, "CONNECTED"]
+    assert [r.get("command", r.get("connack")) for r in local] == ["CONNECTED", 0, 0, "CONNECTED", "CONNECTED"]
 
 
 def test_a_remote_client_with_credentials_is_admitted(namespaces, start_broker):
@@ -244,7 +253,7 @@ def test_a_remote_client_with_credentials_is_admitted(namespaces, start_broker):
     address = namespaces.broker_address
     answers = namespaces.connect(namespaces.client, *[(door, address, "app", "client-pass-1") for door in EVERY_DOOR],
                                  ("stomp", address, None, None))
-    assert [r.get("command", r.get("connack")) for r in answers] == ["CONNECTED", 0, 0, "CONNECTED", "ERROR"]
+    assert [r.get("command", r.get("connack")) for r in answers] == ["CONNECTED", 0, 0, "CONNECTED", "CONNECTED", "ERROR"]
     assert answers[-1]["message"] == "authentication failed"  # anonymous is off with users, everywhere
 
 
@@ -254,4 +263,4 @@ def test_anonymous_true_admits_remote_clients_and_says_the_broker_is_open(namesp
     assert "ANYONE" in announced["detail"] and announced["bind"] == "0.0.0.0"
     assert not broker.events("remote_anonymous_refused")
     answers = namespaces.connect(namespaces.client, *[(door, namespaces.broker_address, None, None) for door in EVERY_DOOR])
-    assert [r.get("command", r.get("connack")) for r in answers] == ["CONNECTED", 0, 0, "CONNECTED"]
+    assert [r.get("command", r.get("connack")) for r in answers] == ["CONNECTED", 0, 0, "CONNECTED", "CONNECTED"]
