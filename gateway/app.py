@@ -172,7 +172,7 @@ async def _open_and_recover(config: Config, log: Any) -> _Wiring:
     """Open the store, replay it (in a worker thread: recovery reads every
     segment) and restore the core from it, before any listener exists, so
     no client ever sees a half-restored broker."""
-    startup.prepare_data_dir(config, log)
+    await trio.to_thread.run_sync(startup.prepare_data_dir, config, log)  # walks the folder: off the loop
     _raise_file_limit(config, log)
     store = Store.in_data_dir(config.data_dir, config.store, partial(_report, log))
     started = time.monotonic()

@@ -138,7 +138,7 @@ class HaNode:
             self.ended = True
             return None
         try:
-            startup.prepare_data_dir(self.config, self.log)
+            await trio.to_thread.run_sync(startup.prepare_data_dir, self.config, self.log)  # walks the folder: off the loop
             self.follower = Follower.in_data_dir(self.config.data_dir, self.config.store, self.log.info)
             await trio.to_thread.run_sync(self.follower.open)
             try:
