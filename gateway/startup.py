@@ -67,6 +67,11 @@ def announce_access(config: Config, log: Any) -> None:
                            f"admitted); add users ({name} and {password}, [auth] users_file or "
                            f"{USERS_FILE_ENVIRONMENT}, `gateway passwd --client`), or admit anyone with "
                            "[auth] anonymous = \"true\"")
+    elif auth.anonymous == "false" and not auth.users:
+        name, password = CLIENT_USER_ENVIRONMENT
+        log.warning("no_client_can_connect", detail=f"no users and [auth] anonymous = \"false\": every client is "
+                                                    f"refused; add users ({name} and {password}, [auth] users_file "
+                                                    f"or {USERS_FILE_ENVIRONMENT}, `gateway passwd --client`)")
 
 
 def check_secret_files(config: Config, environ: Mapping[str, str], log: Any) -> None:

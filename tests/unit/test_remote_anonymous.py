@@ -82,3 +82,35 @@ def test_a_reload_that_opens_the_broker_takes_effect_for_the_next_login() -> Non
         gatekeeper.admit(None, None, remote)
     gatekeeper.reconfigure(AuthSettings(anonymous="true"))
     assert gatekeeper.admit(None, None, remote) == ANONYMOUS_PRINCIPAL
+
+
+@pytest.mark.parametrize(("bind", "anonymous", "users", "said"), [
+    ("127.0.0.1", "auto", [], []),  # make run: nothing to say
+    ("::1", "auto", [], []),
+    ("localhost", "auto", [], []),
+    ("0.0.0.0", "auto", [], ["remote_anonymous_refused"]),
+    ("::", "auto", [], ["remote_anonymous_refused"]),
+    ("10.0.0.5", "auto", [], ["remote_anonymous_refused"]),
+    ("0.0.0.0", "auto", [USER], []),  # users: anonymous is off, nothing open
+    ("0.0.0.0", "true", [], ["broker_open_to_network"]),
+    ("0.0.0.0", "true", [USER], ["broker_open_to_network"]),
+    ("127.0.0.1", "true", [USER], ["anonymous_access_enabled"]),
+    ("127.0.0.1", "true", [], []),
+    ("0.0.0.0", "false", [], ["no_client_can_connect"]),
+    ("127.0.0.1", "false", [USER], []),
+])
+def test_the_start_says_who_gets_in_without_a_login_in_one_line(bind, anonymous, users, said) -> None:
+    from structlog import get_logger
+    from structlog.testing import capture_logs
+
+    from gateway import startup
+    from gateway.config import Config
+
+    with capture_logs() as logged:
+        startup.announce_access(Config(bind=bind, auth=AuthSettings(users=users, anonymous=anonymous)), get_logger())
+    assert [e["event"] for e in logged] == said
+    assert all(e["log_level"] == "warning" for e in logged)
+    for event in logged:
+        if event["event"] == "remote_anonymous_refused":
+            assert 'anonymous = "true"' in event["detail"] and "GATEWAY_USER" in event["detail"]
+            assert "users_file" in event["detail"] and "gateway passwd" in event["detail"]
