@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if refused is not None:
         print(f"gateway: {refused}", file=sys.stderr)
         return 2
+    startup.check_secret_files(cfg, os.environ, log)
     failures: list[BaseException] = []
     code = 0
     # SIGHUP reloads the configuration once the broker runs (tasks.reload_on_signal;

@@ -8,7 +8,6 @@ import gc
 import os
 import time
 from functools import partial
-from pathlib import Path
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -173,7 +172,7 @@ async def _open_and_recover(config: Config, log: Any) -> _Wiring:
     """Open the store, replay it (in a worker thread: recovery reads every
     segment) and restore the core from it, before any listener exists, so
     no client ever sees a half-restored broker."""
-    Path(config.data_dir).mkdir(parents=True, exist_ok=True)
+    await trio.to_thread.run_sync(startup.prepare_data_dir, config, log)  # walks the folder: off the loop
     _raise_file_limit(config, log)
     store = Store.in_data_dir(config.data_dir, config.store, partial(_report, log))
     started = time.monotonic()
@@ -248,8 +247,7 @@ class _Wiring:
         self.broker.secured = bool(gatekeeper.users)
         self.password_threads = trio.CapacityLimiter(PASSWORD_THREADS)
         self.checks_receive = tasks.password_checks(gatekeeper, VERIFY_BACKLOG)
-        if gatekeeper.users and gatekeeper.anonymous:
-            self.log.warning("anonymous_access_enabled", users=len(gatekeeper.users))
+        startup.announce_access(self.config, self.log)
 
     def stomp_session(self, conn_id: str, conn_log: Any, transport: Transport) -> StompSession:
         return StompSession(
@@ -336,8 +334,7 @@ class _Wiring:
         self.broker.authorizer = Authorizer(acl) if acl else None
         self.broker.replace_policies(config.broker.policies)
         self.api.access.replace(admins)
-        if self.gatekeeper.users and self.gatekeeper.anonymous:
-            self.log.warning("anonymous_access_enabled", users=len(self.gatekeeper.users))
+        startup.announce_access(config, self.log)
 
     def start_tasks(self, nursery: trio.Nursery, *, handle_signals: bool) -> None:
         """The store's group commit, the timers and the password workers,

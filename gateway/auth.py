@@ -1,8 +1,10 @@
 """Users and the authentication hook every protocol's CONNECT goes through
 (STOMP login/passcode, MQTT username/password, or a TLS client certificate);
 the admin API checks the same kind of hash.  With no user defined the broker
-admits anyone, as a fresh ActiveMQ does; as soon as one is defined anonymous
-access is off unless the config turns it back on.
+admits anonymous clients from this machine only (a loopback source address),
+as Mosquitto 2 does: anyone else must log in, or ``[auth] anonymous = "true"``
+must open the broker to every address on purpose.  As soon as a user is
+defined anonymous access is off unless the config turns it back on.
 
 Wrong credentials cost the caller, not the broker: after a few failures from
 one address within a window, further attempts from it are refused before any
@@ -18,6 +20,7 @@ import binascii
 import dataclasses
 import hashlib
 import hmac
+import ipaddress
 import secrets
 import time
 from collections import Counter, OrderedDict
@@ -45,6 +48,28 @@ PENDING_PER_ADDRESS = 4
 MESSAGING, ADMIN = "messaging", "admin"
 
 
+# What an anonymous client from another machine is told by a broker that
+# admits anonymous clients from this one only.
+REMOTE_ANONYMOUS = ("anonymous access from remote addresses is off (the broker has no users): log in, "
+                    'or set [auth] anonymous = "true" to admit anonymous clients from any address')
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a peer's address as the socket gave it) is this
+    machine's loopback: 127.0.0.0/8, ::1, or either written as an
+    IPv4-mapped IPv6 address (``::ffff:127.0.0.1``, what a dual-stack socket
+    reports for an IPv4 peer).  Anything else, a name or "unknown" included,
+    is remote.  Only the socket's own peer counts: a WebSocket's
+    X-Forwarded-For is the client's to write, and TLS changes nothing."""
+    try:
+        address = ipaddress.ip_address(host.partition("%")[0])  # a link-local address's zone
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
+
+
 class VerificationPending(Exception):
     """The credentials need a password hash computed off the event loop.
     ``start(done)`` queues that work and calls ``done()`` once the answer is
@@ -59,7 +84,9 @@ class VerificationPending(Exception):
 class AccessDenied(Exception):
     """A CONNECT refused; ``reason`` is what the client is told.  ``kind`` is
     ``credentials`` (wrong or missing), ``rate_limited`` (too many failures
-    from its address) or ``unavailable`` (a connection limit)."""
+    from its address), ``unavailable`` (a connection limit) or
+    ``remote_anonymous`` (no login, from another machine, on a broker that
+    admits anonymous clients from this one only)."""
 
     def __init__(self, reason: str, kind: str = "credentials") -> None:
         super().__init__(reason)
@@ -123,7 +150,8 @@ class AuthSettings:
     # A TOML file with more of the same `users` list (a Kubernetes Secret),
     # or GATEWAY_USERS_FILE in the environment; read with the config (and on reload).
     users_file: str = ""
-    # auto: anonymous clients are let in only while no user is defined.
+    # auto: anonymous clients are let in only while no user is defined, and
+    # then only from this machine (loopback); true: from anywhere; false: never.
     anonymous: str = "auto"
     # [{destination = "/queue/orders.>", read = ["consumers"], write = ["app"],
     #   admin = ["admins"]}]: see core/authorization.py.  Empty: no checks.
@@ -190,6 +218,10 @@ class Gatekeeper:
         self.users = {entry["name"]: entry["password_hash"] for entry in settings.users}
         self.groups = {entry["name"]: frozenset(entry.get("groups", ())) for entry in settings.users}
         self.anonymous = settings.anonymous == "true" or (settings.anonymous == "auto" and not self.users)
+        # "auto" without users is the unconfigured broker: open to this
+        # machine's clients (development, `make run`), closed to the network
+        # until someone asks for that.
+        self.anonymous_remote = settings.anonymous == "true"
         self.dummy = dummy_hash(self.users.values())
         self._verified.clear()
         self._rejected.clear()
@@ -221,6 +253,10 @@ class Gatekeeper:
             # Nobody to check against: whatever a client sends (many send a
             # default login) is let in, as by a broker with no security set up.
             ok = self.anonymous
+            if ok and not self.anonymous_remote and not is_loopback(host):
+                # Not counted as a failed login: no password was tried, and
+                # a lockout's reason would hide this one.
+                raise AccessDenied(REMOTE_ANONYMOUS, "remote_anonymous")
         else:
             stored = self.users.get(login)
             ok = self.password(MESSAGING, host, login, passcode or "", stored or self.dummy) and stored is not None

@@ -67,6 +67,7 @@ from persistence.archive_format import (
 )
 from persistence.archive_reader import ArchiveReader, Rows
 from persistence.journal import fsync_directory
+from persistence.files import FILE_MODE, make_dirs, write_bytes
 from persistence.records import HEADER_BYTES, CorruptRecord, RecordType
 
 __all__ = ["Archive", "ArchiveGone", "ArchiveReader", "Rows", "TopicInfo", "decode_row", "encode_row", "list_topics"]
@@ -162,7 +163,7 @@ class Archive:
     def open(self) -> None:
         """Find every topic's segments; scan its newest for where it ends,
         cutting a torn tail."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.directory)
         for entry in sorted(os.listdir(self.directory)):
             path = self.directory / entry
             if not path.is_dir():
@@ -332,7 +333,7 @@ class Archive:
             # A hint, checked against the segment whenever used: no sync, and
             # a lost or stale one only means a scan from the segment's start.
             with contextlib.suppress(FileNotFoundError):  # dropped by retention meanwhile
-                path.write_bytes(entries)
+                write_bytes(path, entries)
 
     def _open_segment(self, topic: _Topic, base: int, current: tuple[int, int] | None) -> int:
         if current is not None:
@@ -351,12 +352,12 @@ class Archive:
         if len(self._wfds) >= MAX_OPEN_SEGMENTS:
             self._evict()
         if not topic.path.is_dir():
-            topic.path.mkdir(parents=True, exist_ok=True)
+            make_dirs(topic.path)
             self._dirty_dirs.add(self.directory)
         path = topic.path / segment_name(base)
         if not path.exists():
             self._dirty_dirs.add(topic.path)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, FILE_MODE)
         self._wfds[topic] = (base, fd)
         return fd
 
@@ -394,7 +395,7 @@ class Archive:
         for topic in self.topics.values():
             if topic.index:
                 with contextlib.suppress(FileNotFoundError):
-                    (topic.path / index_name(topic.bases[-1])).write_bytes(encode_index(topic.index))
+                    write_bytes(topic.path / index_name(topic.bases[-1]), encode_index(topic.index))
 
     # -- retention (main thread) -------------------------------------------------
 
@@ -437,7 +438,7 @@ class Archive:
                 return
         except FileNotFoundError:
             return
-        fd = os.open(topic.path / segment_name(topic.next_offset), os.O_WRONLY | os.O_CREAT, 0o644)
+        fd = os.open(topic.path / segment_name(topic.next_offset), os.O_WRONLY | os.O_CREAT, FILE_MODE)
         os.close(fd)
         fsync_directory(topic.path)
         _remove_segment(topic.path, topic.bases[0])

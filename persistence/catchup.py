@@ -44,6 +44,7 @@ from typing import Any
 
 from persistence import epochs
 from persistence.checkpoint import CHECKPOINT_NAME
+from persistence.files import FILE_MODE, make_dirs
 from persistence.epochs import History
 from persistence.journal import fsync_directory, list_segments, segment_name, split_location
 from persistence.recovery import CLEAN_NAME, INCOMPLETE_NAME, LOCK_NAME
@@ -176,8 +177,8 @@ class SnapshotReceiver:
         self._files = self.places(directory, archive_directory, begin)
         self._received = dict.fromkeys(self._files, 0)
         for path, _ in self._files.values():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+            make_dirs(path.parent)
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE))
 
     @classmethod
     def places(cls, directory: Path, archive_directory: Path | None, begin: SnapshotBegin) -> dict[str, tuple[Path, int]]:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from persistence.journal import OFFSET_BITS, fsync_directory
+from persistence.files import FILE_MODE
 from persistence.records import CorruptRecord
 
 CHECKPOINT_NAME = "checkpoint"
@@ -212,7 +213,7 @@ def write(directory: Path, snapshot: Snapshot) -> int:
     """Temp file, fsync, rename, fsync the directory; returns bytes written."""
     data = serialize(snapshot)
     tmp = directory / (CHECKPOINT_NAME + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     try:
         view = memoryview(data)
         written = 0

@@ -28,6 +28,7 @@ import os
 from pathlib import Path
 
 from persistence.journal import fsync_directory
+from persistence.files import FILE_MODE
 
 HISTORY_NAME = "EPOCHS"
 
@@ -49,7 +50,7 @@ def load(directory: Path) -> History:
 def save(directory: Path, history: History) -> None:
     """Temp file, fsync, rename, fsync the folder: durable before it returns."""
     tmp = directory / (HISTORY_NAME + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     try:
         os.write(fd, json.dumps([list(entry) for entry in history]).encode())
         os.fsync(fd)

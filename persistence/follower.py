@@ -60,6 +60,7 @@ from persistence import epochs, recovery
 from persistence import records
 from persistence.archive import Archive
 from persistence.catchup import Refusal, SnapshotReceiver, wipe
+from persistence.files import FILE_MODE, make_dirs
 from persistence.epochs import History
 from persistence.index import Index
 from persistence.journal import Batch, Journal, fsync_directory, make_location
@@ -130,7 +131,7 @@ class Follower(Maintenance):
     def open(self) -> None:
         """Recover the folder as a store would (empty is fine); a snapshot
         that was cut short is wiped, leaving an empty store to catch up."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.directory)
         self._lock_fd = recovery.lock_folder(self.directory, recovery.IN_USE.format(self.directory))
         self.history = epochs.load(self.directory)
         if (self.directory / recovery.INCOMPLETE_NAME).exists():
@@ -400,7 +401,7 @@ class Follower(Maintenance):
         archive_dir = self.archive.directory if self.archive is not None else None
         SnapshotReceiver.places(self.directory, archive_dir, frame)  # refuses bad names before wiping
         marker = self.directory / recovery.INCOMPLETE_NAME
-        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT, 0o644))
+        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT, FILE_MODE))
         fsync_directory(self.directory)
         self._journal.close()
         if self.archive is not None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from persistence.files import FILE_MODE
 from persistence import records
 from persistence.records import HEADER, HEADER_BYTES, MAGIC, CorruptRecord, RecordType
 
@@ -374,7 +375,7 @@ class Journal:
                 self.syncs += 1
             os.close(self._wfd)
             self._wfd = None
-        self._wfd = os.open(self.path(seg), os.O_WRONLY | os.O_CREAT, 0o644)
+        self._wfd = os.open(self.path(seg), os.O_WRONLY | os.O_CREAT, FILE_MODE)
         self._wseg = seg
 
     def sync(self) -> None:

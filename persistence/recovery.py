@@ -15,6 +15,7 @@ from pathlib import Path
 from core.storage import Recovered, StoredMessage
 from persistence import checkpoint as checkpoints
 from persistence import records
+from persistence.files import FILE_MODE
 from persistence.archive import Archive
 from persistence.index import Index, ref_list
 from persistence.journal import OFFSET_BITS, OFFSET_MASK, Journal, OnCorrupt
@@ -43,7 +44,7 @@ class FolderInUse(OSError):
 def lock_folder(directory: Path, busy: str) -> int:
     """Take the folder's lock; its descriptor holds it until closed.
     Raises :class:`FolderInUse` saying ``busy`` when another process has it."""
-    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:

@@ -41,6 +41,7 @@ from core.storage import Recovered, Retained, StoredMessage
 from persistence import checkpoint as checkpoints
 from persistence import records
 from persistence import recovery
+from persistence.files import FILE_MODE, make_dirs
 from persistence.archive import Archive
 from persistence.index import Index
 from persistence.maintenance import Maintenance
@@ -122,7 +123,7 @@ class Store(Maintenance):
     def open(self) -> Recovered:
         """Load the checkpoint, replay the journal after it, cut a torn tail."""
         started = time.monotonic()
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.directory)
         if (self.directory / recovery.INCOMPLETE_NAME).exists():
             raise OSError(f"store {self.directory} is an incomplete copy (a backup's catch-up was cut short)")
         self._lock_fd = recovery.lock_folder(self.directory, recovery.IN_USE.format(self.directory))
@@ -170,7 +171,7 @@ class Store(Maintenance):
         batch = self.flush()
         if batch is not None and batch.error is not None:
             raise batch.error
-        fd = os.open(self.directory / CLEAN_NAME, os.O_WRONLY | os.O_CREAT, 0o644)
+        fd = os.open(self.directory / CLEAN_NAME, os.O_WRONLY | os.O_CREAT, FILE_MODE)
         os.close(fd)
         fsync_directory(self.directory)
         self._release()

@@ -136,9 +136,9 @@ def render(broker: Any, server: Any, store: Any, writes: Histogram, gatekeeper: 
                [("", stats.retained_refused)])
     if gatekeeper is not None:
         out.family("gateway_logins_refused_total", "counter",
-                   "CONNECTs refused: wrong or missing credentials, an address locked out, a connection limit.",
+                   "CONNECTs refused: wrong or missing credentials, an address locked out, a connection limit, anonymous from another machine.",
                    ((f'{{reason="{kind}"}}', gatekeeper.refused.get(kind, 0))
-                    for kind in ("credentials", "rate_limited", "unavailable")))
+                    for kind in ("credentials", "rate_limited", "unavailable", "remote_anonymous")))
     if mqtt is not None:  # the MQTT sessions' registry
         out.family("gateway_mqtt_oversize_dropped_total", "counter",
                    "MQTT 5 messages not sent for being over the subscriber's Maximum Packet Size.",

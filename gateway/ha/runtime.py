@@ -34,12 +34,11 @@ from __future__ import annotations
 import signal
 import time
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import trio
 
-from gateway import app
+from gateway import app, startup
 from gateway.admin import metrics
 from gateway.admin.api import load_users
 from gateway.admin.server import AdminSlots, serve_admin
@@ -139,7 +138,7 @@ class HaNode:
             self.ended = True
             return None
         try:
-            Path(self.config.data_dir).mkdir(parents=True, exist_ok=True)
+            await trio.to_thread.run_sync(startup.prepare_data_dir, self.config, self.log)  # walks the folder: off the loop
             self.follower = Follower.in_data_dir(self.config.data_dir, self.config.store, self.log.info)
             await trio.to_thread.run_sync(self.follower.open)
             try:

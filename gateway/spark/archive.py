@@ -18,7 +18,7 @@ from urllib.error import HTTPError, URLError
 from urllib.parse import quote, urlencode
 from urllib.request import Request, urlopen
 
-from gateway.spark.options import Endpoint, Selection
+from gateway.spark.options import Endpoint, Selection, redacted_url
 from gateway.spark.planning import TopicInfo, first_at_or_after
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -59,7 +59,7 @@ class ArchiveClient:
             with error:
                 raise _error_from(error, path, self.endpoint) from None
         except URLError as error:
-            raise ArchiveError(f"cannot reach the broker's admin API at {self.endpoint.url}: {error.reason}") from None
+            raise ArchiveError(f"cannot reach the broker's admin API at {redacted_url(self.endpoint.url)}: {error.reason}") from None
 
     def _json(self, path: str) -> Any:
         with self._open(path, "application/json") as response:
@@ -123,9 +123,9 @@ def _error_from(error: HTTPError, path: str, endpoint: Endpoint) -> ArchiveError
     if error.code == 401:
         # The broker answers 401 alike to no credentials and to wrong ones.
         if endpoint.user is None:
-            message = f"the broker's admin API at {endpoint.url} needs a user: set the user and password options (an admin user with the read role)"
+            message = f"the broker's admin API at {redacted_url(endpoint.url)} needs a user: set the user and password options (an admin user with the read role)"
         else:
-            message = f"the broker's admin API at {endpoint.url} refused user {endpoint.user!r}: wrong user or password"
+            message = f"the broker's admin API at {redacted_url(endpoint.url)} refused user {endpoint.user!r}: wrong user or password"
     if error.code == 410 and "earliest" in body:
         return DataLossError(message, status=410, body=body)
     return ArchiveError(message, status=error.code, body=body)

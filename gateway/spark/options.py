@@ -17,7 +17,7 @@ import os
 import re
 import ssl
 from collections.abc import Mapping
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from core import names
 from gateway.mqtt import topics
@@ -69,6 +69,18 @@ class OptionError(ValueError):
     """An option is missing, unknown or malformed; the message says which and why."""
 
 
+REDACTED = "***"
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with the password of a ``user:password@`` in it as ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:{REDACTED}@{host}"))
+
+
 @dataclasses.dataclass(frozen=True)
 class Endpoint:
     """How to reach the admin API (executors fetch from it too)."""
@@ -81,6 +93,17 @@ class Endpoint:
     ca_file: str | None = None  # ssl.ca.location: the CA that signed the broker's certificate
     cert_file: str | None = None  # ssl.certificate.location: a client certificate, if the broker asks
     key_file: str | None = None  # ssl.key.location
+
+    def __repr__(self) -> str:
+        # Spark prints a source's options in plans, logs and errors: the
+        # password (and one written into the url) shows as ***.
+        shown = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        shown["url"] = redacted_url(self.url)
+        if self.password is not None:
+            shown["password"] = REDACTED
+        return f"Endpoint({', '.join(f'{name}={value!r}' for name, value in shown.items())})"
+
+    __str__ = __repr__
 
     def tls_context(self) -> ssl.SSLContext:
         """A client context trusting ``ca_file`` (else the system's CAs)."""
@@ -212,7 +235,7 @@ def endpoint(given: dict[str, str], *, required: bool = True) -> Endpoint:
         raise OptionError("option url is required: the broker's admin HTTP base URL, e.g. http://127.0.0.1:8161")
     parts = urlsplit(url)
     if url and (parts.scheme not in ("http", "https") or not parts.hostname):
-        raise OptionError(f"option url must be an http(s) URL with a host, got {url!r}")
+        raise OptionError(f"option url must be an http(s) URL with a host, got {redacted_url(url)!r}")
     files = {}
     for key in ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location"):
         path = given.get(key)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import re
 import subprocess
 import tomllib
@@ -175,7 +176,8 @@ def test_admin_users_secret_is_a_placeholder_that_admits_nobody(rendered: list[d
 
 def test_client_users_come_from_their_own_secret(rendered: list[dict[str, Any]], tmp_path: Path) -> None:
     """GATEWAY_USERS_FILE names the key of Secret gateway-client-users, mounted
-    read-only; as shipped it holds no user (anonymous clients, as before), and
+    read-only; as shipped it holds no user (so only the pod's loopback gets in
+    anonymously: test_the_shipped_manifests_are_not_open_to_the_network), and
     the users an operator puts there are the broker's [auth] users."""
     ctr = container(rendered)
     pod = pod_spec(the(rendered, "StatefulSet"))
@@ -201,3 +203,39 @@ def test_client_users_come_from_their_own_secret(rendered: list[dict[str, Any]],
     generated_secret(filled, "gateway-client-users")["data"][Path(path).name] = base64.b64encode(users.encode()).decode()
     cfg, _ = effective_config(filled, tmp_path / "filled")
     assert [(u["name"], u["groups"]) for u in cfg.auth.users] == [("app", ["producers"])]
+
+
+def test_the_shipped_manifests_are_not_open_to_the_network(rendered: list[dict[str, Any]], tmp_path: Path) -> None:
+    """As shipped (no client user, bound to all the pod's addresses), the
+    config the pod runs refuses an anonymous client from the pod network,
+    lets a port-forward (the pod's loopback) in, and says at start, in one
+    line, that remote anonymous clients are refused and how to change that.
+    Opening it takes an explicit ``anonymous = "true"``, which says so loudly."""
+    from structlog.testing import capture_logs
+
+    from gateway import startup
+    from gateway.auth import AccessDenied, Gatekeeper, Transport
+
+    cfg, _ = effective_config(rendered, tmp_path)
+    assert cfg.bind == "0.0.0.0" and cfg.auth.users == [] and cfg.auth.anonymous != "true"
+    gatekeeper = Gatekeeper(cfg.auth)
+    for login in (None, "guest"):
+        with pytest.raises(AccessDenied) as refused:
+            gatekeeper.admit(login, "guest", Transport(peer="10.244.1.7:51234", host="10.244.1.7"))
+        assert refused.value.kind == "remote_anonymous"
+    assert gatekeeper.admit(None, None, Transport(peer="127.0.0.1:51234", host="127.0.0.1")).name == "anonymous"
+    with capture_logs() as logged:
+        startup.announce_access(cfg, structlog_logger())
+    assert [(e["event"], e["log_level"]) for e in logged] == [("remote_anonymous_refused", "warning")]
+    assert 'anonymous = "true"' in logged[0]["detail"] and "GATEWAY_USER" in logged[0]["detail"]
+
+    opened = dataclasses.replace(cfg, auth=dataclasses.replace(cfg.auth, anonymous="true"))
+    with capture_logs() as logged:
+        startup.announce_access(opened, structlog_logger())
+    assert [(e["event"], e["log_level"]) for e in logged] == [("broker_open_to_network", "warning")]
+
+
+def structlog_logger() -> Any:
+    import structlog
+
+    return structlog.get_logger()
