@@ -26,9 +26,20 @@ from core.settings import BrokerSettings
 from gateway.mqtt import codec, packets
 from gateway.mqtt.registry import Registry
 from gateway.mqtt.session import MqttSession, MqttSettings
-from tests.core_fakes import FakeClock
-
 MIB = 1024 * 1024
+
+
+class FakeClock:
+    """Time stands still: nothing here waits for a deadline."""
+
+    def __init__(self, wall_ms: int) -> None:
+        self.wall = wall_ms
+
+    def monotonic(self) -> float:
+        return 1000.0
+
+    def wall_ms(self) -> int:
+        return self.wall
 
 
 class Quiet:
