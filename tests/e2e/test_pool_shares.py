@@ -25,7 +25,8 @@ def _closing(*clients):
 # -- shared subscription groups ------------------------------------------------
 
 
-def test_anonymous_clients_share_the_groups_of_their_source_address_and_another_address_is_served(broker_factory):
+def test_anonymous_clients_share_the_groups_of_their_source_address_and_another_address_is_served(broker_factory,
+                                                                                                   raw_client):
     broker = broker_factory(broker={"max_shared_groups_per_user": 3})
     topic = unique("jobs")
     first = Paho5(broker.mqtt_port, unique("a"))
@@ -42,6 +43,14 @@ def test_anonymous_clients_share_the_groups_of_their_source_address_and_another_
         assert first.unsubscribe(f"$share/g1/{topic}") == [R.SUCCESS]
         assert first.subscribe(f"$share/g5/{topic}", 1) == [1]
         assert first.client.is_connected() and second.client.is_connected()
+        # STOMP's shared subscriptions draw on the same share, and are told so.
+        stomp = raw_client(broker)
+        stomp.connect("1.2")
+        stomp.send_frame("SUBSCRIBE", {"destination": f"/topic/{topic}", "id": "1", "receipt": "r",
+                                       "shared-subscription-name": "g6"})
+        error = stomp.expect_error_and_close()
+        assert (error.headers["receipt-id"], error.headers["message"]) == (
+            "r", "too many shared subscription groups for anonymous clients from 127.0.0.1 (limit 3)")
     finally:
         _closing(first, second, elsewhere)
 
