@@ -18,6 +18,7 @@ from core.nolocal import Origin, with_no_local
 from core.ports import Sink
 from core.shared import Membership, SharedGroups, member_key
 from core.subscriptions import Subscription
+from core.tally import Holder
 
 
 class Broker(Protocol):
@@ -37,6 +38,7 @@ class Attaching(Protocol):
 
     sink: Sink
     principal: Principal
+    holder: Holder
     subscriptions: dict[Any, Subscription]
     last_lsn: int
 
@@ -115,7 +117,8 @@ def subscribe_shared(
         check_durable_owner(client, kept, *persistent)
         if kept is not None and kept.active is not None:
             raise DuplicateSubscription(f"shared subscription {persistent[1]!r} of client {persistent[0]!r} is already active")
-    membership, client.last_lsn = groups.join(group, address, selector, owner_of(client.principal), persistent)
+    membership, client.last_lsn = groups.join(group, address, selector, owner_of(client.principal), persistent,
+                                              client.holder)
     queue = membership.group.queue
     subscription = Subscription(token, address, queue, client.sink, ack_mode, window, private=False, owner=client)
     subscription.shared = membership

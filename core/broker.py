@@ -25,6 +25,7 @@ from core.selectors import SelectorError, compile_selector
 from core.settings import BrokerSettings, BrokerStatistics
 from core.shared import SharedGroups
 from core.storage import MessageStore, NoStore
+from core.tally import Holder
 from core.temporaries import Temporaries
 
 __all__ = ["Broker", "BrokerSettings", "BrokerStatistics", "Client", "Producer"]
@@ -41,6 +42,8 @@ class Producer(Protocol):
     def refused_retain(self, reason: str) -> None:
         """Its message was routed but not kept as the retained one."""
         ...
+
+    holder: Holder  # whose share of the broker's pools what it makes takes (core.tally)
 
 
 class Broker:
@@ -70,7 +73,7 @@ class Broker:
         self.durables = Durables(self.registry, self.store, self.settings)
         self.shared = SharedGroups(self.registry, self.store, self.settings)  # shared subscription groups
         # The last retained message of each topic (MQTT's retain flag), by name.
-        self.retained = RetainedMessages()
+        self.retained = RetainedMessages(self.settings, self.stats)
         self.temporaries = Temporaries(self.registry)
         self.transaction_bytes = 0  # held in every client's open transactions
         # Message ids stay unique across restarts without coordination.
@@ -93,10 +96,11 @@ class Broker:
     # -- clients -------------------------------------------------------------
 
     def open_client(
-        self, sink: Sink, *, client_id: str | None = None, principal: Principal = ANONYMOUS_PRINCIPAL
+        self, sink: Sink, *, client_id: str | None = None, principal: Principal = ANONYMOUS_PRINCIPAL,
+        source: str | None = None,  # the peer's host: an anonymous client's share of the pools (core.tally)
     ) -> Client:
         self.stats.clients += 1
-        return Client(self, sink, next(self._client_seq), client_id, principal)
+        return Client(self, sink, next(self._client_seq), client_id, principal, source)
 
     def client_closed(self, client: Client) -> None:
         """``client`` left (:meth:`Client.close`): it waits for nothing more."""
@@ -180,6 +184,7 @@ class Broker:
         retain: bool = False,
         dead_letter: bool = False,
         to: Queue | None = None,
+        holder: Holder | None = None,
     ) -> int:
         """The one way into a destination: a SEND or PUBLISH (one message), a
         COMMIT (its messages, with its acks and idempotency key), an
@@ -201,7 +206,8 @@ class Broker:
           with ``acks`` and ``commit_key`` (a dead letter's ack of the
           original makes the move atomic); ``retain``: the message is also
           kept (an empty body clears) as its topic's retained value
-          [MQTT-3.3.1-5], or, past max_retained_*, not kept (still routed:
+          [MQTT-3.3.1-5], or, past max_retained_* or the share of them of
+          ``holder`` (by default ``producer``'s), not kept (still routed:
           ``producer`` is told and it is counted);
         - counters: each message counts as in (``messages_in``), a dead letter
           as dead-lettered instead.
@@ -210,7 +216,7 @@ class Broker:
         many): every SEND and PUBLISH comes this way, and the general one cost
         about 4% of the broker's CPU per message."""
         if messages.__class__ is not Message or acks or commit_key is not None or to is not None:
-            return self._enter_all(messages, producer, acks, commit_key, retain, dead_letter, to)
+            return self._enter_all(messages, producer, acks, commit_key, retain, dead_letter, to, holder)
         # The fast path: _enter_all's rules, for one message.
         message: Message = messages  # type: ignore[assignment]
         address = message.address
@@ -245,7 +251,7 @@ class Broker:
             if producer.hold([queue for queue in targets if queue.waiters is not None]):
                 self.stats.producer_holds += 1
         if retain:
-            lsn = max(lsn, self._keep_retained(message, producer))
+            lsn = max(lsn, self.retained.keep(message, self.store, producer, holder))
         return lsn
 
     def _enter_all(
@@ -257,6 +263,7 @@ class Broker:
         retain: bool,
         dead_letter: bool,
         to: Queue | None,
+        holder: Holder | None = None,
     ) -> int:
         """:meth:`publish` for any number of messages, all or none."""
         if isinstance(messages, Message):
@@ -267,7 +274,7 @@ class Broker:
             return 0
         lsn = self._enter_messages(messages, producer, acks, commit_key, dead_letter)
         for message in messages if retain else ():
-            lsn = max(lsn, self._keep_retained(message, producer))
+            lsn = max(lsn, self.retained.keep(message, self.store, producer, holder))
         return lsn
 
     def _enter_messages(
@@ -322,26 +329,6 @@ class Broker:
         if congested and producer is not None and producer.hold(list(congested)):
             self.stats.producer_holds += 1
         return lsn
-
-    def _keep_retained(self, message: Message, producer: Producer | None) -> int:
-        """Keep ``message`` as its topic's retained value (an empty body
-        clears it [MQTT-3.3.1-10]) within the broker-wide bounds: clients
-        choosing topic names must not grow the process (and the store)
-        without bound.  Kept on disk whatever its QoS: a retained value is
-        state, not traffic."""
-        address = message.address
-        if not message.body:
-            if self.retained.pop(address) is None:
-                return 0
-            return self.store.retain(address.text, None)
-        reason = self.retained.refusal(message, self.settings.max_retained_messages, self.settings.max_retained_bytes)
-        if reason is not None:
-            self.stats.retained_refused += 1
-            if producer is not None:
-                producer.refused_retain(reason)
-            return 0
-        self.retained.put(message)
-        return self.store.retain(address.text, message.record(), message.qos)
 
     def _dead_letter(self, queue: Queue, message: Message, reason: str) -> None:
         """Move a message that keeps failing, or expired, to the dead-letter

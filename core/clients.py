@@ -25,6 +25,7 @@ from core.registry import QueueRegistry
 from core.settings import BrokerSettings
 from core.shared import SharedGroups
 from core.subscriptions import AckMode, Subscription
+from core.tally import holder_of
 from core.temporaries import Temporaries
 from core.transactions import Transaction
 
@@ -74,16 +75,16 @@ class Client:
     temporary destinations, all released by :meth:`close`.  Slotted: one per connection."""
     __slots__ = ("broker", "sink", "number", "client_id", "principal", "_decisions", "_decided_by", "subscriptions", "transactions",
                  "temporaries", "transaction_bytes", "blocked_on", "last_lsn", "retain_refusal", "held_until", "closed",
-                 "origin")
+                 "origin", "holder")
 
-    def __init__(
-        self, broker: Core, sink: Sink, number: int, client_id: str | None, principal: Principal = ANONYMOUS_PRINCIPAL
-    ) -> None:
+    def __init__(self, broker: Core, sink: Sink, number: int, client_id: str | None,
+                 principal: Principal = ANONYMOUS_PRINCIPAL, source: str | None = None) -> None:
         self.broker = broker
         self.sink = sink
         self.number = number
         self.client_id = client_id
         self.principal = principal
+        self.holder = holder_of(principal, source)  # whose share of the pools (shared groups, retained) it takes
         self._decisions: dict[tuple[str, Address], bool] = {}
         self._decided_by: Authorizer | None = None  # the map _decisions came from
         self.subscriptions: dict[Any, Subscription] = {}
@@ -96,8 +97,7 @@ class Client:
         # Each maps to its delivered count when last checked (check_held).
         self.blocked_on: dict[Queue, int] = {}
         self.last_lsn = 0
-        # Why the last send's retained value was not kept (max_retained_*),
-        # or None: it was routed all the same (MQTT 3.1.1 cannot say no).
+        # Why the last send's retained value was not kept (max_retained_*), or None: routed all the same.
         self.retain_refusal: str | None = None
         self.held_until = 0.0  # when to check_held next, on the broker clock
         self.closed = False

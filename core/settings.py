@@ -63,6 +63,11 @@ class BrokerSettings:
     # value no larger and clearing one always work.
     max_retained_messages: int = 100_000
     max_retained_bytes: int = 256 * 1024 * 1024
+    # ...and one holder's share of them: a logged-in user's, or all anonymous
+    # clients' from one source address (core.tally).  Past it, the same as
+    # past the broker's bounds for that holder alone; 0 = no share.
+    max_retained_messages_per_user: int = 10_000
+    max_retained_bytes_per_user: int = 32 * 1024 * 1024
     # Durable subscriptions (STOMP's and persistent MQTT sessions' filters)
     # one logged-in user may hold, and all clients together; past either the
     # SUBSCRIBE is refused (0 = no limit).  Anonymous clients of an open
@@ -76,6 +81,11 @@ class BrokerSettings:
     # connected.
     max_shared_groups: int = 10_000
     max_shared_group_messages: int = 100_000
+    # Groups one holder (a user; anonymous clients: per source address) may
+    # have made, of those (0 = no share), and the longest group name: a name
+    # is part of every key the group is kept under, in memory and on disk.
+    max_shared_groups_per_user: int = 1_000
+    max_shared_group_name_chars: int = 256
     # Topic archives (per-destination policy, usually): every message
     # published to an archived topic gets the topic's next offset and is kept
     # until retention drops it, by age and by bytes per topic (0 = no limit).
@@ -89,6 +99,11 @@ class BrokerSettings:
     policies: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
+        for name in ("max_retained_messages_per_user", "max_retained_bytes_per_user", "max_shared_groups_per_user"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"broker.{name} must be >= 0 (0: no limit), not {getattr(self, name)}")
+        if self.max_shared_group_name_chars < 1:
+            raise ValueError(f"broker.max_shared_group_name_chars must be >= 1, not {self.max_shared_group_name_chars}")
         check_entries(self, self.policies)  # a bad entry fails at start-up, named
 
 

@@ -31,12 +31,13 @@ from collections.abc import Collection
 from typing import Any
 
 from core.destinations import Queue
-from core.errors import InvalidRequest, LimitExceeded
+from core.errors import InvalidDestination, InvalidRequest, LimitExceeded
 from core.messages import Message
 from core.names import Address
 from core.registry import QueueRegistry
 from core.settings import BrokerSettings
 from core.storage import MessageStore
+from core.tally import UNKNOWN_HOLDER, Holder, Shares, holder_of_owner
 
 GROUP_PREFIX = "shared:"
 MEMBER_PREFIX = "member:"
@@ -71,15 +72,16 @@ class SharedGroup:
     """Group ``name`` on ``pattern``: its queue (the consumers are its
     members) and the persistent memberships it holds (``held``, by key)."""
 
-    __slots__ = ("key", "name", "pattern", "queue", "held", "owner")
+    __slots__ = ("key", "name", "pattern", "queue", "held", "owner", "holder")
 
-    def __init__(self, name: str, pattern: Address, queue: Queue, owner: str | None) -> None:
+    def __init__(self, name: str, pattern: Address, queue: Queue, owner: str | None, holder: Holder) -> None:
         self.key = group_key(name, pattern)
         self.name = name
         self.pattern = pattern
         self.queue = queue
         self.held: dict[str, Membership] = {}
         self.owner = owner  # who made it (stored with it); members need only the right to read
+        self.holder = holder  # whose share of max_shared_groups it takes (core.tally), until it goes
 
     @property
     def durable(self) -> bool:
@@ -124,17 +126,22 @@ class SharedGroups(dict[str, SharedGroup]):
         self.settings = settings
         self.memberships: dict[str, Membership] = {}
         self._by_client: dict[str, dict[str, Membership]] = {}
+        # The groups each holder made (max_shared_groups_per_user): a group
+        # is its maker's to account for while it lasts, whoever joins it.
+        self.made = Shares("shared subscription groups")
 
     # -- members -----------------------------------------------------------
 
     def join(
-        self, name: str, pattern: Address, selector: Any, owner: str | None, persistent: tuple[str, str] | None
+        self, name: str, pattern: Address, selector: Any, owner: str | None, persistent: tuple[str, str] | None,
+        holder: Holder = UNKNOWN_HOLDER,
     ) -> tuple[Membership, int]:
         """A membership of group ``name`` on ``pattern`` (created if new,
-        filtered by ``selector``), persistent under ``persistent`` = (client
-        id, name) if given: resumed if stored, else stored, with the group.
-        Whether the caller may, and whether it is already attached, are the
-        caller's checks.  Returns it and the LSN that makes it durable."""
+        filtered by ``selector``, in ``holder``'s share), persistent under
+        ``persistent`` = (client id, name) if given: resumed if stored, else
+        stored, with the group.  Whether the caller may, and whether it is
+        already attached, are the caller's checks.  Returns it and the LSN
+        that makes it durable."""
         if not name:
             raise InvalidRequest("a shared subscription needs a group name")
         key = group_key(name, pattern)
@@ -148,10 +155,8 @@ class SharedGroups(dict[str, SharedGroup]):
             kept = None
             group = self.get(key)
         if group is None:
-            limit = self.settings.max_shared_groups
-            if limit and len(self) >= limit:
-                raise LimitExceeded(f"too many shared subscription groups on the broker (limit {limit})")
-            group = self._place(key, name, pattern, selector, owner, durable=False)
+            self._check_new(name, holder)
+            group = self._place(key, name, pattern, selector, owner, holder, durable=False)
         if kept is not None:
             return kept, lsn
         if persistent is None:
@@ -218,7 +223,7 @@ class SharedGroups(dict[str, SharedGroup]):
 
     def restore_group(self, key: str, name: str, pattern: Address, selector: Any, owner: str | None) -> SharedGroup:
         """A durable group recovered from the store, before anyone connects."""
-        return self._place(key, name, pattern, selector, owner, durable=True)
+        return self._place(key, name, pattern, selector, owner, holder_of_owner(owner), durable=True)
 
     def restore_member(self, key: str, client_id: str, name: str, group_key_: str, owner: str | None) -> bool:
         """A persistent membership recovered from the store; False (and
@@ -262,9 +267,28 @@ class SharedGroups(dict[str, SharedGroup]):
 
     # -- inside ------------------------------------------------------------
 
-    def _place(self, key: str, name: str, pattern: Address, selector: Any, owner: str | None, *, durable: bool) -> SharedGroup:
+    def _check_new(self, name: str, holder: Holder) -> None:
+        """Refuse a new group named ``name`` made by ``holder``: a name too
+        long (:class:`InvalidDestination`: it is in every key the group is
+        kept under), or past the holder's share or the broker's bound
+        (:class:`LimitExceeded`)."""
+        settings = self.settings
+        longest = settings.max_shared_group_name_chars
+        if len(name) > longest:
+            raise InvalidDestination(f"shared subscription group name longer than {longest} characters "
+                                     "(max_shared_group_name_chars)")
+        reason = self.made.refusal(holder, settings.max_shared_groups_per_user)
+        if reason is not None:
+            raise LimitExceeded(reason)
+        limit = settings.max_shared_groups
+        if limit and len(self) >= limit:
+            raise LimitExceeded(f"too many shared subscription groups on the broker (limit {limit})")
+
+    def _place(self, key: str, name: str, pattern: Address, selector: Any, owner: str | None, holder: Holder, *,
+               durable: bool) -> SharedGroup:
         queue = self.registry.shared_queue(pattern, key if durable else None, selector)
-        group = self[key] = SharedGroup(name, pattern, queue, owner)
+        group = self[key] = SharedGroup(name, pattern, queue, owner, holder)
+        self.made.take(holder)
         queue.owner = group  # what the admin views show it as
         self.registry.attach(pattern, group)
         return group
@@ -305,6 +329,7 @@ class SharedGroups(dict[str, SharedGroup]):
             return 0
         self.registry.detach(group.pattern, group)
         del self[group.key]
+        self.made.give_back(group.holder)
         queue = group.queue
         queue.pending.clear()  # the store forgets its messages with its record
         queue.delayed.clear()

@@ -252,13 +252,13 @@ class _Wiring:
     def stomp_session(self, conn_id: str, conn_log: Any, transport: Transport) -> StompSession:
         return StompSession(
             self.broker, self.clock, self.config.stomp, conn_id=conn_id, log=conn_log,
-            admit=partial(self.gatekeeper.admit, transport=transport),
+            admit=partial(self.gatekeeper.admit, transport=transport), source=transport.host,
         )
 
     def mqtt_session(self, conn_id: str, conn_log: Any, transport: Transport) -> mqtt_session.MqttSession:
         return mqtt_session.MqttSession(
             self.broker, self.clock, self.config.mqtt, self.registry, conn_id=conn_id, log=conn_log,
-            admit=partial(self.gatekeeper.admit, transport=transport),
+            admit=partial(self.gatekeeper.admit, transport=transport), source=transport.host,
         )
 
     def build_listeners(self) -> None:

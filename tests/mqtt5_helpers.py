@@ -31,7 +31,7 @@ class Paho5:
 
     def __init__(self, port: int, client_id: str = "", *, clean_start: bool = True, keepalive: int = 30,
                  connect_properties: PahoProperties | None = None, username: str | None = None,
-                 password: str | None = None, wait: bool = True) -> None:
+                 password: str | None = None, wait: bool = True, bind_address: str = "") -> None:
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
         self.messages: list[mqtt.MQTTMessage] = []
         self.connacks: list[tuple[bool, int, Any]] = []
@@ -49,8 +49,9 @@ class Paho5:
         self.client.on_publish = lambda c, u, mid, rc, pr: self.acks.__setitem__(mid, rc.value)
         if username is not None:
             self.client.username_pw_set(username, password)
+        # ``bind_address``: another loopback source (127.0.0.2), another client address to the broker.
         self.client.connect("127.0.0.1", port, keepalive=keepalive, clean_start=clean_start,
-                            properties=connect_properties)
+                            properties=connect_properties, bind_address=bind_address)
         self.client.loop_start()
         if wait:
             wait_for(lambda: self.connacks, what="CONNACK")

@@ -93,9 +93,11 @@ class Paho:
 class RawMqtt:
     """A socket speaking MQTT through the project's codec (client role)."""
 
-    def __init__(self, port: int, *, sock: Any = None) -> None:
-        # ``sock``: already connected, e.g. a WebSocket (tests/ws_helpers.py)
-        self.sock = sock if sock is not None else socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+    def __init__(self, port: int, *, sock: Any = None, source: str | None = None) -> None:
+        # ``sock``: already connected, e.g. a WebSocket (tests/ws_helpers.py);
+        # ``source``: the loopback address to connect from (127.0.0.2: another client address)
+        self.sock = sock if sock is not None else socket.create_connection(
+            ("127.0.0.1", port), timeout=TIMEOUT, source_address=(source, 0) if source else None)
         self.codec = MqttConnection(Role.CLIENT)
         self.packets: list[p.Packet] = []
         self.eof = False

@@ -18,13 +18,14 @@ from core.broker import Broker
 from core.clients import Client
 from core.durables import owner_of
 from core.ports import Clock
+from core.tally import holder_of
 from gateway.auth import AccessDenied, VerificationPending, spent_door
 from gateway.mqtt import packets
 from gateway.mqtt.codec import MqttConnection
 from gateway.mqtt.peer import Peer, connack_properties, negotiate
 from gateway.mqtt.reasons import ReasonCode as R
 from gateway.mqtt.inflight import SessionState
-from gateway.mqtt.lifetime import prepare_will, release_will, will_delay
+from gateway.mqtt.lifetime import prepare_will, release_will, will_bytes, will_delay, will_refusal
 from gateway.mqtt.registry import OWNER_PREFIX, QOS2_NOTES, QUOTA, Registry, qos2_note
 from gateway.mqtt.settings import MqttSettings
 from gateway.mqtt.subscribing import Token, resume
@@ -43,6 +44,7 @@ class Connecting(Protocol):
     registry: Registry
     log: Any
     admit: Callable[[str | None, str | None], Principal]
+    source: str | None
     codec: MqttConnection
     skeleton: Skeleton
     outbox: Outbox
@@ -92,6 +94,13 @@ def on_connect(session: Connecting, packet: packets.Connect) -> None:
                        R.QUOTA_EXCEEDED if refusal.startswith(QUOTA) else R.NOT_AUTHORIZED)
         return
     registry = session.registry
+    if peer is not None and keep and packet.will is not None and will_delay(packet.will):
+        # Told now, while the client can hear it, if its will could not wait.
+        refusal = will_refusal(registry.lifetimes, holder_of(principal, session.source), will_bytes(packet.will),
+                               settings, client_id)
+        if refusal is not None:
+            session.refuse(packets.SERVER_UNAVAILABLE, f"its delayed will cannot be kept: {refusal}", R.QUOTA_EXCEEDED)
+            return
     previous = registry.active.get(client_id)
     if previous is not None:  # first: its close may keep or end what this connection then finds
         previous.close("session taken over by a new connection", R.SESSION_TAKEN_OVER)  # [MQTT-3.1.4-2]
@@ -110,7 +119,8 @@ def on_connect(session: Connecting, packet: packets.Connect) -> None:
     session.codec.max_packet_bytes = settings.max_packet_bytes
     if peer is not None:
         session.window = min(settings.max_inflight, peer.receive_maximum)  # [MQTT-3.3.4-9]
-    client = session.client = session.broker.open_client(session, client_id=client_id, principal=principal)
+    client = session.client = session.broker.open_client(session, client_id=client_id, principal=principal,
+                                                         source=session.source)
     registry.active[client_id] = session
     session.skeleton.connected(client)
     _resume(session, packet, assigned)
@@ -224,8 +234,15 @@ def connection_closed(session: Connecting, will: packets.Will | None) -> None:
     if will is not None:
         pending = prepare_will(session.broker, client, will)
         delay = will_delay(will) if peer is not None and not ends else 0
+        refusal = None
+        if delay and not isinstance(pending, str):
+            refusal = will_refusal(registry.lifetimes, pending.holder, pending.nbytes, session.settings)
         if isinstance(pending, str):
             session.log.warning("mqtt_will_refused", client_id=session.client_id, topic=will.topic[:200], reason=pending)
+        elif refusal is not None:  # its share filled since CONNECT: said now rather than held past the bound
+            session.log.warning("mqtt_will_not_delayed", client_id=session.client_id, topic=will.topic[:200],
+                                reason=refusal)
+            release_will(session.broker, session.client_id, pending, session.clock.wall_ms(), session.log, client)
         elif delay:  # [MQTT-3.1.3-9]: unless the client id connects first
             registry.lifetimes.will_at(session.client_id, session.clock.wall_ms() + delay * 1000, pending)
         else:

@@ -15,6 +15,15 @@ the connection is open (a crash ends it: the session ends s seconds after
 the restart), ``at:<ms>:<owner>`` once it closed.  A pending will is not
 noted: a will is a last word, lost with the process like any message held
 only in memory.  Sans-IO: the caller passes the time and does the ending.
+
+A pending will is held in memory between its connection's end and its
+publication, so the wills pending are a pool: each holder (a user; anonymous
+clients: per source address, core.tally) has a share of them, in wills and
+bytes (:func:`will_bytes`), and the broker a bound on all.  A v5 CONNECT whose
+delayed will the holder's share has no room for is refused (CONNACK 0x97);
+one that found room but whose connection ends when the share has filled
+meanwhile has its will published at once, not held: a will is the client's
+last word, and it is said early rather than not at all.
 """
 
 from __future__ import annotations
@@ -27,7 +36,9 @@ from core.broker import Broker
 from core.clients import Client
 from core.errors import CoreError
 from core.messages import Message
+from core.tally import UNKNOWN_HOLDER, Holder, Shares
 from gateway.mqtt import metadata, packets, topics
+from gateway.mqtt.settings import MqttSettings
 
 EXPIRY_NOTES = "mqtt-expiry"  # the store's namespace: client id -> when its kept session ends
 NEVER = 0xFFFFFFFF  # a Session Expiry Interval that never ends the session (v5 §3.1.2.11.2)
@@ -41,13 +52,50 @@ class PendingWill:
     the client: its message (origin set, for No Local), whether it is to be
     retained, and its Message Expiry Interval, counted from publication."""
 
-    __slots__ = ("message", "retain", "expiry_s", "topic")
+    __slots__ = ("message", "retain", "expiry_s", "topic", "holder", "nbytes")
 
-    def __init__(self, message: Message, retain: bool, expiry_s: int, topic: str) -> None:
+    def __init__(self, message: Message, retain: bool, expiry_s: int, topic: str, holder: Holder = UNKNOWN_HOLDER,
+                 nbytes: int = 0) -> None:
         self.message = message
         self.retain = retain
         self.expiry_s = expiry_s
         self.topic = topic
+        self.holder = holder  # whose share of the pending wills it takes while delayed
+        self.nbytes = nbytes  # what it counts for there (will_bytes)
+
+
+def will_bytes(will: packets.Will) -> int:
+    """What a will counts for in the delayed wills' bytes: its payload,
+    topic and the properties it keeps (they become the message's headers),
+    each as long as on the wire."""
+    size = len(will.payload) + len(will.topic.encode())
+    props = will.properties
+    if props is not None:
+        for text in (props.content_type, props.response_topic):
+            size += len(text.encode()) if text is not None else 0
+        size += len(props.correlation_data or b"")
+        size += sum(len(name.encode()) + len(value.encode()) for name, value in props.user_properties)
+    return size
+
+
+def will_refusal(lifetimes: Lifetimes, holder: Holder, nbytes: int, settings: MqttSettings,
+                 client_id: str | None = None) -> str | None:
+    """Why one more pending will of ``nbytes`` from ``holder`` may not be
+    held (its share, or the broker's bound), or None; ``client_id``'s own
+    pending will, which a new one would call off, makes room."""
+    own, all_ = (1, nbytes), (1, nbytes)  # (wills, bytes) more for the holder, for the broker
+    pending = lifetimes.wills.get(client_id) if client_id is not None else None
+    if pending is not None:
+        all_ = (0, nbytes - pending[1].nbytes)
+        if pending[1].holder == holder:
+            own = all_
+    shares = lifetimes.will_shares
+    reason = shares.refusal(holder, settings.max_delayed_wills_per_user, settings.max_delayed_will_bytes_per_user,
+                            items=own[0], nbytes=own[1], bytes_setting="max_delayed_will_bytes_per_user")
+    if reason is None:
+        reason = shares.total_refusal(settings.max_delayed_wills, settings.max_delayed_will_bytes, items=all_[0],
+                                      nbytes=all_[1], bytes_setting="max_delayed_will_bytes")
+    return reason
 
 
 def prepare_will(broker: Broker, client: Client, will: packets.Will) -> PendingWill | str:
@@ -70,7 +118,7 @@ def prepare_will(broker: Broker, client: Client, will: packets.Will) -> PendingW
     if will.retain:
         message.retain_published = True
     expiry = props.message_expiry_interval if props is not None else None
-    return PendingWill(message, will.retain, expiry or 0, will.topic)
+    return PendingWill(message, will.retain, expiry or 0, will.topic, client.holder, will_bytes(will))
 
 
 def publish_will(broker: Broker, will: PendingWill, now_ms: int, producer: Client | None = None) -> int:
@@ -79,7 +127,7 @@ def publish_will(broker: Broker, will: PendingWill, now_ms: int, producer: Clien
     core's refusal (CoreError).  Returns the LSN that makes it durable."""
     if will.expiry_s:
         will.message.expires = now_ms + will.expiry_s * 1000
-    return broker.publish(will.message, producer, retain=will.retain)
+    return broker.publish(will.message, producer, retain=will.retain, holder=will.holder)
 
 
 def release_will(broker: Broker, client_id: str, will: PendingWill, now_ms: int, log: Any,
@@ -131,12 +179,15 @@ class Lifetimes:
     """The deadlines of kept sessions' ends (``ends``) and of pending wills
     (``wills``) by client id, at most one of each per client id: bounded by
     the kept sessions (max_persistent_sessions) and the connections closed
-    within a will delay.  ``noted``: the client ids with an ``EXPIRY_NOTES``
-    entry in the store (so one without is not deleted on every connect)."""
+    within a will delay, and the wills in their holders' shares
+    (``will_shares``, see :func:`will_refusal`).  ``noted``: the client ids
+    with an ``EXPIRY_NOTES`` entry in the store (so one without is not
+    deleted on every connect)."""
 
     def __init__(self) -> None:
         self.ends: dict[str, int] = {}
         self.wills: dict[str, tuple[int, PendingWill]] = {}
+        self.will_shares = Shares("delayed wills")
         self.noted: set[str] = set()
         self._heap: list[tuple[int, int, str]] = []  # (due, END or WILL, client id); stale entries skipped
         self.on_earlier: Callable[[], None] = _nothing  # the timer's wake-up, set by whoever runs it
@@ -152,7 +203,9 @@ class Lifetimes:
 
     def will_at(self, client_id: str, due_ms: int, will: PendingWill) -> None:
         """Publish ``will`` at ``due_ms`` unless ``client_id`` connects first."""
+        self._forget_will(client_id)
         self.wills[client_id] = (due_ms, will)
+        self.will_shares.take(will.holder, will.nbytes)
         self._push(due_ms, WILL, client_id)
 
     def resume(self, client_id: str) -> PendingWill | None:
@@ -160,8 +213,16 @@ class Lifetimes:
         returns its pending will, called off too (the caller publishes it if
         the new connection ends the session: Clean Start)."""
         self.ends.pop(client_id, None)
+        return self._forget_will(client_id)
+
+    def _forget_will(self, client_id: str) -> PendingWill | None:
+        """``client_id``'s pending will, no longer pending (out of its share)."""
         pending = self.wills.pop(client_id, None)
-        return pending[1] if pending is not None else None
+        if pending is None:
+            return None
+        will = pending[1]
+        self.will_shares.give_back(will.holder, will.nbytes)
+        return will
 
     def next_due(self) -> int | None:
         """The earliest deadline (ms since the epoch), if any."""
@@ -183,10 +244,9 @@ class Lifetimes:
             client_id = entry[2]
             if entry[1] == END:
                 del self.ends[client_id]
-                pending = self.wills.pop(client_id, None)
-                due.append((client_id, True, pending[1] if pending is not None else None))
+                due.append((client_id, True, self._forget_will(client_id)))
             else:
-                due.append((client_id, False, self.wills.pop(client_id)[1]))
+                due.append((client_id, False, self._forget_will(client_id)))
         return due
 
     def _live(self, entry: tuple[int, int, str]) -> bool:

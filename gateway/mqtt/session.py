@@ -61,7 +61,7 @@ class MqttSession:
     """One MQTT connection's protocol state; also the core's Sink for it."""
 
     # Slotted, and what few connections need made on first use: idle ones come by the thousand.
-    __slots__ = ("broker", "clock", "settings", "registry", "conn_id", "log", "admit", "_denied_logged",
+    __slots__ = ("broker", "clock", "settings", "registry", "conn_id", "log", "admit", "source", "_denied_logged",
                  "_retain_refused_logged", "codec", "client", "client_id", "clean_session", "session", "will", "subs",
                  "skeleton", "outbox", "peer", "window")
 
@@ -75,6 +75,7 @@ class MqttSession:
         conn_id: str,
         log: Any,
         admit: Callable[[str | None, str | None], Principal] = lambda login, passcode: ANONYMOUS_PRINCIPAL,
+        source: str | None = None,
     ) -> None:
         self.broker = broker
         self.clock = clock
@@ -83,6 +84,7 @@ class MqttSession:
         self.conn_id = conn_id
         self.log = log
         self.admit = admit  # until CONNECT is answered: see _on_connect
+        self.source = source  # the peer's host: an anonymous client's share of the broker's pools (core.tally)
         self._denied_logged: set[str] | None = None
         self._retain_refused_logged = False
         self.codec = codec.MqttConnection(codec.Role.SERVER, max_packet_bytes=settings.preconnect_max_packet_bytes)
@@ -269,9 +271,17 @@ class MqttSession:
             message.expires = expires
         if packet.retain:
             message.retain_published = True
-        code = 0
+        code, reason = 0, None
         try:
-            lsn = client.send(message, None, packet.retain)
+            # MQTT 5 can tell a QoS 1/2 publisher no: a retained value past the
+            # bounds (or the client's share of them) refuses the whole publish,
+            # 0x97, before it goes anywhere, and the client can send it again
+            # without the flag.  3.1.1 and QoS 0: routed, not kept, logged, counted.
+            refused = self._retain_quota(client, message) if packet.retain and qos and self.peer is not None else None
+            if refused is None:
+                lsn = client.send(message, None, packet.retain)
+            else:
+                lsn, code, reason = 0, R.QUOTA_EXCEEDED, refused
         except NotAuthorized as exc:
             # [MQTT-3.3.5-2]: 3.1.1 has no way to tell a publisher no; the
             # publish is acknowledged as usual and dropped.  v5 says so in
@@ -284,13 +294,14 @@ class MqttSession:
                 self.log.warning("publish_denied", topic=topic[:200], reason=exc.reason)
             lsn = 0
             code = R.NOT_AUTHORIZED if self.peer is not None else 0
+            reason = "not authorized"
         else:
             if packet.retain:
                 self._retain_refused(message)
         if qos == 1 and self.peer is None:
             self.outbox.append(codec.puback_bytes(packet.packet_id), lsn)  # type: ignore[arg-type]
         elif qos:
-            self._ack(packet, lsn, code, "not authorized" if code else None)
+            self._ack(packet, lsn, code, reason if code else None)
 
     def _ack(self, packet: packets.Publish, lsn: int, code: int, reason: str | None) -> None:
         """PUBACK or PUBREC for ``packet`` (QoS 0 has none), after ``lsn``; a v5
@@ -385,10 +396,17 @@ class MqttSession:
     def _inflight_room(self) -> bool:
         return len(self.session.outbound) < self.window
 
+    def _retain_quota(self, client: Client, message: Message) -> str | None:
+        """Why ``message`` (to be retained) would not be kept, asked before it
+        is published (the core counts it), once the client may write there."""
+        client.authorize("write", message.address)
+        client.retain_refusal = reason = self.broker.retained.refused(message, client.holder)
+        return reason
+
     def _retain_refused(self, message: Message) -> None:
         """The broker's bounds did not let ``message`` be kept as its topic's
-        retained value (the core counted it); it was still published: 3.1.1
-        has no way to say no, so the refusal is logged (once per connection)."""
+        retained value (the core counted it); it was still published (3.1.1
+        has no way to say no) or refused (v5's 0x97): logged once per connection."""
         reason = self.client.retain_refusal if self.client is not None else None
         if reason is not None and not self._retain_refused_logged:
             self._retain_refused_logged = True

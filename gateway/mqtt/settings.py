@@ -24,6 +24,16 @@ class MqttSettings:
     # broker have only the broker-wide bound (they are a whole fleet).
     max_persistent_sessions_per_user: int = 1000
     max_persistent_sessions: int = 100_000
+    # MQTT 5 wills with a Will Delay Interval wait in memory after their
+    # connection ends: per holder (a logged-in user; anonymous clients: per
+    # source address) at most this many and these bytes (payload, topic and
+    # kept properties), and all together at most these.  A CONNECT whose
+    # delayed will has no room gets CONNACK 0x97; one whose room went by the
+    # time its connection ends has its will published at once (0 = no limit).
+    max_delayed_wills_per_user: int = 1000
+    max_delayed_will_bytes_per_user: int = 4 * 1024 * 1024
+    max_delayed_wills: int = 100_000
+    max_delayed_will_bytes: int = 256 * 1024 * 1024
     outbox_high_water_bytes: int = 1024 * 1024
     # MQTT 5 (announced in CONNACK).  QoS 1/2 PUBLISHes a client may have
     # unacknowledged towards the broker; one more is answered with DISCONNECT
@@ -38,3 +48,9 @@ class MqttSettings:
     # The longest keep-alive a client may choose (seconds; 0: any); a client
     # asking more, or none, is told this one (Server Keep Alive, v5 only).
     max_keep_alive_s: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_delayed_wills_per_user", "max_delayed_will_bytes_per_user", "max_delayed_wills",
+                     "max_delayed_will_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"mqtt.{name} must be >= 0 (0: no limit), not {getattr(self, name)}")

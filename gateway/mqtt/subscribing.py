@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from core.clients import Client
-from core.errors import CoreError, InvalidRequest, LimitExceeded, NotAuthorized
+from core.errors import CoreError, InvalidDestination, InvalidRequest, LimitExceeded, NotAuthorized
 from core.subscriptions import AckMode, Subscription
 from gateway.mqtt import packets, topics
 from gateway.mqtt.codec import MqttConnection, validate_topic_filter
@@ -176,6 +176,8 @@ def subscribe(session: Subscribing, topic_filter: str, options: int, identifier:
         return R.NOT_AUTHORIZED, exc.reason
     except LimitExceeded as exc:
         return R.QUOTA_EXCEEDED, exc.reason
+    except InvalidDestination as exc:  # (a $share group name too long, say)
+        return R.TOPIC_FILTER_INVALID, exc.reason
     except InvalidRequest as exc:
         return R.IMPLEMENTATION_SPECIFIC_ERROR, exc.reason
     except CoreError as exc:

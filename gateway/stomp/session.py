@@ -66,6 +66,7 @@ class StompSession:
         conn_id: str,
         log: Any,
         admit: Callable[[str | None, str | None], Principal] = lambda login, passcode: ANONYMOUS_PRINCIPAL,
+        source: str | None = None,
     ) -> None:
         self.broker = broker
         self.clock = clock
@@ -73,6 +74,7 @@ class StompSession:
         self.conn_id = conn_id
         self.log = log
         self.admit = admit
+        self.source = source  # the peer's host: an anonymous client's share of the broker's pools (core.tally)
         self.codec = codec.StompConnection(
             codec.Role.SERVER,
             max_frame_bytes=settings.preconnect_max_frame_bytes,
@@ -223,7 +225,8 @@ class StompSession:
         self.codec.max_frame_bytes = self.settings.max_frame_bytes
         self.codec.max_headers = self.settings.max_headers
         self.codec.max_header_bytes = self.settings.max_header_bytes
-        self.client = self.broker.open_client(self, client_id=headers.get("client-id"), principal=principal)
+        self.client = self.broker.open_client(self, client_id=headers.get("client-id"), principal=principal,
+                                              source=self.source)
         self.skeleton.connected(self.client)
         reply = {"version": version, "session": self.conn_id, "server": SERVER_NAME, "heart-beat": f"{sx},{sy}"}
         self.outbox.append(self.codec.send(frames.Connected(reply)))
