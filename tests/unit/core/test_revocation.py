@@ -130,3 +130,24 @@ def test_no_map_and_no_removal_revokes_nothing_and_temporaries_are_not_checked(w
     alice, sink = connect(world, ALICE, ("reply", address("/temp-queue/replies"), AckMode.AUTO))
     assert reload(world, REVOKED, same, alice).revocations == ()  # a temporary is its owner's
     assert reload(world, None, same, alice).revocations == () and not alice.closed
+
+
+def test_a_revoked_shared_group_member_leaves_its_share_to_the_members_still_allowed(world):
+    world.broker.authorizer = authorizer({"destination": "/topic/plant.>", "read": ["readers", "auditors"]},
+                                         {"destination": "/topic/>", "write": ["*"]})
+    alice, alice_sink = connect(world, ALICE)
+    alice.subscribe("g", PLANT, AckMode.CLIENT_INDIVIDUAL, shared="workers")
+    carol, carol_sink = connect(world, Principal("carol", frozenset({"auditors"})))
+    carol.subscribe("g", PLANT, AckMode.CLIENT_INDIVIDUAL, shared="workers")
+    for body in ("1", "2", "3", "4"):
+        world.send(body, address("/topic/plant.1"))
+    held = list(alice_sink.bodies)
+    assert held and len(held) < 4  # the group shares them out
+    still = authorizer({"destination": "/topic/plant.>", "read": ["auditors"]}, {"destination": "/topic/>", "write": ["*"]})
+
+    done = reload(world, still, same, alice, carol)
+
+    assert [r.user for r in done.revocations] == ["alice"]
+    for message in list(carol_sink.messages):  # carol settles hers; alice's come to her too
+        carol.ack("g", message.id)
+    assert sorted(carol_sink.bodies) == [b"1", b"2", b"3", b"4"] and alice_sink.bodies == held
