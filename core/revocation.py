@@ -93,10 +93,10 @@ def recheck(clients: Iterable[Client], principal_of: Callable[[Principal], Princ
     principal is used again); ``principal_of(principal)``: the same user as
     listed now (its groups may have changed), or None if it was removed.
     Revoked clients are told (their sink) and closed."""
-    clients = [client for client in clients if not client.closed]
+    open_clients = [client for client in clients if not client.closed]
     subscriptions = 0
     revocations = []
-    for client in clients:
+    for client in open_clients:
         subscriptions += len(client.subscriptions)
         principal = principal_of(client.principal)
         if principal is None:
@@ -123,4 +123,4 @@ def recheck(clients: Iterable[Client], principal_of: Callable[[Principal], Princ
             client.sink.revoked(revocation)
         finally:
             client.close()  # the session did (idempotent); whatever it did, nothing more reaches it
-    return Recheck(len(clients), subscriptions, tuple(revocations))
+    return Recheck(len(open_clients), subscriptions, tuple(revocations))
