@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 
-from core.authorization import Principal
+from core.authorization import ANONYMOUS, Principal
 from core.clients import Client
 from core.subscriptions import AckMode, Subscription
 
@@ -37,8 +37,8 @@ LOGGED, NAME_CHARS = 20, 200  # what a session's log line names of them
 @dataclasses.dataclass(frozen=True, slots=True)
 class Revocation:
     """Rights a reload took from one open client: ``removed`` (its user is
-    no longer listed; every subscription ends with it), or the
-    ``subscriptions`` it may no longer read."""
+    no longer listed, or it is anonymous and anonymous access is off; every
+    subscription ends with it), or the ``subscriptions`` it may no longer read."""
 
     client: Client
     user: str
@@ -58,6 +58,8 @@ class Revocation:
         """:attr:`reason` with the subscriptions called ``names`` (a
         protocol's own spelling of them: MQTT's topic filters)."""
         if self.removed:
+            if self.user == ANONYMOUS:
+                return "anonymous access was turned off by a configuration reload"
             return f"user {self.user!r} was removed by a configuration reload"
         named = ", ".join(repr(text) for text in names[:NAMED])
         more = len(names) - NAMED

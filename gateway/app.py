@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import trio
 
-from core.authorization import Authorizer, Principal, parse_entries
+from core.authorization import ANONYMOUS_PRINCIPAL, Authorizer, Principal, parse_entries
 from core import recovery, revocation
 from core.broker import Broker
 from core.storage import Recovered
@@ -339,10 +339,13 @@ class _Wiring:
         acl = parse_entries(config.auth.acl, groups=config.auth.groups)
 
         def principal_of(principal: Principal) -> Principal | None:
-            # Listed: its groups as now.  Unlisted before and now (anonymous,
-            # a certificate's user with no entry): as it logged in.
+            # Listed: its groups as now.  Anonymous: while anonymous logins
+            # are let in.  Unlisted before and now (a certificate's user with
+            # no entry): as it logged in.
             if principal.name in gatekeeper.users:
                 return gatekeeper.principal(principal.name)
+            if principal == ANONYMOUS_PRINCIPAL:
+                return principal if gatekeeper.anonymous else None
             return None if principal.name in before else principal
 
         self.broker.authorizer = Authorizer(acl) if acl else None  # a new object: no remembered decision is reused

@@ -52,9 +52,10 @@ REVOKED = """
 """
 
 
-def config_text(users: list[str], grants: str) -> str:
+def config_text(users: list[str], grants: str, anonymous: str = "auto") -> str:
     return f"""
 [auth]
+anonymous = "{anonymous}"
 users = [{", ".join(users)}]
 acl = [
 {grants}
@@ -69,9 +70,9 @@ users = [{entry(*OPS, role="write")}]
 class Broker:
     """``gateway serve --config`` with its STOMP, MQTT and admin ports."""
 
-    def __init__(self, tmp_path: Path, users: list[str]) -> None:
+    def __init__(self, tmp_path: Path, users: list[str], grants: str = GRANTED, anonymous: str = "auto") -> None:
         self.config = tmp_path / "gateway.toml"
-        self.config.write_text(config_text(users, GRANTED))
+        self.config.write_text(config_text(users, grants, anonymous))
         self.admin_port, self.mqtt_port = free_port(), free_port()
         self.process = BrokerProcess(tmp_path, "--config", str(self.config), "--admin-port", str(self.admin_port),
                                      "--mqtt-port", str(self.mqtt_port), "--log-format", "json")
@@ -103,11 +104,11 @@ class Broker:
         found = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
         return [e for e in found if e.get("event") == name]
 
-    def revoke(self, users: list[str], grants: str, *, signal_it: bool = True) -> dict:
+    def reload(self, users: list[str], grants: str, *, signal_it: bool = True, anonymous: str = "auto") -> dict:
         """Rewrite the file and reload it (SIGHUP, or the API); the re-check's
         summary line (logged before ``config_reloaded``), or {} if none."""
         before = len(self.events("config_reloaded"))
-        self.config.write_text(config_text(users, grants))
+        self.config.write_text(config_text(users, grants, anonymous))
         if signal_it:
             assert self.process.proc is not None
             self.process.proc.send_signal(signal.SIGHUP)
@@ -175,7 +176,7 @@ def test_a_sighup_that_revokes_a_read_ends_those_subscriptions_and_nothing_more_
     alice.wait_messages(2)
     assert v3.wait(1)[0].payload == b"before" and v5.wait(1)[0].payload == b"before"
 
-    done = broker.revoke([ALICE, BOB, CAROL], REVOKED)
+    done = broker.reload([ALICE, BOB, CAROL], REVOKED)
 
     error = alice.wait_error()
     message = error.headers["message"]
@@ -210,7 +211,7 @@ def test_a_revoked_durable_subscription_stays_but_its_resume_is_refused(broker, 
     kept = mqtt3(broker, clients, "alice", client_id="alice-device", clean=False)
     assert kept.subscribe(("plant/#", 1)) == [1]
 
-    broker.revoke([ALICE, BOB, CAROL], REVOKED)
+    broker.reload([ALICE, BOB, CAROL], REVOKED)
     assert "'/topic/plant.>'" in alice.wait_error().headers["message"]
     assert kept.closed.wait(TIMEOUT)  # type: ignore[attr-defined]
     broker.publish("/topic/plant.3", "while away")  # (the re-check ended both before the reload was logged)
@@ -247,7 +248,7 @@ def test_a_removed_user_loses_every_connection_and_a_changed_password_keeps_them
 
     # Bob goes; alice's password changes, which closes none of her connections.
     renewed = entry("alice", "another-pw", groups=["readers"])
-    done = broker.revoke([renewed, CAROL], GRANTED, signal_it=False)  # POST /api/v1/reload
+    done = broker.reload([renewed, CAROL], GRANTED, signal_it=False)  # POST /api/v1/reload
 
     assert bob.wait_error().headers["message"] == "user 'bob' was removed by a configuration reload"
     ws_error = bob_ws.expect_error_and_close()
@@ -258,3 +259,29 @@ def test_a_removed_user_loses_every_connection_and_a_changed_password_keeps_them
     broker.publish("/topic/plant.4", "for alice")
     assert alice.wait_messages(1)[0].body == b"for alice"
     assert alice.rec.errors == []
+
+
+def test_turning_anonymous_access_off_closes_the_anonymous_connections(tmp_path, clients):
+    grants = GRANTED.replace('read = ["readers"] }', 'read = ["readers", "anonymous"] }', 1)  # plant.> for guests too
+    broker = Broker(tmp_path, [ALICE], grants, anonymous="true")
+    try:
+        guest = Client((HOST, broker.process.port))
+        clients.append(guest)
+        guest.connect()
+        guest.subscribe("/topic/plant.>")
+        guest_v5 = Paho5(broker.mqtt_port, unique("guest-"))
+        clients.append(guest_v5)
+        guest_v5.client._reconnect_on_failure = False
+        assert guest_v5.subscribe("plant/#", 1) == [1]
+        alice = stomp(broker, clients, "alice")
+        alice.subscribe("/topic/plant.>")
+
+        done = broker.reload([ALICE], grants)  # anonymous = "auto" with a user: off
+
+        assert guest.wait_error().headers["message"] == "anonymous access was turned off by a configuration reload"
+        assert guest_v5.wait_disconnect()[0] == NOT_AUTHORIZED
+        assert done["connections_closed"] == 2, done
+        broker.publish("/topic/plant.5", "for alice")
+        assert alice.wait_messages(1)[0].body == b"for alice" and guest.bodies == []
+    finally:
+        assert broker.process.terminate() == 0
