@@ -205,6 +205,24 @@ def test_a_sighup_that_revokes_a_read_ends_those_subscriptions_and_nothing_more_
     assert v3.payloads == [b"before"] and v5.payloads == [b"before"]
 
 
+def test_a_revoked_reader_that_reads_nothing_is_still_cut_off(broker, clients):
+    """Its socket and output are full when the read is revoked, so the ERROR
+    cannot go out: the connection still ends, within its closing bound."""
+    stalled = RawClient((HOST, broker.process.port), rcvbuf=4096)
+    clients.append(stalled)
+    stalled.connect(login="alice", passcode="alice-pw")
+    stalled.send_frame("SUBSCRIBE", {"destination": "/topic/plant.>", "id": "s", "receipt": "r"})
+    assert stalled.next_frame().command == "RECEIPT"
+    for _ in range(20):  # 10 MB: more than the socket's buffers and the outbox hold
+        broker.publish("/topic/plant.big", "x" * 500_000)
+
+    broker.reload([ALICE, BOB, CAROL], REVOKED)
+
+    reason = "user 'alice' may not read '/topic/plant.>' any more: the authorization map was reloaded"
+    wait_for(lambda: any(e.get("reason") == reason for e in broker.events("connection_closed")), timeout=30,
+             what="the stalled connection closed")
+
+
 def test_a_revoked_durable_subscription_stays_but_its_resume_is_refused(broker, clients):
     alice = stomp(broker, clients, "alice", **{"client-id": "alice-app"})
     alice.subscribe("/topic/plant.>", "news", **{"activemq.subscriptionName": "news"})
