@@ -66,7 +66,6 @@ class Revocation:
         return (f"user {self.user!r} may not read {named}{f' (and {more} more)' if more > 0 else ''} any more: "
                 f"the authorization map was reloaded")
 
-
     def logged(self, names: list[str], reason: str | None = None) -> dict[str, object]:
         """The fields of the session's log line: who, what ended (the first
         ``LOGGED`` of ``names``, each cut to ``NAME_CHARS``) and why."""
