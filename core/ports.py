@@ -46,3 +46,11 @@ class Sink(Protocol):
         """The queues this client's producing was held back by have drained
         (see ``Client.blocked_on``): it may read and send again."""
         ...
+
+    def revoked(self, revocation: Any) -> None:
+        """A reload took a right this client was using (a
+        core.revocation.Revocation: its user was removed, or subscriptions it
+        may no longer read); nothing is delivered to it any more.  Tell the
+        peer in the protocol's words and end the connection (its
+        ``Client.close``) before returning."""
+        ...

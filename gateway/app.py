@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import trio
 
-from core.authorization import Authorizer, parse_entries
-from core import recovery
+from core.authorization import ANONYMOUS_PRINCIPAL, Authorizer, Principal, parse_entries
+from core import recovery, revocation
 from core.broker import Broker
 from core.storage import Recovered
 from gateway import reload, startup, tasks
@@ -324,14 +324,34 @@ class _Wiring:
 
     def apply(self, config: Config, admins: dict[str, tuple[str, str]]) -> None:
         """A reloaded configuration's live part, for the operations that
-        follow: logins and their groups (a connected client keeps the
-        principal it logged in as), the authorization map (the next
+        follow: logins and their groups, the authorization map (the next
         SUBSCRIBE or SEND of every client is decided by it), the admin
-        users, and the per-destination policies."""
-        self.gatekeeper.reconfigure(config.auth)
-        self.broker.secured = bool(self.gatekeeper.users)
+        users, and the per-destination policies.  Clients already connected
+        are checked again (core.revocation): a removed user's connections
+        close, and so does one holding a subscription the new map no longer
+        grants; the others go on with their user's groups as listed now."""
+        gatekeeper = self.gatekeeper
+        before = set(gatekeeper.users)
+        gatekeeper.reconfigure(config.auth)
+        self.broker.secured = bool(gatekeeper.users)
         acl = parse_entries(config.auth.acl, groups=config.auth.groups)
-        self.broker.authorizer = Authorizer(acl) if acl else None
+
+        def principal_of(principal: Principal) -> Principal | None:
+            # Listed: its groups as now.  Anonymous: while anonymous logins
+            # are let in.  Unlisted before and now (a certificate's user with
+            # no entry): as it logged in.
+            if principal.name in gatekeeper.users:
+                return gatekeeper.principal(principal.name)
+            if principal == ANONYMOUS_PRINCIPAL:
+                return principal if gatekeeper.anonymous else None
+            return None if principal.name in before else principal
+
+        self.broker.authorizer = Authorizer(acl) if acl else None  # a new object: no remembered decision is reused
+        clients = [c.io.client for c in self.server.connections.values() if c.io.client is not None]
+        done = self.server.act(partial(revocation.recheck, clients, principal_of))
+        self.log.info("access_rechecked", connections=done.clients, subscriptions=done.subscriptions,
+                      subscriptions_ended=done.ended, connections_closed=len(done.revocations),
+                      users_removed=sorted(before - gatekeeper.users.keys()))
         self.broker.replace_policies(config.broker.policies)
         self.api.access.replace(admins)
         startup.announce_access(config, self.log)

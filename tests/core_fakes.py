@@ -23,9 +23,14 @@ class RecordingSink:
         self.deliveries: list[tuple[Any, Message]] = []
         self.log = log  # optionally shared between sinks, to keep the global order
         self.unblocks = 0
+        self.revocations: list[Any] = []
 
     def unblocked(self) -> None:
         self.unblocks += 1
+
+    def revoked(self, revocation: Any) -> None:
+        """Records the revocation; ending the client is left to the core's fallback."""
+        self.revocations.append(revocation)
 
     def deliver(self, subscription: Subscription, message: Message) -> None:
         self.deliveries.append((subscription.token, message))

@@ -28,6 +28,7 @@ from core.durables import owner_of
 from core.errors import CoreError, NotAuthorized, UnknownMessage, UnknownSubscription
 from core.messages import Message
 from core.ports import Clock
+from core.revocation import Revocation
 from core.subscriptions import Subscription
 from gateway.mqtt import codec, incoming, packets, topics
 from gateway.mqtt.connect import connection_closed, on_connect
@@ -134,6 +135,22 @@ class MqttSession:
         if self.outbox.drop_gated(first_lsn, last_lsn) and not self.closed:
             what = "stored on the primary only" if stored else "the store could not write this client's messages"
             self.fail(f"{what}: {reason}", None, R.IMPLEMENTATION_SPECIFIC_ERROR)
+
+    def revoked(self, revocation: Revocation) -> None:
+        """A reload took rights this connection used (core.revocation): the
+        connection closes, a v5 client told with DISCONNECT 0x87 (Not
+        authorized) and the reason; 3.1.1 has no word for it, the close is
+        the answer.  Logged once, with the filters ended.  A removed user's
+        will is not published; another's is, as after any close the client
+        did not ask for (it is checked against the map as it is sent)."""
+        if self.closed:
+            return
+        filters = [subscription.token.filter for subscription in revocation.subscriptions]
+        reason = revocation.told(filters)
+        self.log.warning("access_revoked", client_id=self.client_id, **revocation.logged(filters, reason))
+        if revocation.removed:
+            self.will = None
+        self.close(reason, R.NOT_AUTHORIZED)
 
     def close(self, reason: str, code: int | None = None) -> None:
         """The connection is gone (or going): publish the will if it ended

@@ -22,6 +22,7 @@ from core.durables import RESERVED_PREFIXES
 from core.errors import CoreError, InvalidDestination, UnknownMessage, UnknownSubscription
 from core.messages import DEFAULT_PRIORITY, MAX_PRIORITY, Message
 from core.ports import Clock
+from core.revocation import Revocation
 from core.subscriptions import AckMode, Subscription
 from gateway.auth import AccessDenied, VerificationPending
 from gateway.session.skeleton import Dialect, Skeleton, State
@@ -145,6 +146,16 @@ class StompSession:
             more = f" (receipts {', '.join(receipts[:5])}{', ...' if len(receipts) > 5 else ''})" if len(receipts) > 1 else ""
             what = "stored on the primary only" if stored else "the store could not write this connection's messages"
             self._fail(f"{what}: {reason}{more}", None, receipt=receipts[0] if receipts else None, body=body)
+
+    def revoked(self, revocation: Revocation) -> None:
+        """A reload took rights this connection used (core.revocation): an
+        ERROR naming them (each ended subscription in its body), logged; the
+        connection closes, as after any ERROR."""
+        if not self.closed:
+            ended = "".join(f"subscription {s.token.id} to {s.address.text} ended\n" for s in revocation.subscriptions)
+            self.outbox.append(self.codec.send(frames.Error({"message": revocation.reason}, ended.encode())))
+            self.log.warning("access_revoked", **revocation.logged(revocation.destinations))
+            self.close(revocation.reason)
 
     def close(self, reason: str) -> None:
         """The connection is gone (or going): release everything it held."""

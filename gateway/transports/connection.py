@@ -274,6 +274,11 @@ class Connection:
         self.session.shutdown(reason)
         self._after_session_call()
 
+    def closed_elsewhere(self) -> None:
+        """Its session was closed by something outside its own input (a
+        reload's revocation): flush, then end within the closing bound."""
+        self._after_session_call()
+
     def wake_writer(self) -> None:
         if self._writer_idle:
             self._writer_idle = False

@@ -17,13 +17,14 @@ import itertools
 import ssl
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
 from gateway.auth import Transport
 from gateway.transports.connection import Connection, Pass, Session, Timers
 
+T = TypeVar("T")
 # How long closing a stream may take (a TLS close_notify to a stuck peer).
 CLOSE_NOTIFY_S = 1.0
 
@@ -176,6 +177,19 @@ class Server:
         for connection in list(self.connections.values()):
             connection.session.storage_failed(first_lsn, last_lsn, reason, stored=stored)
             connection.wake_writer()
+
+    def act(self, change: Callable[[], T]) -> T:
+        """Run ``change``, something other than a connection's input that
+        acts on sessions (a reload's re-check of what clients may read), as a
+        pass: what it puts in outboxes is written once at its end, and each
+        session it closed gets its closing bound and its writer, as one
+        closed by its own input does."""
+        with self._pass:
+            result = change()
+        for connection in list(self.connections.values()):
+            if connection.io.closed:
+                connection.closed_elsewhere()
+        return result
 
     def stop(self, reason: str = "broker is shutting down", *, grace_s: float | None = None) -> None:
         """Close the listeners, tell every client ``reason``, drain within
