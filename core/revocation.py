@@ -88,18 +88,19 @@ class Recheck:
         return sum(len(revocation.subscriptions) for revocation in self.revocations)
 
 
-def recheck(clients: Iterable[Client], principal_of: Callable[[Principal], Principal | None]) -> Recheck:
+def recheck(clients: Iterable[Client], principal_of: Callable[[Client], Principal | None]) -> Recheck:
     """Check open ``clients`` against the map their broker holds now (a
     reload's: a new object, so no decision a client remembers for its old
-    principal is used again); ``principal_of(principal)``: the same user as
-    listed now (its groups may have changed), or None if it was removed.
+    principal is used again); ``principal_of(client)``: its user as listed
+    now (its groups may have changed), or None if it may no longer connect
+    (removed; anonymous, and anonymous access is off for its address).
     Revoked clients are told (their sink) and closed."""
     open_clients = [client for client in clients if not client.closed]
     subscriptions = 0
     revocations = []
     for client in open_clients:
         subscriptions += len(client.subscriptions)
-        principal = principal_of(client.principal)
+        principal = principal_of(client)
         if principal is None:
             revocations.append(Revocation(client, client.principal.name, tuple(client.subscriptions.values()), True))
             continue

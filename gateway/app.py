@@ -16,6 +16,7 @@ import trio
 from core.authorization import ANONYMOUS_PRINCIPAL, Authorizer, Principal, parse_entries
 from core import recovery, revocation
 from core.broker import Broker
+from core.clients import Client
 from core.storage import Recovered
 from gateway import reload, startup, tasks
 from gateway.auth import Gatekeeper, Transport
@@ -336,14 +337,16 @@ class _Wiring:
         self.broker.secured = bool(gatekeeper.users)
         acl = parse_entries(config.auth.acl, groups=config.auth.groups)
 
-        def principal_of(principal: Principal) -> Principal | None:
+        def principal_of(client: Client) -> Principal | None:
             # Listed: its groups as now.  Anonymous: while anonymous logins
-            # are let in.  Unlisted before and now (a certificate's user with
-            # no entry): as it logged in.
+            # from its address are let in (the holder of an anonymous
+            # client's pool share is its source address).  Unlisted before
+            # and now (a certificate's user with no entry): as it logged in.
+            principal = client.principal
             if principal.name in gatekeeper.users:
                 return gatekeeper.principal(principal.name)
             if principal == ANONYMOUS_PRINCIPAL:
-                return principal if gatekeeper.anonymous else None
+                return principal if gatekeeper.admits_anonymous(client.holder[1]) else None
             return None if principal.name in before else principal
 
         self.broker.authorizer = Authorizer(acl) if acl else None  # a new object: no remembered decision is reused

@@ -253,7 +253,7 @@ class Gatekeeper:
             # Nobody to check against: whatever a client sends (many send a
             # default login) is let in, as by a broker with no security set up.
             ok = self.anonymous
-            if ok and not self.anonymous_remote and not is_loopback(host):
+            if ok and not self.admits_anonymous(host):
                 # Not counted as a failed login: no password was tried, and
                 # a lockout's reason would hide this one.
                 raise AccessDenied(REMOTE_ANONYMOUS, "remote_anonymous")
@@ -267,6 +267,12 @@ class Gatekeeper:
 
     def principal(self, name: str) -> Principal:
         return Principal(name, self.groups.get(name, frozenset()))
+
+    def admits_anonymous(self, host: str) -> bool:
+        """Whether an anonymous client from ``host`` may be connected: at
+        CONNECT, and for those already connected when a reload changes the
+        users or ``anonymous``."""
+        return self.anonymous and (self.anonymous_remote or is_loopback(host))
 
     def gate(self, door: str, host: str) -> None:
         """Refuse (:class:`AccessDenied`, ``rate_limited``) an address locked

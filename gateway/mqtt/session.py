@@ -137,12 +137,10 @@ class MqttSession:
             self.fail(f"{what}: {reason}", None, R.IMPLEMENTATION_SPECIFIC_ERROR)
 
     def revoked(self, revocation: Revocation) -> None:
-        """A reload took rights this connection used (core.revocation): the
-        connection closes, a v5 client told with DISCONNECT 0x87 (Not
-        authorized) and the reason; 3.1.1 has no word for it, the close is
-        the answer.  Logged once, with the filters ended.  A removed user's
-        will is not published; another's is, as after any close the client
-        did not ask for (it is checked against the map as it is sent)."""
+        """A reload took rights this connection used (core.revocation): it
+        closes, v5 told with DISCONNECT 0x87 and the reason (3.1.1: the close
+        says it), logged once.  A removed user's will is not published;
+        another's is, checked against the new map as it is sent."""
         if self.closed:
             return
         filters = [subscription.token.filter for subscription in revocation.subscriptions]

@@ -148,9 +148,8 @@ class StompSession:
             self._fail(f"{what}: {reason}{more}", None, receipt=receipts[0] if receipts else None, body=body)
 
     def revoked(self, revocation: Revocation) -> None:
-        """A reload took rights this connection used (core.revocation): an
-        ERROR naming them (each ended subscription in its body), logged; the
-        connection closes, as after any ERROR."""
+        """A reload took rights this connection used (core.revocation): an ERROR
+        naming them (each ended subscription in its body), logged, and the close."""
         if not self.closed:
             ended = "".join(f"subscription {s.token.id} to {s.address.text} ended\n" for s in revocation.subscriptions)
             self.outbox.append(self.codec.send(frames.Error({"message": revocation.reason}, ended.encode())))
@@ -236,8 +235,7 @@ class StompSession:
         self.codec.max_frame_bytes = self.settings.max_frame_bytes
         self.codec.max_headers = self.settings.max_headers
         self.codec.max_header_bytes = self.settings.max_header_bytes
-        self.client = self.broker.open_client(self, client_id=headers.get("client-id"), principal=principal,
-                                              source=self.source)
+        self.client = self.broker.open_client(self, client_id=headers.get("client-id"), principal=principal, source=self.source)
         self.skeleton.connected(self.client)
         reply = {"version": version, "session": self.conn_id, "server": SERVER_NAME, "heart-beat": f"{sx},{sy}"}
         self.outbox.append(self.codec.send(frames.Connected(reply)))

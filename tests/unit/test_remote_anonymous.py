@@ -84,6 +84,20 @@ def test_a_reload_that_opens_the_broker_takes_effect_for_the_next_login() -> Non
     assert gatekeeper.admit(None, None, remote) == ANONYMOUS_PRINCIPAL
 
 
+
+def test_a_reload_that_closes_the_broker_again_revokes_remote_anonymous_clients_only() -> None:
+    """What a reload asks of each anonymous client already connected (the app's
+    re-check): from ``anonymous = "true"`` back to "auto" without users, a remote
+    one may no longer be connected, this machine's may."""
+    gatekeeper = Gatekeeper(AuthSettings(anonymous="true"))
+    assert gatekeeper.admits_anonymous("10.0.0.5") and gatekeeper.admits_anonymous("127.0.0.1")
+    gatekeeper.reconfigure(AuthSettings())
+    assert not gatekeeper.admits_anonymous("10.0.0.5")
+    assert not gatekeeper.admits_anonymous("unknown")
+    assert gatekeeper.admits_anonymous("127.0.0.1") and gatekeeper.admits_anonymous("::1")
+    gatekeeper.reconfigure(AuthSettings(users=[USER]))
+    assert not gatekeeper.admits_anonymous("127.0.0.1")
+
 @pytest.mark.parametrize(("bind", "anonymous", "users", "said"), [
     ("127.0.0.1", "auto", [], []),  # make run: nothing to say
     ("::1", "auto", [], []),

@@ -34,8 +34,8 @@ REVOKED = authorizer(
 )
 
 
-def same(principal: Principal) -> Principal:
-    return principal
+def same(client: Client) -> Principal:
+    return client.principal
 
 
 def reload(world: World, authorizer: Authorizer | None, principal_of=same, *clients: Client) -> Recheck:
@@ -84,7 +84,7 @@ def test_a_revoked_queue_subscriptions_unacked_messages_go_to_a_consumer_still_a
     still = authorizer({"destination": "/queue/orders", "read": ["auditors"], "admin": ["auditors"]})
     carol, carol_sink = connect(world, carol_principal)
 
-    done = reload(world, Authorizer(still.entries), lambda p: None if p.name == "bob" else p, alice, bob, carol)
+    done = reload(world, Authorizer(still.entries), lambda c: None if c.principal.name == "bob" else c.principal, alice, bob, carol)
 
     assert {r.user: r.removed for r in done.revocations} == {"alice": False, "bob": True}
     assert bob_sink.revocations[0].reason == "user 'bob' was removed by a configuration reload"
@@ -100,7 +100,7 @@ def test_groups_as_listed_now_decide_and_a_client_still_allowed_is_untouched(wor
     bob, bob_sink = connect(world, BOB, ("plant", PLANT, AckMode.AUTO))
 
     # Same map; alice is no longer in "readers".
-    done = reload(world, Authorizer(GRANTED.entries), lambda p: Principal("alice") if p.name == "alice" else p, alice, bob)
+    done = reload(world, Authorizer(GRANTED.entries), lambda c: Principal("alice") if c.principal.name == "alice" else c.principal, alice, bob)
 
     assert [r.user for r in done.revocations] == ["alice"] and alice.closed
     assert not bob.closed and bob_sink.revocations == []
