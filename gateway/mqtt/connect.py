@@ -108,6 +108,8 @@ def on_connect(session: Connecting, packet: packets.Connect) -> None:
     keep_alive = packet.keep_alive if peer is None else peer.keep_alive
     session.skeleton.silence.limit_s = keep_alive * settings.keepalive_grace  # [MQTT-3.1.2-24]
     session.codec.max_packet_bytes = settings.max_packet_bytes
+    session.codec.max_properties = settings.max_properties
+    session.codec.max_user_property_bytes = settings.max_user_property_bytes
     if peer is not None:
         session.window = min(settings.max_inflight, peer.receive_maximum)  # [MQTT-3.3.4-9]
     client = session.client = session.broker.open_client(session, client_id=client_id, principal=principal)

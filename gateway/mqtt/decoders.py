@@ -48,7 +48,7 @@ def _decode_connect(conn: Negotiated, buf: bytes, pos: int, end: int, flags: int
     # answered in this level's terms (v5: a CONNACK with a reason code).
     conn.protocol_level = level
     if level == MQTT5:
-        return decoders_v5.decode_connect_rest(r, name, level)
+        return decoders_v5.decode_connect_rest(conn, r, name, level)
     connect_flags = r.u8()
     if connect_flags & 0x01:
         raise RemoteProtocolError("reserved CONNECT flag set")  # [MQTT-3.1.2-3]

@@ -85,7 +85,11 @@ class MqttSession:
         self.admit = admit  # until CONNECT is answered: see _on_connect
         self._denied_logged: set[str] | None = None
         self._retain_refused_logged = False
-        self.codec = codec.MqttConnection(codec.Role.SERVER, max_packet_bytes=settings.preconnect_max_packet_bytes)
+        self.codec = codec.MqttConnection(
+            codec.Role.SERVER, max_packet_bytes=settings.preconnect_max_packet_bytes,
+            max_properties=settings.preconnect_max_properties,
+            max_user_property_bytes=settings.preconnect_max_user_property_bytes,
+        )
         self.client: Client | None = None  # set once, at CONNECT
         self.client_id = ""
         self.clean_session = True

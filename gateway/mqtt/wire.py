@@ -61,13 +61,16 @@ class LocalProtocolError(ProtocolError):
 
 class Negotiated(Protocol):
     """What a packet's decoder or encoder sees of its connection: the protocol
-    level, which decoding CONNECT fixes and encoding CONNACK reads, and the
-    role (some v5 rules depend on who sent the packet).  A protocol rather
-    than the connection class, so the packet modules need not import the
-    module that imports them."""
+    level, which decoding CONNECT fixes and encoding CONNACK reads, the
+    role (some v5 rules depend on who sent the packet), and what one v5
+    packet's properties may hold (see gateway.mqtt.properties.Budget).  A
+    protocol rather than the connection class, so the packet modules need
+    not import the module that imports them."""
 
     protocol_level: int
     role: Role
+    max_properties: int
+    max_user_property_bytes: int
 
 
 # -- topic names and filters (§4.7) --------------------------------------------
