@@ -89,6 +89,7 @@ SPECS: dict[int, Spec] = {
     0x2A: Spec("shared_subscription_available", BYTE, frozenset({PT.CONNACK})),
 }
 _BY_ATTR = list(SPECS.items())
+_USER_PROPERTY = SPECS[0x26]
 _ALL_VALUES = operator.attrgetter(*(spec.attr for spec in SPECS.values()))  # one C call for all 27
 
 # Values the spec calls a Protocol Error (v5 §3.1.2.11, §3.2.2.3, §3.3.2.3).
@@ -167,11 +168,47 @@ def read_properties(buf: bytes, pos: int, end: int, where: Where,
     # Repeated values gather in lists, set as tuples once at the end: a tuple
     # rebuilt per repeat would make a block of n User Properties cost n².
     repeated: dict[str, list[Any]] = {}
+    pairs: list[tuple[str, str]] | None = None
+    pairs_allowed = where in _USER_PROPERTY.where
     while r.pos < stop:
         count += 1
         if count > max_count:
             raise _over(budget, f"more than {max_count} properties")
         ident = r.u8()  # every identifier is one byte; a longer variable byte integer is unknown
+        if ident == 0x26 and pairs_allowed:
+            # A run of User Properties, UTF-8 string pairs (v5 §1.5.7), read
+            # inline: a flood of them is this loop, so it costs little per pair.
+            if pairs is None:
+                pairs = repeated["user_properties"] = []
+            i = r.pos
+            try:
+                while True:
+                    if i + 2 > stop:
+                        raise RemoteProtocolError("packet ends too early")
+                    j = i + 2 + ((buf[i] << 8) | buf[i + 1])
+                    if j + 2 > stop:
+                        raise RemoteProtocolError("a length runs past the end of the packet")  # §1.5.4
+                    k = j + 2 + ((buf[j] << 8) | buf[j + 1])
+                    if k > stop:
+                        raise RemoteProtocolError("a length runs past the end of the packet")
+                    user_bytes += k - i - 4  # the two strings, without their lengths
+                    if user_bytes > max_user_bytes:
+                        raise _over(budget, f"more than {max_user_bytes} bytes of user properties")
+                    # Strict UTF-8 (no surrogates, no overlong forms) [MQTT-1.5.4-1]
+                    name, text = buf[i + 2 : j].decode("utf-8"), buf[j + 2 : k].decode("utf-8")
+                    if "\x00" in name or "\x00" in text:
+                        raise RemoteProtocolError("string contains U+0000")  # [MQTT-1.5.4-2]
+                    pairs.append((name, text))
+                    if k >= stop or buf[k] != 0x26:
+                        break
+                    count += 1
+                    if count > max_count:
+                        raise _over(budget, f"more than {max_count} properties")
+                    i = k + 1
+            except UnicodeDecodeError:
+                raise RemoteProtocolError("string is not well-formed UTF-8") from None  # [MQTT-1.5.4-1]
+            r.pos = k
+            continue
         spec = SPECS.get(ident)
         if spec is None:
             raise RemoteProtocolError(f"unknown property identifier {ident:#04x}", reason_code=MALFORMED)  # v5 §2.2.2.2
@@ -190,14 +227,8 @@ def read_properties(buf: bytes, pos: int, end: int, where: Where,
             value = r.vbi()
         elif kind == STRING:
             value = r.string()  # well-formed UTF-8 without U+0000 [MQTT-1.5.4-1], [MQTT-1.5.4-2]
-        elif kind == BINARY:
-            value = r.binary()
         else:
-            before = r.pos
-            value = (r.string(), r.string())  # a UTF-8 string pair (v5 §1.5.7)
-            user_bytes += r.pos - before - 4  # the two strings, without their lengths
-            if user_bytes > max_user_bytes:
-                raise _over(budget, f"more than {max_user_bytes} bytes of user properties")
+            value = r.binary()  # (PAIR, a User Property, is read above)
         if kind <= VBI:
             problem = value_problem(spec.attr, value)
             if problem is not None:
