@@ -14,7 +14,9 @@ Two parts (targets: each under 50 ms):
    payload up to max_packet_bytes (4 MiB); ``publish-dense``: 1,024 User
    Properties of one byte each (the most properties per byte);
    ``connect-at-limits``: a CONNECT without credentials at the preconnect
-   limits, its will's properties included, 64 KiB.  Then the attack packets
+   limits, its will's properties included, 64 KiB; ``read-of-dense``: one
+   read (the transport's RECEIVE_BYTES) of publish-dense packets, the longest
+   one connection's pass holds the loop.  Then the attack packets
    of the issue (a 59 KiB CONNECT and a 234 KiB PUBLISH of User Properties,
    and, unless --skip-flood, a 4 MiB one), each refused (0x95) once past a
    limit.  With the code before the fix on PYTHONPATH the same packets show
@@ -57,8 +59,14 @@ from gateway.mqtt import packets as p  # noqa: E402
 from gateway.mqtt.codec import MqttConnection, RemoteProtocolError, Role  # noqa: E402
 from gateway.mqtt.session import MqttSession, MqttSettings, Registry  # noqa: E402
 from gateway.mqtt.wire import remaining_length  # noqa: E402
+from gateway.transports.connection import RECEIVE_BYTES  # noqa: E402
 
 SETTINGS = MqttSettings()
+# The limits (getattr: the same packets run against the code before them, for contrast).
+MAX_PROPERTIES = getattr(SETTINGS, "max_properties", 1024)
+MAX_USER_BYTES = getattr(SETTINGS, "max_user_property_bytes", 64 * 1024)
+PRE_MAX_PROPERTIES = getattr(SETTINGS, "preconnect_max_properties", 64)
+PRE_MAX_USER_BYTES = getattr(SETTINGS, "preconnect_max_user_property_bytes", 8 * 1024)
 TOPIC = "bench/props"
 TINY = b"\x26\x00\x01k\x00\x01v"  # a User Property ("k", "v"): 7 bytes
 ONE_BYTE = b"\x26\x00\x01k\x00\x00"  # ("k", ""): 6 bytes, one byte of name and value
@@ -96,12 +104,12 @@ def at_limits_items() -> bytes:
     Properties of 65,536 bytes, names repeating."""
     others = (b"\x01\x01" + b"\x02\x00\x00\x0e\x10" + b"\x03\x00\x10application/json"
               + b"\x08\x00\x09replies/1" + b"\x09\x00\x04\x00\xffid")
-    n = SETTINGS.max_properties - 5
-    each = SETTINGS.max_user_property_bytes // n
+    n = MAX_PROPERTIES - 5
+    each = MAX_USER_BYTES // n
     pairs = [(f"h{i % 10}", "v" * (each - 2)) for i in range(n)]
-    spare = SETTINGS.max_user_property_bytes - sum(len(k) + len(v) for k, v in pairs)
+    spare = MAX_USER_BYTES - sum(len(k) + len(v) for k, v in pairs)
     pairs[-1] = (pairs[-1][0], pairs[-1][1] + "v" * spare)
-    assert sum(len(k) + len(v) for k, v in pairs) == SETTINGS.max_user_property_bytes
+    assert sum(len(k) + len(v) for k, v in pairs) == MAX_USER_BYTES
     return others + b"".join(user(k, v) for k, v in pairs)
 
 
@@ -113,13 +121,13 @@ def publish_at_limits(full_payload: bool = True) -> bytes:
 
 
 def publish_dense() -> bytes:
-    return publish_wire(ONE_BYTE * SETTINGS.max_properties)
+    return publish_wire(ONE_BYTE * MAX_PROPERTIES)
 
 
 def connect_at_limits() -> bytes:
-    n = SETTINGS.preconnect_max_properties
+    n = PRE_MAX_PROPERTIES
     own, will = n // 2, n - n // 2
-    budget = SETTINGS.preconnect_max_user_property_bytes
+    budget = PRE_MAX_USER_BYTES
     big = budget - 2 * (n - 2)  # two properties carry what the one-byte ones leave
     items = user("a", "v" * (big // 2 - 1)) + TINY * (own - 1)
     will_items = user("b", "v" * (big - big // 2 - 1)) + TINY * (will - 1)
@@ -208,6 +216,13 @@ def in_process(repeats: int, flood: bool) -> dict[str, Any]:
             samples.append(timed(world, publisher, wire, readers))
             assert not publisher.closed, publisher.close_reason
         report(name, samples, f"{len(wire):,} bytes, delivered")
+    # One read's worth of the densest packets: what one pass of one connection
+    # holds the loop for, however many packets it brings (no subscriber).
+    publisher, _ = world.connected(5)
+    dense = publish_wire(ONE_BYTE * MAX_PROPERTIES, topic="bench/nobody")
+    wire = dense * (RECEIVE_BYTES // len(dense))
+    samples = [timed(world, publisher, wire, []) for _ in range(repeats)]
+    report("read-of-dense", samples, f"one {RECEIVE_BYTES // 1024} KiB read: {len(wire) // len(dense)} packets")
     samples = []
     wire = connect_at_limits()
     for _ in range(repeats):
@@ -277,7 +292,7 @@ class Client:
 
 
 def attacker(port: int, shapes: list[str], until: float, index: int, out: Any) -> None:
-    counts = dict.fromkeys(shapes, 0)
+    counts = dict.fromkeys(shapes, 0)  # connections made for each shape
     refused = 0
     dense, wide, over = publish_dense(), publish_at_limits(full_payload=False), publish_wire(TINY * 580_000)
     connect = connect_wire(TINY * 8600)
@@ -285,28 +300,29 @@ def attacker(port: int, shapes: list[str], until: float, index: int, out: Any) -
     while time.monotonic() < until:
         shape = shapes[turn % len(shapes)]
         turn += 1
-        try:
-            client = Client(port)
-            if shape == "connect":
-                client.sock.sendall(connect)
-                client.codec.protocol_level = 5  # sent by hand: a v5 CONNACK comes back
-                ack = client.next()
-                refused += isinstance(ack, p.ConnAck) and ack.return_code == 0x95
-            else:
-                client.connect(f"attacker-{index}-{turn}")
-                if shape == "over":
-                    client.sock.sendall(over)
-                    while (packet := client.next()) is not None:
-                        refused += isinstance(packet, p.Disconnect) and packet.reason_code == 0x95
+        stop = min(until, time.monotonic() + 1.0)  # each shape for a second, then the next
+        while time.monotonic() < stop:
+            try:
+                client = Client(port)
+                if shape == "connect":
+                    client.sock.sendall(connect)
+                    client.codec.protocol_level = 5  # sent by hand: a v5 CONNACK comes back
+                    ack = client.next()
+                    refused += isinstance(ack, p.ConnAck) and ack.return_code == 0x95
                 else:
-                    burst = (dense if shape == "dense" else wide) * 20
-                    stop = min(until, time.monotonic() + 1.0)
-                    while time.monotonic() < stop:
-                        client.sock.sendall(burst)
-            counts[shape] += 1
-            client.close()
-        except OSError:
-            pass
+                    client.connect(f"attacker-{index}-{turn}")
+                    if shape == "over":
+                        client.sock.sendall(over)
+                        while (packet := client.next()) is not None:
+                            refused += isinstance(packet, p.Disconnect) and packet.reason_code == 0x95
+                    else:
+                        burst = (dense if shape == "dense" else wide) * 20
+                        while time.monotonic() < stop:
+                            client.sock.sendall(burst)
+                counts[shape] += 1
+                client.close()
+            except OSError:
+                pass
     out.put({"attacker": index, "rounds": counts, "refused_0x95": refused})
 
 
