@@ -16,7 +16,8 @@ Two parts (targets: each under 50 ms):
    ``connect-at-limits``: a CONNECT without credentials at the preconnect
    limits, its will's properties included, 64 KiB; ``read-of-dense``: one
    read (the transport's RECEIVE_BYTES) of publish-dense packets, the longest
-   one connection's pass holds the loop.  Then the attack packets
+   one connection's pass holds the loop; ``subscribe-at-limits``: a SUBSCRIBE
+   of max_topic_filters filters.  Then the attack packets
    of the issue (a 59 KiB CONNECT and a 234 KiB PUBLISH of User Properties,
    and, unless --skip-flood, a 4 MiB one), each refused (0x95) once past a
    limit.  With the code before the fix on PYTHONPATH the same packets show
@@ -223,6 +224,19 @@ def in_process(repeats: int, flood: bool) -> dict[str, Any]:
     wire = dense * (RECEIVE_BYTES // len(dense))
     samples = [timed(world, publisher, wire, []) for _ in range(repeats)]
     report("read-of-dense", samples, f"one {RECEIVE_BYTES // 1024} KiB read: {len(wire) // len(dense)} packets")
+    # A SUBSCRIBE of max_topic_filters filters, made anew each time (the
+    # first 1,000 become subscriptions, max_subscriptions_per_client).
+    limit = getattr(SETTINGS, "max_topic_filters", 1024)
+    samples = []
+    for run in range(repeats):
+        session, _ = world.connected(5)
+        filters = b"".join(len(f).to_bytes(2, "big") + f + b"\x01"
+                           for f in (f"bench/{run}/{i}/+".encode() for i in range(limit)))
+        body = b"\x00\x01\x00" + filters
+        samples.append(timed(world, session, b"\x82" + remaining_length(len(body)) + body, []))
+        assert not session.closed, session.close_reason
+        session.close("done")
+    report("subscribe-at-limits", samples, f"{limit} filters, answered")
     samples = []
     wire = connect_at_limits()
     for _ in range(repeats):

@@ -24,6 +24,7 @@ from gateway.mqtt.wire import (
     Negotiated,
     RemoteProtocolError,
     Role,
+    too_many_filters,
     validate_topic_name,
 )
 
@@ -174,6 +175,8 @@ def _decode_subscribe(conn: Negotiated, buf: bytes, pos: int, end: int, flags: i
     r = FieldReader(buf, start, end)
     topics = []
     while r.more():
+        if len(topics) == conn.max_topic_filters:
+            raise too_many_filters(conn, PT.SUBSCRIBE)
         topic_filter = r.string()  # whether it is a valid filter is the session's call (0x8F)
         options = r.u8()
         if options & 0xC0:
@@ -200,6 +203,8 @@ def _decode_unsubscribe(conn: Negotiated, buf: bytes, pos: int, end: int, flags:
     r = FieldReader(buf, start, end)
     topics = []
     while r.more():
+        if len(topics) == conn.max_topic_filters:
+            raise too_many_filters(conn, PT.UNSUBSCRIBE)
         topics.append(r.string())
     if not topics:
         raise RemoteProtocolError("UNSUBSCRIBE without a topic filter", reason_code=PROTOCOL_ERROR)  # [MQTT-3.10.3-2]

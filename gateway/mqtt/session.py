@@ -89,6 +89,7 @@ class MqttSession:
             codec.Role.SERVER, max_packet_bytes=settings.preconnect_max_packet_bytes,
             max_properties=settings.preconnect_max_properties,
             max_user_property_bytes=settings.preconnect_max_user_property_bytes,
+            max_topic_filters=settings.max_topic_filters,
         )
         self.client: Client | None = None  # set once, at CONNECT
         self.client_id = ""

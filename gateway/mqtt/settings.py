@@ -22,6 +22,10 @@ class MqttSettings:
     # is not known yet, as STOMP's preconnect limits.
     preconnect_max_properties: int = 64
     preconnect_max_user_property_bytes: int = 8 * 1024
+    # Topic filters in one SUBSCRIBE or UNSUBSCRIBE (each is a subscription
+    # made or refused, a code answered): one more closes the connection (v5:
+    # DISCONNECT 0x95), before the rest is read.
+    max_topic_filters: int = 1024
     connect_timeout_s: float = 10.0
     # A client silent for keep-alive times this is dropped [MQTT-3.1.2-24].
     keepalive_grace: float = 1.5
@@ -53,6 +57,6 @@ class MqttSettings:
 
     def __post_init__(self) -> None:
         for name in ("max_properties", "max_user_property_bytes", "preconnect_max_properties",
-                     "preconnect_max_user_property_bytes"):
+                     "preconnect_max_user_property_bytes", "max_topic_filters"):
             if getattr(self, name) < 1:
                 raise ValueError(f"mqtt.{name} must be at least 1, not {getattr(self, name)}")

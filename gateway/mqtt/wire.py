@@ -71,6 +71,16 @@ class Negotiated(Protocol):
     role: Role
     max_properties: int
     max_user_property_bytes: int
+    max_topic_filters: int  # in one SUBSCRIBE or UNSUBSCRIBE
+
+
+def too_many_filters(conn: Negotiated, kind: PT) -> RemoteProtocolError:
+    """The refusal of a SUBSCRIBE or UNSUBSCRIBE past the connection's
+    ``max_topic_filters``, raised before the next filter is read: each one
+    costs the loop (a subscription made or refused, a code answered), so one
+    packet of a million must not be read whole (v5: DISCONNECT 0x95)."""
+    return RemoteProtocolError(f"{kind.name} with more than {conn.max_topic_filters} topic filters (the server's limit)",
+                               reason_code=PACKET_TOO_LARGE)
 
 
 # -- topic names and filters (§4.7) --------------------------------------------

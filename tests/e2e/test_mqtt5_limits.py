@@ -2,8 +2,9 @@
 attacker uses (a raw socket): a PUBLISH past the property limits, even one
 of 4 MiB of User Properties, is answered with DISCONNECT 0x95 and closed; a
 CONNECT past the preconnect limits, without credentials, with CONNACK 0x95;
-one packet at the limits passes whole; and another client is served
-meanwhile.  (Parsing was quadratic: the 4 MiB flood held the loop for
+a SUBSCRIBE past the topic filter limit closes the connection (v5: after
+DISCONNECT 0x95); one packet at the limits passes whole; and another client
+is served meanwhile.  (Parsing was quadratic: the 4 MiB flood held the loop for
 minutes.  How long a round trip takes under a flood is measured in
 benchmarks/mqtt_properties.py, not asserted here.)"""
 
@@ -140,3 +141,41 @@ def test_a_connect_past_the_preconnect_limits_gets_connack_0x95_while_others_are
     lines = rejections(capfd.readouterr().err)
     assert len(lines) == 3, lines  # one each
     assert all("CONNECT with more than 64 properties" in line and "conn_id=" in line for line in lines)
+
+
+def subscribe_wire(n: int, level: int) -> bytes:
+    """A SUBSCRIBE of ``n`` distinct filters, made by hand."""
+    filters = b"".join(len(f).to_bytes(2, "big") + f + b"\x01" for f in (f"many/{i}".encode() for i in range(n)))
+    body = b"\x00\x01" + (b"\x00" if level == 5 else b"") + filters
+    return b"\x82" + remaining_length(len(body)) + body
+
+
+def test_a_subscribe_past_the_filter_limit_closes_the_connection_while_others_are_served(
+        broker_factory, raw_mqtt, capfd):
+    broker = broker_factory()
+    calm = unique("calm")
+    bystander = Paho5(broker.mqtt_port, unique("bystander"))
+    try:
+        assert bystander.subscribe(calm, 1) == [1]
+        capfd.readouterr()
+        # At the limit (1,024; 1,000 subscriptions per client): answered, a code per filter.
+        at_limit = raw_mqtt(broker)
+        assert connect5(at_limit, unique("many")).return_code == 0
+        at_limit.send_raw(subscribe_wire(1024, 5))
+        suback = at_limit.next(DEADLINE)
+        assert isinstance(suback, p.SubAck) and suback.return_codes == [1] * 1000 + [0x97] * 24
+        # A million filters in 8 MiB would have been read whole (about 3 s of
+        # the loop per 1 MB); one past the limit ends the connection.
+        v5 = raw_mqtt(broker)
+        assert connect5(v5, unique("many")).return_code == 0
+        v5.send_raw(subscribe_wire(100_000, 5))
+        v311 = raw_mqtt(broker, unique("many"))  # 3.1.1: no DISCONNECT to send, the close is the answer
+        v311.send_raw(subscribe_wire(100_000, 4))
+        round_trip(bystander, calm, 1)
+        assert disconnect_code(v5) == PACKET_TOO_LARGE
+        v311.wait_closed(DEADLINE)
+        assert not v311.packets  # no SUBACK
+    finally:
+        bystander.close()
+    lines = rejections(capfd.readouterr().err)
+    assert len(lines) == 2 and all("SUBSCRIBE with more than 1024 topic filters" in line for line in lines), lines

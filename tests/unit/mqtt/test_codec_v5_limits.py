@@ -2,7 +2,8 @@
 repeated properties parses in linear work and exactly, and a connection's
 limits on property items and User Property bytes refuse a packet past them
 with 0x95 Packet too large, as soon as the limit is crossed, counting a
-CONNECT's properties and its will's together."""
+CONNECT's properties and its will's together; and the limit on topic filters
+in one SUBSCRIBE or UNSUBSCRIBE (3.1.1 too)."""
 
 from __future__ import annotations
 
@@ -179,6 +180,34 @@ def test_limits_raised_after_connect_apply_to_later_packets() -> None:
     assert len(accepted.properties.user_properties) == 150
 
 
+def filters(n: int, options: bool) -> bytes:
+    return b"".join(b"\x00\x03f/" + bytes((0x30 + i % 10,)) + (b"\x01" if options else b"") for i in range(n))
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_a_subscribe_or_unsubscribe_past_the_filter_limit_is_refused_before_the_rest(level: int) -> None:
+    props = b"\x00" if level == 5 else b""
+    for first, kind, options in ((0x82, "SUBSCRIBE", True), (0xA2, "UNSUBSCRIBE", False)):
+        (accepted,) = decoded(connected(level, max_topic_filters=8), packet(first, b"\x00\x01" + props + filters(8, options)))
+        assert len(accepted.topics) == 8
+        # Eight filters, then a byte that is no filter (malformed if read): a
+        # ninth is refused before it is read.
+        wire = packet(first, b"\x00\x01" + props + filters(8, options) + b"\xff")
+        error = refusal(connected(level, max_topic_filters=8), wire)
+        assert f"{kind} with more than 8 topic filters" in error.message
+        # v5: DISCONNECT 0x95; 3.1.1 has no error packet (no CONNACK code
+        # either, after CONNECT): the session closes.
+        assert error.reason_code == PACKET_TOO_LARGE and error.return_code is None
+
+
+def connected(level: int, **limits: int) -> MqttConnection:
+    if level == 5:
+        return connected5(Role.SERVER, **limits)
+    conn = MqttConnection(Role.SERVER, **limits)
+    assert len(decoded(conn, b"\x10\x0d\x00\x04MQTT\x04\x02\x00\x3c\x00\x01c")) == 1
+    return conn
+
+
 def test_a_budget_spans_the_blocks_it_is_given() -> None:
     wire = block([user("k", "v")] * 3)
     budget = Budget("CONNECT", 5, 100)
@@ -195,10 +224,11 @@ def test_the_defaults_leave_room_for_real_use_and_bound_the_rest() -> None:
     settings = MqttSettings()
     assert settings.max_properties == 1024 and settings.max_user_property_bytes == 64 * 1024
     assert settings.preconnect_max_properties == 64 and settings.preconnect_max_user_property_bytes == 8 * 1024
+    assert settings.max_topic_filters == 1024
 
 
 @pytest.mark.parametrize("key", ["max_properties", "max_user_property_bytes", "preconnect_max_properties",
-                                 "preconnect_max_user_property_bytes"])
+                                 "preconnect_max_user_property_bytes", "max_topic_filters"])
 def test_a_limit_below_one_is_refused_at_start_naming_it(tmp_path: Any, key: str) -> None:
     path = tmp_path / "gateway.toml"
     path.write_text(f"[mqtt]\n{key} = 0\n")
