@@ -179,7 +179,7 @@ def read_properties(buf: bytes, pos: int, end: int, where: Where,
             # A run of User Properties, UTF-8 string pairs (v5 §1.5.7), read
             # inline: a flood of them is this loop, so it costs little per pair.
             if pairs is None:
-                pairs = repeated["user_properties"] = []
+                pairs = repeated[_USER_PROPERTY.attr] = []
             i = r.pos
             try:
                 while True:
