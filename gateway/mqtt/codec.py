@@ -154,14 +154,25 @@ class MqttConnection:
 
     ``max_packet_bytes`` bounds the remaining length of an incoming packet (the
     fixed header's own 2 to 5 bytes are not counted); a session may raise it
-    after CONNECT.  Bytes are kept until the packet they complete is whole:
+    after CONNECT.  ``max_properties`` and ``max_user_property_bytes`` bound
+    what one incoming v5 packet's properties may hold (property items, and
+    bytes of User Property names and values): past either it is refused with
+    0x95, as a packet over the size limit is (by default only the packet's
+    size bounds them; a session sets them, and may raise them after CONNECT).
+    ``max_topic_filters`` bounds the topic filters of one SUBSCRIBE or
+    UNSUBSCRIBE the same way (3.1.1 too: there the answer is to close).  Bytes are kept until the packet they complete is whole:
     arriving pieces are listed and joined once, so a large packet in small
     reads costs linear, not quadratic, copying.
     """
 
-    def __init__(self, role: Role = Role.SERVER, *, max_packet_bytes: int = MAX_PACKET_BYTES) -> None:
+    def __init__(self, role: Role = Role.SERVER, *, max_packet_bytes: int = MAX_PACKET_BYTES,
+                 max_properties: int = MAX_REMAINING_LENGTH, max_user_property_bytes: int = MAX_REMAINING_LENGTH,
+                 max_topic_filters: int = MAX_REMAINING_LENGTH) -> None:
         self.role = role
         self.max_packet_bytes = max_packet_bytes
+        self.max_properties = max_properties
+        self.max_user_property_bytes = max_user_property_bytes
+        self.max_topic_filters = max_topic_filters
         self.state = State.AWAITING_CONNECT if role is Role.SERVER else State.AWAITING_CONNACK
         self.their_eof = False
         self._level = 4

@@ -64,6 +64,17 @@ class Connecting(Protocol):
 
 
 
+
+def server_codec(settings: MqttSettings) -> MqttConnection:
+    """A new connection's codec, with the limits it has until its CONNECT is
+    accepted: a socket that has not logged in may send a packet of
+    ``preconnect_max_packet_bytes`` holding ``preconnect_max_properties``
+    (on_connect raises both once it is in)."""
+    return MqttConnection(max_packet_bytes=settings.preconnect_max_packet_bytes,
+                          max_properties=settings.preconnect_max_properties,
+                          max_user_property_bytes=settings.preconnect_max_user_property_bytes,
+                          max_topic_filters=settings.max_topic_filters)
+
 def on_connect(session: Connecting, packet: packets.Connect) -> None:
     settings = session.settings
     peer = None
@@ -117,6 +128,8 @@ def on_connect(session: Connecting, packet: packets.Connect) -> None:
     keep_alive = packet.keep_alive if peer is None else peer.keep_alive
     session.skeleton.silence.limit_s = keep_alive * settings.keepalive_grace  # [MQTT-3.1.2-24]
     session.codec.max_packet_bytes = settings.max_packet_bytes
+    session.codec.max_properties = settings.max_properties
+    session.codec.max_user_property_bytes = settings.max_user_property_bytes
     if peer is not None:
         session.window = min(settings.max_inflight, peer.receive_maximum)  # [MQTT-3.3.4-9]
     client = session.client = session.broker.open_client(session, client_id=client_id, principal=principal,

@@ -25,6 +25,7 @@ from gateway.mqtt.wire import (
     FieldReader,
     Negotiated,
     RemoteProtocolError,
+    too_many_filters,
     validate_topic_name,
 )
 
@@ -48,7 +49,7 @@ def _decode_connect(conn: Negotiated, buf: bytes, pos: int, end: int, flags: int
     # answered in this level's terms (v5: a CONNACK with a reason code).
     conn.protocol_level = level
     if level == MQTT5:
-        return decoders_v5.decode_connect_rest(r, name, level)
+        return decoders_v5.decode_connect_rest(conn, r, name, level)
     connect_flags = r.u8()
     if connect_flags & 0x01:
         raise RemoteProtocolError("reserved CONNECT flag set")  # [MQTT-3.1.2-3]
@@ -109,6 +110,8 @@ def _decode_subscribe(conn: Negotiated, buf: bytes, pos: int, end: int, flags: i
     packet_id = r.packet_id()
     topics = []
     while r.more():
+        if len(topics) == conn.max_topic_filters:
+            raise too_many_filters(conn, PT.SUBSCRIBE)
         # The filter is only decoded here; whether it is a valid filter is the
         # session's call, answered with 0x80 for that filter alone.
         topic_filter = r.string()
@@ -137,6 +140,8 @@ def _decode_unsubscribe(conn: Negotiated, buf: bytes, pos: int, end: int, flags:
     packet_id = r.packet_id()
     topics = []
     while r.more():
+        if len(topics) == conn.max_topic_filters:
+            raise too_many_filters(conn, PT.UNSUBSCRIBE)
         topics.append(r.string())
     if not topics:
         raise RemoteProtocolError("UNSUBSCRIBE without a topic filter")  # [MQTT-3.10.3-2]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gateway.mqtt import packets as p
-from gateway.mqtt.properties import WILL, read_properties
+from gateway.mqtt.properties import WILL, Budget, read_properties
 from gateway.mqtt.reasons import DISCONNECT_CLIENT_ONLY, DISCONNECT_SERVER_ONLY, VALID, ReasonCode
 from gateway.mqtt.wire import (
     PROTOCOL_ERROR,
@@ -24,6 +24,7 @@ from gateway.mqtt.wire import (
     Negotiated,
     RemoteProtocolError,
     Role,
+    too_many_filters,
     validate_topic_name,
 )
 
@@ -31,14 +32,20 @@ Decoder = Callable[[Negotiated, bytes, int, int, int], p.Packet]
 TOPIC_NAME_INVALID = int(ReasonCode.TOPIC_NAME_INVALID)
 
 
-def decode_connect_rest(r: FieldReader, name: str, level: int) -> p.Connect:
+def budget(conn: Negotiated, kind: PT) -> Budget:
+    """One packet's allowance for its properties, from its connection's limits."""
+    return Budget(kind.name, conn.max_properties, conn.max_user_property_bytes)
+
+
+def decode_connect_rest(conn: Negotiated, r: FieldReader, name: str, level: int) -> p.Connect:
     """A v5 CONNECT after its protocol name and level (v5 §3.1.2): the
     connection is already v5 here, so a refusal is answered in v5's terms."""
     connect_flags = r.u8()
     if connect_flags & 0x01:
         raise RemoteProtocolError("reserved CONNECT flag set")  # [MQTT-3.1.2-3]: malformed
     keep_alive = r.u16()
-    props, r.pos = read_properties(r.buf, r.pos, r.end, PT.CONNECT)
+    allowance = budget(conn, PT.CONNECT)  # its properties and its will's together
+    props, r.pos = read_properties(r.buf, r.pos, r.end, PT.CONNECT, allowance)
     if props is not None and props.authentication_data is not None and props.authentication_method is None:
         raise RemoteProtocolError("authentication data without a method", reason_code=PROTOCOL_ERROR)  # §3.1.2.11.10
     client_id = r.string()  # [MQTT-3.1.3-3], [MQTT-3.1.3-4]
@@ -48,7 +55,7 @@ def decode_connect_rest(r: FieldReader, name: str, level: int) -> p.Connect:
     if connect_flags & 0x04:
         if will_qos == 3:
             raise RemoteProtocolError("will QoS 3")  # [MQTT-3.1.2-12]: malformed
-        will_props, r.pos = read_properties(r.buf, r.pos, r.end, WILL)  # [MQTT-3.1.3-10]
+        will_props, r.pos = read_properties(r.buf, r.pos, r.end, WILL, allowance)  # [MQTT-3.1.3-10]
         topic = r.string()
         reason = validate_topic_name(topic)
         if reason is not None:
@@ -75,7 +82,7 @@ def _decode_connack(conn: Negotiated, buf: bytes, pos: int, end: int, flags: int
         raise RemoteProtocolError(f"invalid CONNACK reason code {code:#04x}")  # [MQTT-3.2.2-8]
     if code and ack_flags:
         raise RemoteProtocolError("session present on a refused connection", reason_code=PROTOCOL_ERROR)  # [MQTT-3.2.2-6]
-    props, stop = read_properties(buf, pos + 2, end, PT.CONNACK)
+    props, stop = read_properties(buf, pos + 2, end, PT.CONNACK, budget(conn, PT.CONNACK))
     _done(stop, end)
     return p.ConnAck(bool(ack_flags), code, props)
 
@@ -115,7 +122,7 @@ def _decode_publish(conn: Negotiated, buf: bytes, pos: int, end: int, flags: int
     if buf[start] == 0:
         props, data = None, start + 1
     else:
-        props, data = read_properties(buf, start, end, PT.PUBLISH)
+        props, data = read_properties(buf, start, end, PT.PUBLISH, budget(conn, PT.PUBLISH))
         if props is not None and props.subscription_identifiers and conn.role is Role.SERVER:
             raise RemoteProtocolError("a subscription identifier from a client",
                                       reason_code=PROTOCOL_ERROR)  # [MQTT-3.3.4-6]
@@ -146,7 +153,7 @@ def _ack_decoder(cls: Callable[..., p.Packet], kind: PT) -> Decoder:
             raise RemoteProtocolError(f"invalid {kind.name} reason code {code:#04x}")  # [MQTT-3.4.2-1] and peers
         if end - pos == 3:
             return cls(packet_id, code)
-        props, stop = read_properties(buf, pos + 3, end, kind)
+        props, stop = read_properties(buf, pos + 3, end, kind, budget(conn, kind))
         _done(stop, end)
         return cls(packet_id, code, props)
 
@@ -164,10 +171,12 @@ def _codes(buf: bytes, pos: int, end: int, kind: PT) -> list[int]:
 
 def _decode_subscribe(conn: Negotiated, buf: bytes, pos: int, end: int, flags: int) -> p.Subscribe:
     packet_id = _packet_id(buf, pos, end)
-    props, start = read_properties(buf, pos + 2, end, PT.SUBSCRIBE)
+    props, start = read_properties(buf, pos + 2, end, PT.SUBSCRIBE, budget(conn, PT.SUBSCRIBE))
     r = FieldReader(buf, start, end)
     topics = []
     while r.more():
+        if len(topics) == conn.max_topic_filters:
+            raise too_many_filters(conn, PT.SUBSCRIBE)
         topic_filter = r.string()  # whether it is a valid filter is the session's call (0x8F)
         options = r.u8()
         if options & 0xC0:
@@ -184,16 +193,18 @@ def _decode_subscribe(conn: Negotiated, buf: bytes, pos: int, end: int, flags: i
 
 def _decode_suback(conn: Negotiated, buf: bytes, pos: int, end: int, flags: int) -> p.SubAck:
     packet_id = _packet_id(buf, pos, end)
-    props, start = read_properties(buf, pos + 2, end, PT.SUBACK)
+    props, start = read_properties(buf, pos + 2, end, PT.SUBACK, budget(conn, PT.SUBACK))
     return p.SubAck(packet_id, _codes(buf, start, end, PT.SUBACK), props)
 
 
 def _decode_unsubscribe(conn: Negotiated, buf: bytes, pos: int, end: int, flags: int) -> p.Unsubscribe:
     packet_id = _packet_id(buf, pos, end)
-    props, start = read_properties(buf, pos + 2, end, PT.UNSUBSCRIBE)
+    props, start = read_properties(buf, pos + 2, end, PT.UNSUBSCRIBE, budget(conn, PT.UNSUBSCRIBE))
     r = FieldReader(buf, start, end)
     topics = []
     while r.more():
+        if len(topics) == conn.max_topic_filters:
+            raise too_many_filters(conn, PT.UNSUBSCRIBE)
         topics.append(r.string())
     if not topics:
         raise RemoteProtocolError("UNSUBSCRIBE without a topic filter", reason_code=PROTOCOL_ERROR)  # [MQTT-3.10.3-2]
@@ -202,7 +213,7 @@ def _decode_unsubscribe(conn: Negotiated, buf: bytes, pos: int, end: int, flags:
 
 def _decode_unsuback(conn: Negotiated, buf: bytes, pos: int, end: int, flags: int) -> p.UnsubAck:
     packet_id = _packet_id(buf, pos, end)
-    props, start = read_properties(buf, pos + 2, end, PT.UNSUBACK)
+    props, start = read_properties(buf, pos + 2, end, PT.UNSUBACK, budget(conn, PT.UNSUBACK))
     return p.UnsubAck(packet_id, _codes(buf, start, end, PT.UNSUBACK), props)
 
 
@@ -218,7 +229,7 @@ def _decode_disconnect(conn: Negotiated, buf: bytes, pos: int, end: int, flags: 
                                   reason_code=PROTOCOL_ERROR)  # §3.14.2.1 "sent by"
     if end - pos == 1:
         return p.Disconnect(code)
-    props, stop = read_properties(buf, pos + 1, end, PT.DISCONNECT)
+    props, stop = read_properties(buf, pos + 1, end, PT.DISCONNECT, budget(conn, PT.DISCONNECT))
     _done(stop, end)
     if props is not None and props.session_expiry_interval is not None and conn.role is Role.CLIENT:
         raise RemoteProtocolError("session expiry interval from the server", reason_code=PROTOCOL_ERROR)  # [MQTT-3.14.2-2]
@@ -232,7 +243,7 @@ def _decode_auth(conn: Negotiated, buf: bytes, pos: int, end: int, flags: int) -
     code = buf[pos]
     if code not in VALID[PT.AUTH]:
         raise RemoteProtocolError(f"invalid AUTH reason code {code:#04x}")  # [MQTT-3.15.2-1]
-    props, stop = read_properties(buf, pos + 1, end, PT.AUTH)
+    props, stop = read_properties(buf, pos + 1, end, PT.AUTH, budget(conn, PT.AUTH))
     _done(stop, end)
     if props is None or props.authentication_method is None:
         raise RemoteProtocolError("AUTH without an authentication method", reason_code=PROTOCOL_ERROR)  # §3.15.2.2.2

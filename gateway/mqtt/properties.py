@@ -9,6 +9,12 @@ integer over 4 bytes, a length past the block) is a Malformed Packet (0x81); a
 property given twice where it may appear once, or a value the spec calls a
 Protocol Error (Receive Maximum 0, Topic Alias 0, ...) is a Protocol Error
 (0x82).  Encoding refuses the same things with LocalProtocolError.
+
+Reading is linear in the block, and a :class:`Budget` bounds what one packet
+may make it do: past its count of properties or its bytes of User Properties
+the packet is refused with 0x95 Packet too large as soon as the limit is
+crossed, so neither the parse nor what the broker does with the properties
+afterwards (headers, the journal, each delivery) grows with a hostile block.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any, NamedTuple
 from gateway.mqtt import packets as p
 from gateway.mqtt.wire import (
     MALFORMED,
+    PACKET_TOO_LARGE,
     PROTOCOL_ERROR,
     PT,
     FieldReader,
@@ -82,6 +89,7 @@ SPECS: dict[int, Spec] = {
     0x2A: Spec("shared_subscription_available", BYTE, frozenset({PT.CONNACK})),
 }
 _BY_ATTR = list(SPECS.items())
+_USER_PROPERTY = SPECS[0x26]
 _ALL_VALUES = operator.attrgetter(*(spec.attr for spec in SPECS.values()))  # one C call for all 27
 
 # Values the spec calls a Protocol Error (v5 §3.1.2.11, §3.2.2.3, §3.3.2.3).
@@ -117,10 +125,29 @@ def value_problem(attr: str, value: int) -> str | None:
 # -- reading ------------------------------------------------------------------
 
 
-def read_properties(buf: bytes, pos: int, end: int, where: Where) -> tuple[p.Properties | None, int]:
+class Budget:
+    """What one packet's property blocks may hold together (a CONNECT has
+    two, its own and its will's): ``max_properties`` property items, repeats
+    counted, and ``max_user_bytes`` bytes of User Property names and values.
+    ``packet`` names the packet in a refusal.  Made per packet by its decoder
+    from the connection's limits; :func:`read_properties` spends it."""
+
+    __slots__ = ("packet", "max_properties", "max_user_bytes", "properties", "user_bytes")
+
+    def __init__(self, packet: str, max_properties: int, max_user_bytes: int) -> None:
+        self.packet = packet
+        self.max_properties = max_properties
+        self.max_user_bytes = max_user_bytes
+        self.properties = 0  # spent so far
+        self.user_bytes = 0
+
+
+def read_properties(buf: bytes, pos: int, end: int, where: Where,
+                    budget: Budget | None = None) -> tuple[p.Properties | None, int]:
     """The property block at ``buf[pos:]`` (its length first) of a packet
     ending at ``end``: the properties (None if the block is empty) and the
-    position after the block."""
+    position after the block.  ``budget``: the packet's limits (None: only
+    the packet's size bounds the block), refused with 0x95 once crossed."""
     r = FieldReader(buf, pos, end)
     length = r.vbi()
     start = r.pos
@@ -130,10 +157,58 @@ def read_properties(buf: bytes, pos: int, end: int, where: Where) -> tuple[p.Pro
     if not length:
         return None, stop
     r.end = stop  # a value running past the block is malformed, not read from what follows
+    if budget is None:
+        count = user_bytes = 0
+        max_count = max_user_bytes = stop  # a property takes 2 bytes at least: never reached
+    else:
+        count, user_bytes = budget.properties, budget.user_bytes
+        max_count, max_user_bytes = budget.max_properties, budget.max_user_bytes
     props = p.Properties()
     seen: set[int] = set()
+    # Repeated values gather in lists, set as tuples once at the end: a tuple
+    # rebuilt per repeat would make a block of n User Properties cost n².
+    repeated: dict[str, list[Any]] = {}
+    pairs: list[tuple[str, str]] | None = None
+    pairs_allowed = where in _USER_PROPERTY.where
     while r.pos < stop:
+        count += 1
+        if count > max_count:
+            raise _over(budget, f"more than {max_count} properties")
         ident = r.u8()  # every identifier is one byte; a longer variable byte integer is unknown
+        if ident == 0x26 and pairs_allowed:
+            # A run of User Properties, UTF-8 string pairs (v5 §1.5.7), read
+            # inline: a flood of them is this loop, so it costs little per pair.
+            if pairs is None:
+                pairs = repeated[_USER_PROPERTY.attr] = []
+            i = r.pos
+            try:
+                while True:
+                    if i + 2 > stop:
+                        raise RemoteProtocolError("packet ends too early")
+                    j = i + 2 + ((buf[i] << 8) | buf[i + 1])
+                    if j + 2 > stop:
+                        raise RemoteProtocolError("a length runs past the end of the packet")  # §1.5.4
+                    k = j + 2 + ((buf[j] << 8) | buf[j + 1])
+                    if k > stop:
+                        raise RemoteProtocolError("a length runs past the end of the packet")
+                    user_bytes += k - i - 4  # the two strings, without their lengths
+                    if user_bytes > max_user_bytes:
+                        raise _over(budget, f"more than {max_user_bytes} bytes of user properties")
+                    # Strict UTF-8 (no surrogates, no overlong forms) [MQTT-1.5.4-1]
+                    name, text = buf[i + 2 : j].decode("utf-8"), buf[j + 2 : k].decode("utf-8")
+                    if "\x00" in name or "\x00" in text:
+                        raise RemoteProtocolError("string contains U+0000")  # [MQTT-1.5.4-2]
+                    pairs.append((name, text))
+                    if k >= stop or buf[k] != 0x26:
+                        break
+                    count += 1
+                    if count > max_count:
+                        raise _over(budget, f"more than {max_count} properties")
+                    i = k + 1
+            except UnicodeDecodeError:
+                raise RemoteProtocolError("string is not well-formed UTF-8") from None  # [MQTT-1.5.4-1]
+            r.pos = k
+            continue
         spec = SPECS.get(ident)
         if spec is None:
             raise RemoteProtocolError(f"unknown property identifier {ident:#04x}", reason_code=MALFORMED)  # v5 §2.2.2.2
@@ -152,10 +227,8 @@ def read_properties(buf: bytes, pos: int, end: int, where: Where) -> tuple[p.Pro
             value = r.vbi()
         elif kind == STRING:
             value = r.string()  # well-formed UTF-8 without U+0000 [MQTT-1.5.4-1], [MQTT-1.5.4-2]
-        elif kind == BINARY:
-            value = r.binary()
         else:
-            value = (r.string(), r.string())  # a UTF-8 string pair (v5 §1.5.7)
+            value = r.binary()  # (PAIR, a User Property, is read above)
         if kind <= VBI:
             problem = value_problem(spec.attr, value)
             if problem is not None:
@@ -165,14 +238,29 @@ def read_properties(buf: bytes, pos: int, end: int, where: Where) -> tuple[p.Pro
             if problem is not None:
                 raise RemoteProtocolError(f"response topic: {problem}", reason_code=PROTOCOL_ERROR)
         if spec.repeats and not (ident == 0x0B and where == PT.SUBSCRIBE):
-            setattr(props, spec.attr, (*getattr(props, spec.attr), value))
+            values = repeated.get(spec.attr)
+            if values is None:
+                repeated[spec.attr] = [value]
+            else:
+                values.append(value)
             continue
         if ident in seen:
             # v5 §2.2.2.2 and each property's "more than once is a Protocol Error"
             raise RemoteProtocolError(f"property {spec.attr} more than once", reason_code=PROTOCOL_ERROR)
         seen.add(ident)
         setattr(props, spec.attr, (value,) if spec.repeats else value)
+    for attr, values in repeated.items():
+        setattr(props, attr, tuple(values))
+    if budget is not None:
+        budget.properties, budget.user_bytes = count, user_bytes
     return props, stop
+
+
+def _over(budget: Budget | None, what: str) -> RemoteProtocolError:
+    # Only a budget's limits can be crossed (see read_properties).
+    packet = budget.packet if budget is not None else "packet"
+    return RemoteProtocolError(f"{packet} with {what} (the server's limit)",
+                               reason_code=PACKET_TOO_LARGE)  # v5 §4.13: the server's own size limit
 
 
 def _name(where: Where) -> str:

@@ -31,7 +31,7 @@ from core.ports import Clock
 from core.revocation import Revocation
 from core.subscriptions import Subscription
 from gateway.mqtt import codec, incoming, packets, topics
-from gateway.mqtt.connect import connection_closed, on_connect
+from gateway.mqtt.connect import connection_closed, on_connect, server_codec
 from gateway.mqtt.inflight import FIRST_STAGE, InFlight, SessionState
 from gateway.mqtt.outgoing import message_items, publish_v5
 from gateway.mqtt.peer import Peer
@@ -88,7 +88,7 @@ class MqttSession:
         self.source = source  # the peer's host: an anonymous client's share of the broker's pools (core.tally)
         self._denied_logged: set[str] | None = None
         self._retain_refused_logged = False
-        self.codec = codec.MqttConnection(codec.Role.SERVER, max_packet_bytes=settings.preconnect_max_packet_bytes)
+        self.codec = server_codec(settings)
         self.client: Client | None = None  # set once, at CONNECT
         self.client_id = ""
         self.clean_session = True

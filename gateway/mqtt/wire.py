@@ -61,13 +61,26 @@ class LocalProtocolError(ProtocolError):
 
 class Negotiated(Protocol):
     """What a packet's decoder or encoder sees of its connection: the protocol
-    level, which decoding CONNECT fixes and encoding CONNACK reads, and the
-    role (some v5 rules depend on who sent the packet).  A protocol rather
-    than the connection class, so the packet modules need not import the
-    module that imports them."""
+    level, which decoding CONNECT fixes and encoding CONNACK reads, the
+    role (some v5 rules depend on who sent the packet), and what one v5
+    packet's properties may hold (see gateway.mqtt.properties.Budget).  A
+    protocol rather than the connection class, so the packet modules need
+    not import the module that imports them."""
 
     protocol_level: int
     role: Role
+    max_properties: int
+    max_user_property_bytes: int
+    max_topic_filters: int  # in one SUBSCRIBE or UNSUBSCRIBE
+
+
+def too_many_filters(conn: Negotiated, kind: PT) -> RemoteProtocolError:
+    """The refusal of a SUBSCRIBE or UNSUBSCRIBE past the connection's
+    ``max_topic_filters``, raised before the next filter is read: each one
+    costs the loop (a subscription made or refused, a code answered), so one
+    packet of a million must not be read whole (v5: DISCONNECT 0x95)."""
+    return RemoteProtocolError(f"{kind.name} with more than {conn.max_topic_filters} topic filters (the server's limit)",
+                               reason_code=PACKET_TOO_LARGE)
 
 
 # -- topic names and filters (§4.7) --------------------------------------------
