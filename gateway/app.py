@@ -19,7 +19,7 @@ from core import recovery
 from core.broker import Broker
 from core.storage import Recovered
 from gateway import reload, startup, tasks
-from gateway.auth import Gatekeeper, Transport
+from gateway.auth import ADMIN, MESSAGING, Gatekeeper, Transport
 from gateway.admin import cluster, metrics
 from gateway.admin.server import AdminSlots, serve_admin
 from gateway.admin.api import AdminApi, load_users
@@ -33,13 +33,20 @@ from gateway.transports.tls import CertificateUsers, server_context
 from persistence.journal import Batch
 from persistence.store import Store
 
-VERIFY_WORKERS = 2
-VERIFY_BACKLOG = 256
 # Worker threads by purpose, each with its own bound, so no one of them can
 # take the threads another needs: a burst of password checks (PBKDF2) cannot
 # hold up the store's group commit (and with it every receipt), and archive
-# downloads on the admin port cannot either.
-PASSWORD_THREADS = VERIFY_WORKERS
+# downloads on the admin port cannot either.  Password checks have a budget
+# per door, threads hashing at once and checks waiting (past it, "busy"):
+# STOMP/MQTT logins (and their WebSockets) and the admin API's Basic auth,
+# so no amount of guessing admin passwords delays a client's login, nor the
+# other way round.  One admin thread: an operator logs in now and then, and
+# the answer is cached; a flood of guesses gets one core at most.
+PASSWORD_THREADS = 2
+PASSWORD_BACKLOG = 256
+ADMIN_PASSWORD_THREADS = 1
+ADMIN_PASSWORD_BACKLOG = 32
+PASSWORD_BUDGETS = {MESSAGING: (PASSWORD_THREADS, PASSWORD_BACKLOG), ADMIN: (ADMIN_PASSWORD_THREADS, ADMIN_PASSWORD_BACKLOG)}
 STORE_THREADS = 1  # one batch is written at a time
 ADMIN_THREADS = 4
 # File descriptors beyond the connections: the store's segments, the
@@ -242,12 +249,15 @@ class _Wiring:
     def build_gatekeeper(self) -> None:
         """Logins.  Password hashes (PBKDF2, slow on purpose) are computed in worker
         threads, so a burst of logins cannot stall every other client; hashlib
-        releases the GIL while it works.  The backlog is bounded: past it, "busy"."""
+        releases the GIL while it works.  Each door has its own threads and
+        bounded backlog (PASSWORD_BUDGETS): past it, "busy"."""
         self.gatekeeper = gatekeeper = Gatekeeper(self.config.auth)
         # With users, durable state is owned: anonymous clients hold none.
         self.broker.secured = bool(gatekeeper.users)
-        self.password_threads = trio.CapacityLimiter(PASSWORD_THREADS)
-        self.checks_receive = tasks.password_checks(gatekeeper, VERIFY_BACKLOG)
+        self.password_checks = [
+            (tasks.password_checks(gatekeeper, door, backlog), threads, trio.CapacityLimiter(threads))
+            for door, (threads, backlog) in PASSWORD_BUDGETS.items()
+        ]
         if gatekeeper.users and gatekeeper.anonymous:
             self.log.warning("anonymous_access_enabled", users=len(gatekeeper.users))
 
@@ -349,8 +359,9 @@ class _Wiring:
         nursery.start_soon(self.lifetimes.run)  # kept MQTT 5 sessions' ends, delayed wills
         if self.tls is not None and config.tls.reload_interval_s > 0:
             nursery.start_soon(tasks.reload_tls, self.tls, config.tls, log)
-        for _ in range(VERIFY_WORKERS):
-            nursery.start_soon(tasks.verify_passwords, self.checks_receive, self.password_threads)
+        for checks, workers, threads in self.password_checks:  # each door's own
+            for _ in range(workers):
+                nursery.start_soon(tasks.verify_passwords, checks, threads)
         nursery.start_soon(tasks.maintain, self.store, self.broker, config.store.maintenance_interval_s, self.commit_lot, log)
         nursery.start_soon(tasks.watch_disk, self.disk, config.store.maintenance_interval_s)
         nursery.start_soon(tasks.sample_history, self.history, self.broker.clock)  # the console's charts

@@ -11,7 +11,7 @@ import h11
 import trio
 
 from gateway import tasks
-from gateway.auth import Gatekeeper, VerificationPending
+from gateway.auth import ADMIN, Gatekeeper, VerificationPending
 from gateway.transports.server import close_stream, open_listeners, peer_address, peer_host
 from gateway.admin.api import AdminApi, AdminSettings
 from gateway.admin.http import SECURITY_HEADERS, Request, Response, error
@@ -105,7 +105,7 @@ async def serve_admin(
     async with trio.open_nursery() as nursery:
         if passwords is not None:
             # A backup's port, with no broker to check them: its own, one at a time.
-            nursery.start_soon(tasks.verify_passwords, tasks.password_checks(passwords, PASSWORD_BACKLOG), threads)
+            nursery.start_soon(tasks.verify_passwords, tasks.password_checks(passwords, ADMIN, PASSWORD_BACKLOG), threads)
         # (trio's accept loop waits and retries on EMFILE rather than spinning or
         # ending; the slots keep this port from being the one that causes it.)
         await trio.serve_listeners(lambda stream: _guarded(served, stream), listeners)
@@ -188,8 +188,9 @@ async def _connection(port: _Port, stream: trio.abc.Stream, peer: str, release: 
 
 async def _answer(api: AdminApi, request: Request, log: Any) -> Response:
     """``api.handle(request)``; a password to check first is checked by the
-    broker's gate off the event loop (bounded, shared with every login), and
-    then handle() is asked again and finds the answer."""
+    broker's gate off the event loop (the admin door's own bounded budget,
+    apart from the clients' logins), and then handle() is asked again and
+    finds the answer."""
     for _ in range(3):  # a check evicted from the cache before the retry is asked for anew, not forever
         try:
             return api.handle(request)
