@@ -67,10 +67,18 @@ def password_checks(gate: auth.Gatekeeper, door: str, backlog: int) -> trio.Memo
     return receive
 
 
-async def verify_passwords(checks: trio.MemoryReceiveChannel[Check], threads: trio.CapacityLimiter | None) -> None:
-    """The hashes (PBKDF2, slow on purpose) in worker threads, never on the event loop."""
+async def verify_passwords(checks: trio.MemoryReceiveChannel[Check], threads: trio.CapacityLimiter | None,
+                           share: float = 1.0) -> None:
+    """The hashes (PBKDF2, slow on purpose) in worker threads, never on the
+    event loop.  With ``share`` below 1 this worker rests after each hash for
+    as long as the hash took times (1 - share) / share, so its door gets at
+    most that share of a core however many checks wait (the rest of the
+    machine is for the clients)."""
     async for passcode, stored, done in checks:
+        started = trio.current_time()
         done(await trio.to_thread.run_sync(auth.verify_password, passcode, stored, limiter=threads))
+        if share < 1.0:
+            await trio.sleep((trio.current_time() - started) * (1.0 - share) / share)
 
 
 async def commit(

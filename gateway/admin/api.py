@@ -2,7 +2,7 @@
 
 Routes (``admin/server.py`` runs them over h11):
 
-    GET    /healthz                              open: the process is alive
+    GET    /healthz, /livez                      open: the process is alive
     GET    /readyz                               open: 200 once recovered and listening, 503 otherwise
     GET    /metrics                              read: Prometheus text exposition
     GET    /                                     the web console (a browser's: open, it logs in itself)
@@ -76,12 +76,33 @@ class AdminSettings:
     # Connections to this port at once (API and WebSockets): its own bound,
     # so a flood here cannot take the file descriptors STOMP and MQTT need.
     max_connections: int = 256
+    # ... and from one address (0: no per-address bound): a browser opens
+    # six at most, so one address cannot hold the port (with 256 in all, it
+    # takes 16 addresses of idle sockets to fill it, and idle_timeout_s
+    # closes theirs).
+    max_connections_per_address: int = 16
+    # Seconds a connection may stay silent before its first request, or
+    # between two requests on a kept-alive one (at most request_timeout_s);
+    # then it is closed (a request under way has request_timeout_s).  Idle
+    # sockets give their slots back quickly.
+    idle_timeout_s: float = 5.0
+    # A listener of its own serving only /healthz, /livez and /readyz,
+    # without auth, for Kubernetes' probes (admin/server.py says why it is
+    # its own port): -1 none, 0 a free one, else that port.  It binds where
+    # the admin port does.
+    probe_port: int = -1
     # Seconds between the console's history samples (its charts keep 180).
     history_interval_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.max_connections < 1:
             raise ValueError("admin.max_connections must be >= 1")
+        if self.max_connections_per_address < 0:
+            raise ValueError("admin.max_connections_per_address must be >= 0 (0: no per-address bound)")
+        if self.idle_timeout_s <= 0:
+            raise ValueError("admin.idle_timeout_s must be > 0")
+        if not -1 <= self.probe_port <= 65535:
+            raise ValueError("admin.probe_port must be -1 (none), 0 (a free one) or a port up to 65535")
         if not 0.1 <= self.history_interval_s <= 3600:
             raise ValueError("admin.history_interval_s must be between 0.1 and 3600")
 
@@ -164,14 +185,22 @@ class AdminApi:
         # Reads the configuration again and applies it (gateway/reload.py): a reload.Outcome.
         self.reload = reload
 
-    def handle(self, request: Request) -> Response:
-        parts = urlsplit(request.target)
-        path = parts.path
-        if path == "/healthz":
+    def probe(self, path: str) -> Response | None:
+        """A probe's answer (here and on the probe port, admin/server.py), or
+        None when ``path`` is no probe's."""
+        if path in ("/healthz", "/livez"):
             return Response(200, b"ok\n", "text/plain")
         if path == "/readyz":
             ready = self.ready()
             return Response(200 if ready else 503, b"ready\n" if ready else b"not ready\n", "text/plain")
+        return None
+
+    def handle(self, request: Request) -> Response:
+        parts = urlsplit(request.target)
+        path = parts.path
+        probed = self.probe(path)
+        if probed is not None:
+            return probed
         page = console.serve(request.method, path, request.headers)
         if page is not None:  # the console's page and files: no data in them, so open
             return page
