@@ -40,11 +40,11 @@ from gateway.auth import hash_password  # noqa: E402
 HOST = "127.0.0.1"
 
 
-def write_config(path: Path, users: int, admin_port: int) -> None:
+def write_config(path: Path, users: int, admin_port: int, log_level: str) -> None:
     shared = hash_password("client-pw")  # one hash for every client user: each login still checks its own
     admin = hash_password("the-right-one")
     lines = [
-        'mqtt_port = 0', f'admin_port = {admin_port}', 'log_level = "warning"', "",
+        'mqtt_port = 0', f'admin_port = {admin_port}', f'log_level = "{log_level}"', "",
         "[auth]", "max_failed_logins = 1000000", "users = [",
         *(f'  {{name = "c{i}", password_hash = "{shared}"}},' for i in range(users)), "]", "",
         "[admin]", f'users = [{{name = "ops", password_hash = "{admin}", role = "read"}}]', "",
@@ -132,13 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--addresses", type=int, default=79, help="flood source addresses, from 127.0.0.2")
     parser.add_argument("--per-address", type=int, default=3, help="guesses in flight from each address")
     parser.add_argument("--timeout", type=float, default=60.0, help="one login's bound")
+    parser.add_argument("--log-level", default="warning", help="the broker's")
     parser.add_argument("--source", default=str(HERE.parent), help="the checkout the broker runs from")
     args = parser.parse_args(argv)
 
     admin_port = free_port()
     broker = Broker(f"{sys.executable} -P -m gateway serve --config CONFIG --data-dir {{data_dir}} --stomp-port {{port}}")
     broker.template = broker.template.replace("CONFIG", str(broker.tmp / "gateway.toml"))
-    write_config(broker.tmp / "gateway.toml", 2 * args.logins, admin_port)
+    write_config(broker.tmp / "gateway.toml", 2 * args.logins, admin_port, args.log_level)
     os.environ["PYTHONPATH"] = args.source  # and -P: not the runner's working directory
     result: dict = {"source": args.source, "loadavg_before": loadavg()}
     try:
