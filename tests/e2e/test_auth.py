@@ -232,3 +232,54 @@ def test_a_flood_of_wrong_admin_passwords_does_not_delay_a_client_login(broker_f
         assert reply.command == "CONNECTED", reply.headers.get("message")
         wait_for(lambda: len(flood.answers) > before, timeout=60, what="the flood still being answered after the login")
     assert set(flood.answers) <= {401, 429, 503, "refused"}
+
+
+@pytest.fixture
+def held_checks(monkeypatch):
+    """Password checks that finish only when the test says so (the broker runs
+    in this process): a check stuck behind a loaded machine, without the load."""
+    import threading
+
+    from gateway import auth
+
+    release = threading.Event()
+    real = auth.verify_password
+
+    def held(passcode, stored):
+        release.wait(60)
+        return real(passcode, stored)
+
+    monkeypatch.setattr(auth, "verify_password", held)
+    yield release
+    release.set()
+
+
+def _connect_waiting(broker):
+    connections = broker.running.server.connections
+    wait_for(lambda: broker.call(lambda: any(c.session.skeleton.deferred for c in connections.values())),
+             what="the CONNECT waiting for its password check")
+
+
+def test_a_stomp_connect_waiting_for_its_password_check_is_not_timed_out(broker_factory, raw_client, held_checks):
+    import time
+
+    broker = broker_factory(auth={"users": USERS}, stomp={"connect_timeout_s": 0.2})
+    client = raw_client(broker)
+    client.send_frame("CONNECT", {"accept-version": "1.2", "host": "h", "login": "app", "passcode": "s3cret"})
+    _connect_waiting(broker)
+    time.sleep(0.5)  # well past the connect timeout, the check still running
+    assert client.quiet_for(0.01) == []
+    held_checks.set()
+    assert client.expect("CONNECTED", timeout=30).headers["version"] == "1.2"
+
+
+def test_an_mqtt_connect_waiting_for_its_password_check_is_not_timed_out(broker_factory, raw_mqtt, held_checks):
+    import time
+
+    broker = broker_factory(auth={"users": USERS}, mqtt={"connect_timeout_s": 0.2})
+    raw = raw_mqtt(broker)
+    raw.send(p.Connect("device", username="app", password=b"s3cret"))
+    _connect_waiting(broker)
+    time.sleep(0.5)  # well past the connect timeout, the check still running
+    held_checks.set()
+    assert raw.next() == p.ConnAck(False, p.ACCEPTED)
