@@ -43,8 +43,8 @@ class AdminSlots:
     timeout) a few addresses cannot hold every slot.  A connection that
     becomes a WebSocket gives its slot back, as the server's own limits count
     it from then on (and refuse its CONNECT the protocol's way).  The probes
-    have a port of their own (admin/server.py), so a full admin port need
-    fail no probe."""
+    have a port of their own (the probe port, below), so a full admin port
+    need fail no probe."""
 
     def __init__(self, server: Any, limit: int, per_address: int = 0) -> None:
         self.server = server
