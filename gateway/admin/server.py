@@ -400,25 +400,30 @@ async def _probe(api: Probed, slots: ProbeSlots, stream: trio.abc.Stream) -> Non
 
 
 async def _answer_probe(api: Probed, stream: trio.abc.Stream) -> None:
+    """One request read (its head only: a probe has no body) and answered."""
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=PROBE_HEAD_BYTES)
+    request = await _probe_request(conn, stream)
+    if request is None:
+        return
+    path = request.target.decode("ascii", "replace").split("?", 1)[0]
+    response = api.probe(path) if request.method in (b"GET", b"HEAD") else None
+    if response is None:
+        response = error(404, f"the probe port serves only {', '.join(PROBES)} (GET)")
+    headers = [(b"content-type", response.content_type.encode()), (b"content-length", str(len(response.body)).encode()),
+               (b"connection", b"close"), (b"cache-control", b"no-store")]
+    data = conn.send(h11.Response(status_code=response.status, headers=headers)) or b""
+    if request.method != b"HEAD":
+        data += conn.send(h11.Data(data=response.body)) or b""
+    await stream.send_all(data)
+
+
+async def _probe_request(conn: h11.Connection, stream: trio.abc.Stream) -> h11.Request | None:
     while True:
         event = conn.next_event()
         if event is h11.NEED_DATA:
             data = await stream.receive_some(PROBE_HEAD_BYTES)
             if not data:
-                return
+                return None
             conn.receive_data(data)
             continue
-        if isinstance(event, h11.Request):
-            break
-        return
-    path = event.target.decode("ascii", "replace").split("?", 1)[0]
-    response = api.probe(path) if event.method in (b"GET", b"HEAD") else None
-    if response is None:
-        response = error(404, f"the probe port serves only {', '.join(PROBES)} (GET)")
-    headers = [(b"content-type", response.content_type.encode()), (b"content-length", str(len(response.body)).encode()),
-               (b"connection", b"close"), (b"cache-control", b"no-store")]
-    data = conn.send(h11.Response(status_code=response.status, headers=headers))
-    if event.method != b"HEAD":
-        data += conn.send(h11.Data(data=response.body)) or b""
-    await stream.send_all(data)
+        return event if isinstance(event, h11.Request) else None
