@@ -70,7 +70,8 @@ def login(port: int, user: str, timeout: float) -> float:
     return elapsed
 
 
-def flood(port: int, addresses: int, per_address: int, stop: multiprocessing.Event, counts: dict) -> None:
+def flood(port: int, addresses: int, per_address: int, pause_s: float, stop: multiprocessing.Event,
+          counts: dict) -> None:
     """The wrong guesses, in this child process's own Trio loop."""
     import trio
 
@@ -100,7 +101,7 @@ def flood(port: int, addresses: int, per_address: int, stop: multiprocessing.Eve
                     answer = "refused"
             seen[answer] = seen.get(answer, 0) + 1
             if answer != "401":
-                await trio.sleep(0.25)  # busy or refused: again soon, without spinning
+                await trio.sleep(pause_s)  # busy or refused: again soon, without spinning
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -132,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--addresses", type=int, default=79, help="flood source addresses, from 127.0.0.2")
     parser.add_argument("--per-address", type=int, default=3, help="guesses in flight from each address")
     parser.add_argument("--timeout", type=float, default=60.0, help="one login's bound")
+    parser.add_argument("--pause", type=float, default=0.25,
+                        help="seconds a flooding connection waits after a 503 or 429 (the answer's Retry-After is 1)")
     parser.add_argument("--log-level", default="warning", help="the broker's")
     parser.add_argument("--source", default=str(HERE.parent), help="the checkout the broker runs from")
     args = parser.parse_args(argv)
@@ -150,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         stop = multiprocessing.Event()
         manager = multiprocessing.Manager()
         counts = manager.dict()
-        child = multiprocessing.Process(target=flood, args=(admin_port, args.addresses, args.per_address, stop, counts))
+        child = multiprocessing.Process(target=flood, args=(admin_port, args.addresses, args.per_address, args.pause, stop, counts))
         child.start()
         try:
             started = time.monotonic()
