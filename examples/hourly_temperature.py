@@ -41,7 +41,7 @@ def hourly_averages(readings: DataFrame) -> DataFrame:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", required=True, help="the broker's admin HTTP base URL, e.g. http://127.0.0.1:8161")
-    parser.add_argument("--user", help="an admin user with the read role")
+    parser.add_argument("--user", help="an admin user with the browse role (message contents)")
     parser.add_argument("--password", default=os.environ.get("GATEWAY_PASSWORD"), help="default: $GATEWAY_PASSWORD")
     parser.add_argument("--topic", default="plant/+/temp", help="MQTT topic filter (default plant/+/temp)")
     parser.add_argument("--output", required=True, help="Parquet output directory (replaced)")

@@ -41,7 +41,9 @@ def parser() -> argparse.ArgumentParser:
                     "as a TOML users entry.",
     )
     passwd.add_argument("--name", default="admin", help="the user name to print the TOML entry for")
-    passwd.add_argument("--role", choices=("read", "write"), default="write", help="an admin user's role (default write)")
+    passwd.add_argument("--role", choices=("read", "browse", "write"), default="write",
+                        help="an admin user's role: read (metrics and state), browse (and message contents), "
+                             "write (and changes); default write")
     passwd.add_argument("--client", action="store_true", help="a STOMP/MQTT client user ([auth] users): no role")
     passwd.add_argument("--group", action="append", default=[], metavar="GROUP",
                         help="with --client: a group for the [[auth.acl]] grants (repeat for more)")

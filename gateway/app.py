@@ -19,9 +19,9 @@ from core.broker import Broker
 from core.clients import Client
 from core.storage import Recovered
 from gateway import reload, startup, tasks
-from gateway.auth import Gatekeeper, Transport
+from gateway.auth import ADMIN, MESSAGING, Gatekeeper, Transport
 from gateway.admin import cluster, metrics
-from gateway.admin.server import AdminSlots, serve_admin
+from gateway.admin.server import AdminSlots, serve_admin, serve_probes
 from gateway.admin.api import AdminApi, load_users
 from gateway.admin.history import History
 from gateway.config import Config
@@ -33,13 +33,26 @@ from gateway.transports.tls import CertificateUsers, server_context
 from persistence.journal import Batch
 from persistence.store import Store
 
-VERIFY_WORKERS = 2
-VERIFY_BACKLOG = 256
 # Worker threads by purpose, each with its own bound, so no one of them can
 # take the threads another needs: a burst of password checks (PBKDF2) cannot
 # hold up the store's group commit (and with it every receipt), and archive
-# downloads on the admin port cannot either.
-PASSWORD_THREADS = VERIFY_WORKERS
+# downloads on the admin port cannot either.  Password checks have a budget
+# per door, threads hashing at once and checks waiting (past it, "busy"):
+# STOMP/MQTT logins (and their WebSockets) and the admin API's Basic auth,
+# so no amount of guessing admin passwords delays a client's login, nor the
+# other way round.  One admin thread, hashing at most half the time: an
+# operator logs in now and then (and the answer is cached), while a flood of
+# guesses gets half a core at most, the clients' logins the rest.
+PASSWORD_THREADS = 2
+PASSWORD_BACKLOG = 256
+ADMIN_PASSWORD_THREADS = 1
+ADMIN_PASSWORD_BACKLOG = 32
+ADMIN_PASSWORD_SHARE = 0.5
+# door: (threads, checks waiting, share of a core each thread may hash)
+PASSWORD_BUDGETS = {
+    MESSAGING: (PASSWORD_THREADS, PASSWORD_BACKLOG, 1.0),
+    ADMIN: (ADMIN_PASSWORD_THREADS, ADMIN_PASSWORD_BACKLOG, ADMIN_PASSWORD_SHARE),
+}
 STORE_THREADS = 1  # one batch is written at a time
 ADMIN_THREADS = 4
 # File descriptors beyond the connections: the store's segments, the
@@ -242,12 +255,15 @@ class _Wiring:
     def build_gatekeeper(self) -> None:
         """Logins.  Password hashes (PBKDF2, slow on purpose) are computed in worker
         threads, so a burst of logins cannot stall every other client; hashlib
-        releases the GIL while it works.  The backlog is bounded: past it, "busy"."""
+        releases the GIL while it works.  Each door has its own threads and
+        bounded backlog (PASSWORD_BUDGETS): past it, "busy"."""
         self.gatekeeper = gatekeeper = Gatekeeper(self.config.auth)
         # With users, durable state is owned: anonymous clients hold none.
         self.broker.secured = bool(gatekeeper.users)
-        self.password_threads = trio.CapacityLimiter(PASSWORD_THREADS)
-        self.checks_receive = tasks.password_checks(gatekeeper, VERIFY_BACKLOG)
+        self.password_checks = [
+            (tasks.password_checks(gatekeeper, door, backlog), threads, trio.CapacityLimiter(threads), share)
+            for door, (threads, backlog, share) in PASSWORD_BUDGETS.items()
+        ]
         startup.announce_access(self.config, self.log)
 
     def stomp_session(self, conn_id: str, conn_log: Any, transport: Transport) -> StompSession:
@@ -369,8 +385,9 @@ class _Wiring:
         nursery.start_soon(self.lifetimes.run)  # kept MQTT 5 sessions' ends, delayed wills
         if self.tls is not None and config.tls.reload_interval_s > 0:
             nursery.start_soon(tasks.reload_tls, self.tls, config.tls, log)
-        for _ in range(VERIFY_WORKERS):
-            nursery.start_soon(tasks.verify_passwords, self.checks_receive, self.password_threads)
+        for checks, workers, threads, share in self.password_checks:  # each door's own
+            for _ in range(workers):
+                nursery.start_soon(tasks.verify_passwords, checks, threads, share)
         nursery.start_soon(tasks.maintain, self.store, self.broker, config.store.maintenance_interval_s, self.commit_lot, log)
         nursery.start_soon(tasks.watch_disk, self.disk, config.store.maintenance_interval_s)
         nursery.start_soon(tasks.sample_history, self.history, self.broker.clock)  # the console's charts
@@ -387,10 +404,11 @@ class _Wiring:
 
     async def start_admin(self, nursery: trio.Nursery, ports: dict[str, int]) -> None:
         """The admin port (plain and/or TLS) with its own threads and slots and
-        the WebSocket doors to the sessions (/stomp, /mqtt), added to ``ports``."""
+        the WebSocket doors to the sessions (/stomp, /mqtt), and the probe
+        port if configured, added to ``ports``."""
         config, log = self.config, self.log
         admin_threads = trio.CapacityLimiter(ADMIN_THREADS)
-        admin_slots = AdminSlots(self.server, config.admin.max_connections)
+        admin_slots = AdminSlots(self.server, config.admin.max_connections, config.admin.max_connections_per_address)
         upgrades = Upgrades.for_broker(self.server, config, self.stomp_session, self.mqtt_session)  # /stomp, /mqtt
         for endpoint in upgrades.endpoints.values():  # their /metrics samples from zero, as the listeners'
             self.server.accepted.setdefault(endpoint.name, 0)
@@ -401,6 +419,8 @@ class _Wiring:
             ports["admin-tls"] = await nursery.start(
                 partial(admin, ssl_context=self.tls), self.api, config.admin, config.bind, config.admin_tls_port, log
             )
+        if config.admin.probe_port >= 0:  # Kubernetes' probes, on a listener of their own
+            ports["probe"] = await nursery.start(serve_probes, self.api, config.bind, config.admin.probe_port, log)
 
     async def close_store(self) -> None:
         """Last, after every task has stopped: note which stored messages went

@@ -9,7 +9,9 @@ defined anonymous access is off unless the config turns it back on.
 Wrong credentials cost the caller, not the broker: after a few failures from
 one address within a window, further attempts from it are refused before any
 password hash is computed (PBKDF2 is slow on purpose; the app computes it in a
-worker thread, see VerificationPending).
+worker thread, see VerificationPending).  Each door (messaging, admin) has its
+own verifier, a bounded budget of threads and queued checks, so guessing at
+one door never delays a login at the other.
 The same gate refuses connections the server admitted past a limit, so each
 protocol can say so the way it says "no" to a login."""
 
@@ -40,12 +42,17 @@ VERIFIED_CACHE = 4096
 TRACKED_ADDRESSES = 10_000
 
 
-# Password checks waiting for or running in a worker thread from one address;
-# more attempts from it meanwhile are refused (a burst cannot queue hashes).
+# Password checks waiting for or running in a worker thread from one address
+# at one door; more attempts from it meanwhile are refused (a burst cannot
+# queue hashes).
 PENDING_PER_ADDRESS = 4
-# The doors a lockout is kept for: a locked-out messaging address can still
-# reach the console (and the other way round), each with its own count.
+# The doors a lockout and a password budget are kept for: a locked-out
+# messaging address can still reach the console (and the other way round),
+# each with its own count, and each door's checks queue for its own threads.
 MESSAGING, ADMIN = "messaging", "admin"
+# A door's verifier: runs verify_password(passcode, stored) off the loop and
+# then calls back with the answer; False when that door's queue is full.
+Verifier = Callable[[str, str, Callable[[bool], None]], bool]
 
 
 # What an anonymous client from another machine is told by a broker that
@@ -190,8 +197,10 @@ class Gatekeeper:
 
     Every password check passes here, whatever the door (STOMP, MQTT, their
     WebSockets, the admin API's Basic auth): one lockout per address and
-    door, one bound on checks in progress per address, one cache of answers,
-    and one verifier whose worker threads are the only ones hashing.  An
+    door, one bound on checks in progress per address and door, one cache of
+    answers, and per door one verifier whose worker threads are the only ones
+    hashing for it (``verifiers``): a flood of wrong admin passwords fills
+    the admin door's queue, never the one a STOMP or MQTT login waits in.  An
     unknown user costs a hash like a known one (against a dummy with the
     same parameters), so how long a refusal takes says nothing about who
     exists."""
@@ -201,10 +210,10 @@ class Gatekeeper:
         self._rejected: set[tuple[str, str, bytes]] = set()  # answers waiting for their retried check
         self._generation = 0  # reconfigurations so far: an answer about older users is not remembered
         self.reconfigure(settings)
-        self._pending: dict[str, int] = {}  # host -> checks queued or running
-        # Runs verify_password(passcode, stored) off the loop and then calls
-        # back with the result (set by the app); None: verify inline.
-        self.verifier: Callable[[str, str, Callable[[bool], None]], bool] | None = None
+        self._pending: dict[tuple[str, str], int] = {}  # (door, host) -> checks queued or running
+        # door -> its verifier, each with its own threads and queue (set by
+        # the app, gateway/tasks.py); a door without one verifies inline.
+        self.verifiers: dict[str, Verifier] = {}
         self._clock = clock
         self.refused: dict[str, int] = {}  # CONNECTs refused, by AccessDenied.kind
         # (door, host) -> (window start, failures)
@@ -289,7 +298,7 @@ class Gatekeeper:
                 f"{self.retry_after(door, host)} s",
                 "rate_limited",
             )
-        if self._pending.get(host, 0) >= PENDING_PER_ADDRESS:
+        if self._pending.get(key, 0) >= PENDING_PER_ADDRESS:
             raise AccessDenied(f"too many logins in progress from {host}", "rate_limited")
 
     def retry_after(self, door: str, host: str) -> int:
@@ -322,7 +331,7 @@ class Gatekeeper:
         if key in self._rejected:
             self._rejected.discard(key)
             return False
-        verifier = self.verifier
+        verifier = self.verifiers.get(door)
         if verifier is None:
             ok = verify_password(passcode, stored)
             if ok:
@@ -330,19 +339,20 @@ class Gatekeeper:
             return ok
 
         generation = self._generation
+        pending = (door, host)
 
         def start(done: Callable[[], None]) -> bool:
             def finished(ok: bool) -> None:
-                self._pending[host] -= 1
-                if not self._pending[host]:
-                    del self._pending[host]
+                self._pending[pending] -= 1
+                if not self._pending[pending]:
+                    del self._pending[pending]
                 if generation == self._generation:  # else checked against a hash a reload replaced
                     self._remember(key, ok)
                 done()
 
             if not verifier(passcode, stored, finished):
                 return False
-            self._pending[host] = self._pending.get(host, 0) + 1
+            self._pending[pending] = self._pending.get(pending, 0) + 1
             return True
 
         raise VerificationPending(start)

@@ -29,7 +29,6 @@ from persistence.store import Store
 STORE_RETRY_S = 0.5
 # How often a store_stats line is logged at INFO.
 STATS_INTERVAL_S = 10.0
-# Password checks running at once (threads) and waiting to run.
 # A password check waiting for a worker thread: passcode, stored hash, and
 # what to call with the answer.
 Check = tuple[str, str, Callable[[bool], None]]
@@ -51,9 +50,10 @@ class Replicator(Protocol):
     def publish(self, batch: Batch) -> None: ...
 
 
-def password_checks(gate: auth.Gatekeeper, backlog: int) -> trio.MemoryReceiveChannel[Check]:
-    """Make ``gate`` hand its password checks to a channel of ``backlog``
-    (past it a login is answered "busy") for :func:`verify_passwords`."""
+def password_checks(gate: auth.Gatekeeper, door: str, backlog: int) -> trio.MemoryReceiveChannel[Check]:
+    """Make ``gate`` hand the password checks of ``door`` (auth.MESSAGING,
+    auth.ADMIN) to a channel of ``backlog`` of its own (past it a login there
+    is answered "busy") for :func:`verify_passwords`."""
     send, receive = trio.open_memory_channel[Check](backlog)
 
     def verifier(passcode: str, stored: str, done: Callable[[bool], None]) -> bool:
@@ -63,14 +63,22 @@ def password_checks(gate: auth.Gatekeeper, backlog: int) -> trio.MemoryReceiveCh
             return False
         return True
 
-    gate.verifier = verifier
+    gate.verifiers[door] = verifier
     return receive
 
 
-async def verify_passwords(checks: trio.MemoryReceiveChannel[Check], threads: trio.CapacityLimiter | None) -> None:
-    """The hashes (PBKDF2, slow on purpose) in worker threads, never on the event loop."""
+async def verify_passwords(checks: trio.MemoryReceiveChannel[Check], threads: trio.CapacityLimiter | None,
+                           share: float = 1.0) -> None:
+    """The hashes (PBKDF2, slow on purpose) in worker threads, never on the
+    event loop.  With ``share`` below 1 this worker rests after each hash for
+    as long as the hash took times (1 - share) / share, so its door gets at
+    most that share of a core however many checks wait (the rest of the
+    machine is for the clients)."""
     async for passcode, stored, done in checks:
+        started = trio.current_time()
         done(await trio.to_thread.run_sync(auth.verify_password, passcode, stored, limiter=threads))
+        if share < 1.0:
+            await trio.sleep((trio.current_time() - started) * (1.0 - share) / share)
 
 
 async def commit(

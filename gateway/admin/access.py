@@ -31,8 +31,12 @@ def basic(header: str) -> tuple[str | None, str]:
     return name, password
 
 
+# What each role may do, in order: each covers the ones before it (api.ROLES).
+RANKS = {"read": 0, "browse": 1, "write": 2}
+
+
 class Access:
-    """``users``: name -> (password hash, role read|write)."""
+    """``users``: name -> (password hash, role read|browse|write)."""
 
     def __init__(self, users: dict[str, tuple[str, str]], gate: Gatekeeper | None = None) -> None:
         self.users = users
@@ -67,10 +71,16 @@ class Access:
         self.gate.answered(ADMIN, host, ok)
         if not ok or entry is None:
             return _challenge(request, "wrong user or password")
-        if need == "write" and entry[1] != "write":
-            return error(403, "this user may only read")
+        if RANKS[entry[1]] < RANKS[need]:
+            return error(403, NEEDS[need].format(user=name, role=entry[1]))
         request.user, request.role = name or "", entry[1]
         return None
+
+
+NEEDS = {
+    "browse": "reading message contents takes the browse or write role; {user} has {role}",
+    "write": "changing things takes the write role; {user} has {role}",
+}
 
 
 def _challenge(request: Request, reason: str = "credentials required") -> Response:

@@ -2,7 +2,7 @@
 
 Routes (``admin/server.py`` runs them over h11):
 
-    GET    /healthz                              open: the process is alive
+    GET    /healthz, /livez                      open: the process is alive
     GET    /readyz                               open: 200 once recovered and listening, 503 otherwise
     GET    /metrics                              read: Prometheus text exposition
     GET    /                                     the web console (a browser's: open, it logs in itself)
@@ -13,7 +13,7 @@ Routes (``admin/server.py`` runs them over h11):
     GET    /api/v1/topics                        read: topics with their subscribers (admin/topics.py)
     GET    /api/v1/destinations                  read: every queue and durable subscription
     GET    /api/v1/destinations/{name}           read: one, in detail
-    GET    /api/v1/destinations/{name}/messages  read: browse the first ?limit=N (default 20, max 1000)
+    GET    /api/v1/destinations/{name}/messages  browse: the first ?limit=N (default 20, max 1000), bodies included
     POST   /api/v1/destinations/{name}/messages  write: send {"body": str, "headers": {}, "persistent": bool}
     POST   /api/v1/destinations/{name}/purge     write: drop every pending message
     POST   /api/v1/destinations/{name}/retry     write: dead letters back to their original destinations
@@ -24,7 +24,8 @@ Routes (``admin/server.py`` runs them over h11):
     POST   /api/v1/reload                        write: read the config file again and apply it (gateway/reload.py)
     GET    /api/v1/connections                   read: every connection
     DELETE /api/v1/connections/{id}              write: close one
-    GET    /api/v1/archive[/{topic}[/messages]]  read: topic archives (admin/archive.py)
+    GET    /api/v1/archive[/{topic}]             read: topic archives, their offsets and sizes (admin/archive.py)
+    GET    /api/v1/archive/{topic}/messages      browse: a range of an archive's messages
 
 ``{name}`` is the destination URL-encoded (``%2Fqueue%2Forders``) or without
 its leading slash (``queue/orders``).  Errors are JSON: ``{"status", "reason"}``.
@@ -52,15 +53,21 @@ from gateway.admin.cluster import ClusterBody, Single, Source
 from gateway.admin.http import Request, Response, error, ok
 from gateway.auth import Gatekeeper
 
-ROLES = ("read", "write")
+# Each role covers the ones before it: read sees metrics and state (counts,
+# depths, connections, the cluster), never a message; browse also reads
+# message contents (a queue's messages, an archive's ranges); write also
+# changes things.  Prometheus needs read only.
+ROLES = ("read", "browse", "write")
 WRITE_METHODS = frozenset({"POST", "PUT", "DELETE", "PATCH"})
 USERS_FILE_ENV = "GATEWAY_ADMIN_USERS_FILE"
 
 
 @dataclasses.dataclass(frozen=True)
 class AdminSettings:
-    # [{name = "ops", password_hash = "pbkdf2_sha256$...", role = "write"}]; a
-    # "write" user may also read.  With no user at all the API answers 403.
+    # [{name = "ops", password_hash = "pbkdf2_sha256$...", role = "write"}]:
+    # read (metrics and state, no message contents), browse (read, and
+    # message contents), write (browse, and changes).  With no user at all the
+    # API answers 403.
     users: list[dict[str, str]] = dataclasses.field(default_factory=list)
     users_file: str = ""  # a TOML file with the same `users` list (a Secret)
     max_request_bytes: int = 1024 * 1024
@@ -76,12 +83,33 @@ class AdminSettings:
     # Connections to this port at once (API and WebSockets): its own bound,
     # so a flood here cannot take the file descriptors STOMP and MQTT need.
     max_connections: int = 256
+    # ... and from one address (0: no per-address bound): a browser opens
+    # six at most, so one address cannot hold the port (with 256 in all, it
+    # takes 16 addresses of idle sockets to fill it, and idle_timeout_s
+    # closes theirs).
+    max_connections_per_address: int = 16
+    # Seconds a connection may stay silent before its first request, or
+    # between two requests on a kept-alive one (at most request_timeout_s);
+    # then it is closed (a request under way has request_timeout_s).  Idle
+    # sockets give their slots back quickly.
+    idle_timeout_s: float = 5.0
+    # A listener of its own serving only /healthz, /livez and /readyz,
+    # without auth, for Kubernetes' probes (admin/server.py says why it is
+    # its own port): -1 none, 0 a free one, else that port.  It binds where
+    # the admin port does.
+    probe_port: int = -1
     # Seconds between the console's history samples (its charts keep 180).
     history_interval_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.max_connections < 1:
             raise ValueError("admin.max_connections must be >= 1")
+        if self.max_connections_per_address < 0:
+            raise ValueError("admin.max_connections_per_address must be >= 0 (0: no per-address bound)")
+        if self.idle_timeout_s <= 0:
+            raise ValueError("admin.idle_timeout_s must be > 0")
+        if not -1 <= self.probe_port <= 65535:
+            raise ValueError("admin.probe_port must be -1 (none), 0 (a free one) or a port up to 65535")
         if not 0.1 <= self.history_interval_s <= 3600:
             raise ValueError("admin.history_interval_s must be between 0.1 and 3600")
 
@@ -96,13 +124,20 @@ def load_users(settings: AdminSettings) -> dict[str, tuple[str, str]]:
     for entry in entries:
         name, hashed, role = entry.get("name"), entry.get("password_hash"), entry.get("role", "read")
         if not name or not hashed or role not in ROLES:
-            raise ValueError(f"admin user entries need name, password_hash and role read|write: {entry.get('name')!r}")
+            raise ValueError(f"admin user entries need name, password_hash and role read|browse|write: {entry.get('name')!r}")
         if name in users:
             # [admin] users, the users file and GATEWAY_ADMIN_USER: which one
             # counts would be a guess.
             raise ValueError(f"admin user {name!r} is defined twice (config, users file {path or '-'} or environment)")
         users[name] = (hashed, role)
     return users
+
+
+def shows_contents(path: str) -> bool:
+    """Whether a GET of ``path`` answers with message contents (bodies and
+    headers), which take the browse role: a queue's messages, an archive's."""
+    rest = path.removeprefix("/api/v1/")
+    return rest != path and rest.startswith(("destinations/", "archive/")) and rest.endswith("/messages")
 
 
 def _same_host(origin: str, host: str) -> bool:
@@ -164,14 +199,22 @@ class AdminApi:
         # Reads the configuration again and applies it (gateway/reload.py): a reload.Outcome.
         self.reload = reload
 
-    def handle(self, request: Request) -> Response:
-        parts = urlsplit(request.target)
-        path = parts.path
-        if path == "/healthz":
+    def probe(self, path: str) -> Response | None:
+        """A probe's answer (here and on the probe port, admin/server.py), or
+        None when ``path`` is no probe's."""
+        if path in ("/healthz", "/livez"):
             return Response(200, b"ok\n", "text/plain")
         if path == "/readyz":
             ready = self.ready()
             return Response(200 if ready else 503, b"ready\n" if ready else b"not ready\n", "text/plain")
+        return None
+
+    def handle(self, request: Request) -> Response:
+        parts = urlsplit(request.target)
+        path = parts.path
+        probed = self.probe(path)
+        if probed is not None:
+            return probed
         page = console.serve(request.method, path, request.headers)
         if page is not None:  # the console's page and files: no data in them, so open
             return page
@@ -181,7 +224,7 @@ class AdminApi:
             if refused is not None:
                 return refused
         # Password checks: the broker's gate (lockout, hashing off the loop, cache).
-        denied = self.access.authorize(request, "write" if write else "read")
+        denied = self.access.authorize(request, "write" if write else "browse" if shows_contents(path) else "read")
         if denied is not None:
             return denied
         if path == "/api/v1/whoami" and request.method == "GET":

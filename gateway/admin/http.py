@@ -26,7 +26,7 @@ class Request:
     headers: dict[str, str]
     body: bytes = b""
     host: str = "unknown"  # the client's address, what the login lockout counts
-    user: str = ""  # who asked and their role (read|write), once authorized
+    user: str = ""  # who asked and their role (read|browse|write), once authorized
     role: str = ""
 
 

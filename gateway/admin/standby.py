@@ -1,6 +1,7 @@
 """The admin port of a node that serves no clients (an HA backup).
 
-It answers the probes (``/healthz`` 200, ``/readyz`` 503 with its state) and,
+It answers the probes (``/healthz`` and ``/livez`` 200, ``/readyz`` 503 with
+its state; on the probe port too) and,
 behind the same basic auth as a primary's API (read role), two reads:
 ``/metrics`` (what a backup has to report: its HA state, epoch, applied LSN)
 and ``/api/v1/cluster`` (the group as this node sees it), so an operator
@@ -43,12 +44,19 @@ class StandbyApi:
     def gate(self) -> Gatekeeper:
         return self.access.gate
 
-    def handle(self, request: Request) -> Response:
-        path = urlsplit(request.target).path
-        if path == "/healthz":
+    def probe(self, path: str) -> Response | None:
+        """A probe's answer (here and on the probe port), or None."""
+        if path in ("/healthz", "/livez"):
             return Response(200, b"ok\n", "text/plain")
         if path == "/readyz":
             return Response(503, f"not ready: {self.not_ready()}\n".encode(), "text/plain")
+        return None
+
+    def handle(self, request: Request) -> Response:
+        path = urlsplit(request.target).path
+        probed = self.probe(path)
+        if probed is not None:
+            return probed
         page = console.serve(request.method, path, request.headers)
         if page is not None:
             return page

@@ -41,7 +41,7 @@ import trio
 from gateway import app, startup
 from gateway.admin import metrics
 from gateway.admin.api import load_users
-from gateway.admin.server import AdminSlots, serve_admin
+from gateway.admin.server import AdminSlots, serve_admin, serve_probes
 from gateway.admin.standby import StandbyApi
 from gateway.auth import Gatekeeper
 from gateway.config import Config
@@ -339,8 +339,11 @@ class HaNode:
                             limits=Limits(self.config.max_connections, self.config.max_connections_per_address, 10.0))
         async with trio.open_nursery() as nursery:
             port = await nursery.start(partial(serve_admin, status, admin, self.config.bind, self.config.admin_port,
-                                               self.log, slots=AdminSlots(status, admin.max_connections),
+                                               self.log, slots=AdminSlots(status, admin.max_connections,
+                                                                          admin.max_connections_per_address),
                                                passwords=status.gate))
+            if admin.probe_port >= 0:  # a backup's probes answer on the same port as a primary's
+                await nursery.start(serve_probes, status, self.config.bind, admin.probe_port, self.log)
             self.log.info("ha_backup_started", admin_port=port, data_dir=self.config.data_dir)
             await self.serve_events(nursery, lambda: self.state == State.PRIMARY or self.ended or self.stopping)
             await self.stop_following()

@@ -162,7 +162,10 @@ class Skeleton:
         if state is _CLOSED:
             return None
         if state is _AWAITING_CONNECT:
-            return self.login_deadline
+            # A CONNECT held back waiting for its own password check is not
+            # timed out: the client sent it in time, and the wait is bounded
+            # by its door's queue (full: refused "busy" at once).
+            return self.login_deadline if self.deferred is None else None
         deadline = min(self.silence.deadline(), self.beat.deadline())
         if self.gate.blocked and self.client is not None:
             deadline = min(deadline, self.client.held_until)
@@ -173,7 +176,7 @@ class Skeleton:
         if state is _CLOSED:
             return
         if state is _AWAITING_CONNECT:
-            if now >= self.login_deadline:
+            if now >= self.login_deadline and self.deferred is None:
                 self.dialect.fail("no CONNECT within the connect timeout")
             return
         reading = self.wants_input

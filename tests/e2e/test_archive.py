@@ -23,7 +23,8 @@ from tests.helpers import unique, wait_for
 from tests.processes import BrokerProcess, accepting, free_port
 
 READER = ("viewer", "look")
-USERS = [{"name": READER[0], "password_hash": hash_password(READER[1], iterations=1000), "role": "read"}]
+# An archive reader (Spark, say) reads message contents: the browse role.
+USERS = [{"name": READER[0], "password_hash": hash_password(READER[1], iterations=1000), "role": "browse"}]
 ARCHIVED = [{"destination": "/topic/plant.>", "archive": True}]
 ARROW = "application/vnd.apache.arrow.stream"
 SCHEMA = pa.schema([
@@ -140,7 +141,7 @@ def test_the_archive_needs_the_admin_credentials(archive_broker, broker_factory,
     stomp_client(broker).send("/topic/plant.9", b"x")
     assert get(broker.admin_port, "/api/v1/archive", auth=None)[0] == 401
     assert get(broker.admin_port, "/api/v1/archive/plant.9/messages", auth=("viewer", "wrong"))[0] == 401
-    assert get(broker.admin_port, "/api/v1/archive/plant.9/messages")[0] == 200  # the read role suffices
+    assert get(broker.admin_port, "/api/v1/archive/plant.9/messages")[0] == 200  # the browse role suffices
 
 
 def test_bad_ranges_get_clear_errors(archive_broker, stomp_client):
@@ -224,7 +225,7 @@ def test_every_receipted_persistent_message_is_archived_after_sigkill(tmp_path: 
     config = tmp_path / "gateway.toml"
     config.write_text(
         '[[broker.policies]]\ndestination = "/topic/plant.>"\narchive = true\n'
-        f'[admin]\nusers = [{{name = "{READER[0]}", password_hash = "{USERS[0]["password_hash"]}", role = "read"}}]\n'
+        f'[admin]\nusers = [{{name = "{READER[0]}", password_hash = "{USERS[0]["password_hash"]}", role = "browse"}}]\n'
         "[store]\narchive_segment_bytes = 65536\n"
     )
     process = BrokerProcess(tmp_path, "--config", str(config), "--admin-port", str(admin_port))

@@ -134,3 +134,152 @@ def test_an_unknown_user_is_refused_after_the_same_hash_as_a_known_one(broker_fa
     # Same number of runs with the same parameters: STOMP and MQTT at the users'
     # 1000 iterations, the admin API at its users' 1500.
     assert per_door["app"] == per_door["nobody"] == [1000, 1000, 1500]
+
+
+# -- admin guessing and client logins: separate password budgets ---------------------
+
+
+class AdminGuessFlood:
+    """Wrong admin Basic-auth requests, a new password each (no answer is
+    cached), from many source addresses (127.0.0.2 ...), each address keeping
+    ``per_address`` requests in flight (under the per-address bounds), in a
+    Trio loop of their own on a thread; answers by status."""
+
+    def __init__(self, port: int, addresses: list[str], per_address: int) -> None:
+        import itertools
+        import threading
+
+        import trio
+
+        self.port, self.addresses, self.per_address = port, addresses, per_address
+        self.guesses = itertools.count()
+        self.sent = 0  # first requests sent, one per task
+        self.answers: list[int | str] = []
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=trio.run, args=(self._main,), daemon=True, name="admin-flood")
+
+    def __enter__(self) -> AdminGuessFlood:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stopping.set()
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "the flood did not stop"
+
+    async def _main(self) -> None:
+        import trio
+
+        async with trio.open_nursery() as nursery:
+            for address in self.addresses:
+                for _ in range(self.per_address):
+                    nursery.start_soon(self._guess, address)
+            while not self.stopping.is_set():
+                await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+
+    async def _guess(self, address: str) -> None:
+        import base64
+
+        import trio
+
+        first = True
+        while True:
+            token = base64.b64encode(f"ops:guess-{next(self.guesses)}".encode()).decode()
+            request = (f"GET /api/v1/destinations HTTP/1.1\r\nHost: gateway\r\nAuthorization: Basic {token}\r\n"
+                       "Connection: close\r\n\r\n").encode()
+            answer: int | str = "refused"
+            sock = trio.socket.socket()
+            with sock:
+                try:
+                    await sock.bind((address, 0))
+                    await sock.connect(("127.0.0.1", self.port))
+                    await sock.send(request)
+                    if first:
+                        self.sent += 1
+                        first = False
+                    head = b""
+                    while b"\r\n" not in head:
+                        data = await sock.recv(4096)
+                        if not data:
+                            break
+                        head += data
+                    if head.startswith(b"HTTP/1.1 "):
+                        answer = int(head.split(b" ", 2)[1])
+                except OSError:
+                    pass
+            self.answers.append(answer)
+            if answer != 401:  # "busy", locked out or refused: again soon, without spinning
+                await trio.sleep(0.25)
+
+
+def test_a_flood_of_wrong_admin_passwords_does_not_delay_a_client_login(broker_factory):
+    # Costly admin hashes and a lockout too lenient to help: every guess costs a
+    # PBKDF2 run, from 79 addresses, each under every per-address bound.
+    admins = [{"name": "ops", "password_hash": hash_password("right", iterations=2_000_000), "role": "read"}]
+    broker = broker_factory(auth={"users": USERS, "max_failed_logins": 1_000_000}, admin={"users": admins})
+    addresses = [f"127.0.0.{i}" for i in range(2, 81)]
+    with AdminGuessFlood(broker.admin_port, addresses, per_address=3) as flood:
+        wait_for(lambda: flood.sent == len(addresses) * 3 and 401 in flood.answers, timeout=60,
+                 what="every guessing connection's request sent, and guesses being checked (a first 401)")
+        before = len(flood.answers)
+        client = RawClient(broker.stomp_address, timeout=30)  # generous: the login's own hash takes milliseconds
+        try:
+            client.send_frame("CONNECT", {"accept-version": "1.2", "host": "h", "login": "app", "passcode": "s3cret"})
+            reply = client.next_frame()
+        finally:
+            client.close()
+        assert reply.command == "CONNECTED", reply.headers.get("message")
+        wait_for(lambda: len(flood.answers) > before, timeout=60, what="the flood still being answered after the login")
+    assert set(flood.answers) <= {401, 429, 503, "refused"}
+
+
+@pytest.fixture
+def held_checks(monkeypatch):
+    """Password checks that finish only when the test says so (the broker runs
+    in this process): a check stuck behind a loaded machine, without the load."""
+    import threading
+
+    from gateway import auth
+
+    release = threading.Event()
+    real = auth.verify_password
+
+    def held(passcode, stored):
+        release.wait(60)
+        return real(passcode, stored)
+
+    monkeypatch.setattr(auth, "verify_password", held)
+    yield release
+    release.set()
+
+
+def _connect_waiting(broker):
+    connections = broker.running.server.connections
+    wait_for(lambda: broker.call(lambda: any(c.session.skeleton.deferred for c in connections.values())),
+             what="the CONNECT waiting for its password check")
+
+
+def test_a_stomp_connect_waiting_for_its_password_check_is_not_timed_out(broker_factory, raw_client, held_checks):
+    import time
+
+    broker = broker_factory(auth={"users": USERS}, stomp={"connect_timeout_s": 0.2})
+    client = raw_client(broker)
+    client.send_frame("CONNECT", {"accept-version": "1.2", "host": "h", "login": "app", "passcode": "s3cret"})
+    _connect_waiting(broker)
+    time.sleep(0.5)  # well past the connect timeout, the check still running
+    assert client.quiet_for(0.01) == []
+    held_checks.set()
+    assert client.expect("CONNECTED", timeout=30).headers["version"] == "1.2"
+
+
+def test_an_mqtt_connect_waiting_for_its_password_check_is_not_timed_out(broker_factory, raw_mqtt, held_checks):
+    import time
+
+    broker = broker_factory(auth={"users": USERS}, mqtt={"connect_timeout_s": 0.2})
+    raw = raw_mqtt(broker)
+    raw.send(p.Connect("device", username="app", password=b"s3cret"))
+    _connect_waiting(broker)
+    time.sleep(0.5)  # well past the connect timeout, the check still running
+    held_checks.set()
+    assert raw.next() == p.ConnAck(False, p.ACCEPTED)

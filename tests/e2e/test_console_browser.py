@@ -318,6 +318,32 @@ def test_the_topics_page_shows_subscribers_and_archive_offsets(console: Console,
     screenshot(ops, "archive")
 
 
+def test_a_read_user_sees_a_destinations_figures_but_not_its_messages(console: Console, driver: Any,
+                                                                       stomp_client: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    queue = f"/queue/{unique('unread')}"
+    stomp_client(console.stomp).send(queue, "a private body", receipt=True)
+
+    def log_out() -> None:  # the module's one browser may be logged in as the operator
+        driver.get(console.base + "/#/overview")
+        if driver.find_elements(By.ID, "logout") and driver.find_element(By.ID, "logout").is_displayed():
+            click(driver, "#logout")
+            until(driver, lambda d: d.find_element(By.ID, "login").is_displayed(), "the login form")
+
+    log_out()
+    console_login(driver, console.base, *READER)
+    try:
+        go(driver, "destination/" + queue)
+        shows(driver, ".figure.depth .value", "1")
+        shows(driver, "#no-browse", "Message contents need the browse role.")
+        assert not driver.find_elements(By.CSS_SELECTOR, "#messages")
+        assert "a private body" not in driver.find_element(By.TAG_NAME, "body").text
+    finally:
+        log_out()
+        console_login(driver, console.base, *WRITER)  # as the other tests' `ops` expects
+
+
 def test_the_destination_page_browses_sends_and_deletes(console: Console, ops: Any, stomp_client: Any) -> None:
     from selenium.webdriver.common.by import By
 

@@ -52,8 +52,9 @@ def test_configmap_file_loads_and_agrees_with_the_pod(rendered: list[dict[str, A
     ports = {p["name"]: p["containerPort"] for p in ctr["ports"]}
     assert cfg.ha is not None
     replication = int(cfg.ha.replication_listen.rpartition(":")[2])
-    assert ports == {"stomp": cfg.stomp_port, "mqtt": cfg.mqtt_port, "admin": cfg.admin_port, "replication": replication}
-    assert ports == {"stomp": 61613, "mqtt": 1883, "admin": 8161, "replication": 7000}
+    assert ports == {"stomp": cfg.stomp_port, "mqtt": cfg.mqtt_port, "admin": cfg.admin_port,
+                     "probe": cfg.admin.probe_port, "replication": replication}
+    assert ports == {"stomp": 61613, "mqtt": 1883, "admin": 8161, "probe": 8163, "replication": 7000}
 
     mounts = {m["name"]: m for m in ctr["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -86,14 +87,17 @@ def test_configmap_file_loads_and_agrees_with_the_pod(rendered: list[dict[str, A
     assert pod["enableServiceLinks"] is False
 
 
-def test_probes_hit_the_admin_port(rendered: list[dict[str, Any]], tmp_path: Path) -> None:
+def test_probes_hit_the_probe_port(rendered: list[dict[str, Any]], tmp_path: Path) -> None:
     ctr = container(rendered)
     cfg, _ = effective_config(rendered, tmp_path)
+    # The probe port's own listener ([admin] probe_port), not the admin port
+    # idle sockets can fill; it serves these paths without a login.
+    assert cfg.admin.probe_port > 0 and cfg.admin.probe_port != cfg.admin_port
     expected = {"readinessProbe": "/readyz", "livenessProbe": "/healthz", "startupProbe": "/healthz"}
     for probe, path in expected.items():
         get = ctr[probe]["httpGet"]
         assert get["path"] == path, probe
-        assert port_number(ctr, get["port"]) == cfg.admin_port, probe
+        assert port_number(ctr, get["port"]) == cfg.admin.probe_port, probe
     startup = ctr["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 60, "store recovery gets at least a minute"
 

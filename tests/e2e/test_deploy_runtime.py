@@ -54,6 +54,11 @@ class Pod:
         chroot = ha["zookeeper"].partition("/")[2]
         text = text.replace(ha["zookeeper"], f"{zookeeper.hosts}/{chroot}")
         text = text.replace(f'"{ha["replication_listen"]}"', f'"{HOST}:{self.replication_port}"')
+        # The probe port, one of its own per pod here (in Kubernetes each pod has its own address).
+        self.probe_port = free_port()
+        probe_line = f"probe_port = {tomllib.loads(text)['admin']['probe_port']}"
+        assert probe_line in text
+        text = text.replace(probe_line, f"probe_port = {self.probe_port}")
         self.config = self.dir / "gateway.toml"
         self.config.write_text(text)
         # The pod's own arguments, with loopback where the pod has 0.0.0.0 and ports of its own.
@@ -92,6 +97,13 @@ class Pod:
         except OSError:
             return None  # not listening (starting, or between roles)
 
+    def probe(self, path: str) -> int | None:
+        """A kubelet's probe: GET ``path`` on the probe port."""
+        try:
+            return _get(f"http://{HOST}:{self.probe_port}{path}")[0]
+        except OSError:
+            return None
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
@@ -118,7 +130,7 @@ def wait_ready(pods: list[Pod]) -> Pod:
     while time.monotonic() < deadline:
         for pod in pods:
             assert pod.alive(), f"{pod.name} exited\n" + "\n".join(p.tail() for p in pods)
-        answers = {pod.name: pod.status("/readyz") for pod in pods}
+        answers = {pod.name: pod.probe("/readyz") for pod in pods}
         ready = [p for p in pods if answers[p.name] == 200]
         assert len(ready) <= 1, f"two ready pods: {answers}"
         if ready and all(answers[p.name] == 503 for p in pods if p is not ready[0]):
@@ -165,8 +177,8 @@ def test_the_pods_form_one_group_and_roll_with_one_failover(rendered: list[dict[
         backups = [p for p in pods if p is not primary]
         # Liveness and start-up on every pod; readiness on the primary alone (wait_ready).
         for pod in pods:
-            assert pod.status(ctr["livenessProbe"]["httpGet"]["path"]) == 200
-            assert pod.status(ctr["startupProbe"]["httpGet"]["path"]) == 200
+            assert pod.probe(ctr["livenessProbe"]["httpGet"]["path"]) == 200
+            assert pod.probe(ctr["startupProbe"]["httpGet"]["path"]) == 200
         # The scrape path of the annotations needs credentials; the placeholder admits nobody.
         path = the(rendered, "Service", "gateway")["metadata"]["annotations"]["prometheus.io/path"]
         assert _get(primary.url(path))[0] == 401

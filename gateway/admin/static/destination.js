@@ -35,7 +35,9 @@
   register("destination", async (view, args) => {
     const name = args.join("/");
     const [d, history] = await Promise.all([api(destinationPath(name)), api("/api/v1/history")]);
-    const messages = await api(destinationPath(name) + "/messages?limit=" + BROWSE_LIMIT);
+    // Message contents take the browse role (or write); a read user sees the figures only.
+    const browse = document.body.dataset.role === "browse" || document.body.dataset.role === "write";
+    const messages = browse ? await api(destinationPath(name) + "/messages?limit=" + BROWSE_LIMIT) : [];
     const ring = history.destinations[d.name] || [];
     const deadLetters = messages.some((m) => m.headers && m.headers.originalDestination);
     const isQueue = d.type === "queue" || d.type === "temp-queue";
@@ -98,8 +100,12 @@
       row.append(actions);
       t.tBodies[0].append(row);
     }
-    view.append(el("h2", {}, `Messages (the first ${BROWSE_LIMIT}, not consumed)`), t);
-    if (!messages.length) view.append(el("p", {id: "no-messages"}, "No message is waiting."));
+    if (!browse) {
+      view.append(el("p", {id: "no-browse"}, "Message contents need the browse role."));
+    } else {
+      view.append(el("h2", {}, `Messages (the first ${BROWSE_LIMIT}, not consumed)`), t);
+      if (!messages.length) view.append(el("p", {id: "no-messages"}, "No message is waiting."));
+    }
     if (write && isQueue) view.append(sendForm(d.destination));
   });
 })();

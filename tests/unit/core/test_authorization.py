@@ -127,7 +127,7 @@ def test_a_certificate_user_needs_no_password_and_a_refused_transport_is_refused
 def test_a_check_off_the_loop_answers_the_retried_admit_and_bounds_what_one_address_queues():
     keeper = gate(Clock())
     queued = []
-    keeper.verifier = lambda passcode, stored, done: queued.append((passcode, stored, done)) or True
+    keeper.verifiers[auth.MESSAGING] = lambda passcode, stored, done: queued.append((passcode, stored, done)) or True
     woken = []
     with pytest.raises(VerificationPending) as pending:
         keeper.admit("app", "pw", Transport(host="h"))
@@ -147,10 +147,95 @@ def test_a_check_off_the_loop_answers_the_retried_admit_and_bounds_what_one_addr
 
 def test_a_full_backlog_says_busy():
     keeper = gate(Clock())
-    keeper.verifier = lambda passcode, stored, done: False
+    keeper.verifiers[auth.MESSAGING] = lambda passcode, stored, done: False
     with pytest.raises(VerificationPending) as pending:
         keeper.admit("app", "pw", Transport(host="h"))
     assert pending.value.start(lambda: None) is False
+
+
+class Door:
+    """A fake verifier with a bounded queue, as gateway/tasks.py gives each door."""
+
+    def __init__(self, backlog):
+        self.backlog = backlog
+        self.queued = []
+
+    def __call__(self, passcode, stored, done):
+        if len(self.queued) >= self.backlog:
+            return False
+        self.queued.append((passcode, stored, done))
+        return True
+
+    def answer_all(self):
+        queued, self.queued = self.queued, []
+        for passcode, stored, done in queued:
+            done(auth.verify_password(passcode, stored))
+
+
+def admin_guess(keeper, host, password="guess"):
+    """What gateway/admin/access.py asks of the gate for one Basic-auth request."""
+    keeper.gate(auth.ADMIN, host)
+    return keeper.password(auth.ADMIN, host, "ops", password, keeper.dummy)
+
+
+def test_admin_guesses_fill_their_own_budget_and_a_client_login_still_gets_a_check():
+    keeper = gate(Clock(), max_failed_logins=1_000_000)
+    messaging, admin = Door(backlog=8), Door(backlog=8)
+    keeper.verifiers.update({auth.MESSAGING: messaging, auth.ADMIN: admin})
+    # Guesses from many addresses, each under its own bounds, until the admin door is full.
+    refused = 0
+    for i in range(40):
+        for _ in range(auth.PENDING_PER_ADDRESS):
+            try:
+                admin_guess(keeper, f"10.0.0.{i}")
+            except VerificationPending as pending:
+                refused += not pending.start(lambda: None)
+            except AccessDenied:
+                pass
+    assert len(admin.queued) == 8 and refused > 0  # the admin door says busy past its own backlog
+    # A client login meanwhile is queued at once, in its own door, with nothing ahead of it.
+    woken = []
+    with pytest.raises(VerificationPending) as pending:
+        keeper.admit("app", "pw", Transport(host="10.0.0.1"))  # even from an address that is guessing
+    assert pending.value.start(lambda: woken.append(1))
+    assert len(messaging.queued) == 1 and len(admin.queued) == 8
+    messaging.answer_all()
+    assert woken == [1] and keeper.admit("app", "pw", Transport(host="10.0.0.1")).name == "app"
+
+
+def test_client_logins_fill_their_own_budget_and_an_admin_login_still_gets_a_check():
+    keeper = gate(Clock())
+    messaging, admin = Door(backlog=2), Door(backlog=2)
+    keeper.verifiers.update({auth.MESSAGING: messaging, auth.ADMIN: admin})
+    for i in range(2):
+        with pytest.raises(VerificationPending) as pending:
+            keeper.admit("app", f"guess{i}", Transport(host=f"10.0.1.{i}"))
+        assert pending.value.start(lambda: None)
+    with pytest.raises(VerificationPending) as pending:
+        keeper.admit("app", "pw", Transport(host="10.0.1.9"))
+    assert pending.value.start(lambda: None) is False  # the messaging door is full: "busy"
+    with pytest.raises(VerificationPending) as pending:
+        admin_guess(keeper, "10.0.1.0", "s3cret")  # an address whose client logins are in progress
+    assert pending.value.start(lambda: None) and len(admin.queued) == 1
+
+
+def test_checks_in_progress_are_bounded_per_address_and_door():
+    keeper = gate(Clock())
+    messaging, admin = Door(backlog=100), Door(backlog=100)
+    keeper.verifiers.update({auth.MESSAGING: messaging, auth.ADMIN: admin})
+    for i in range(auth.PENDING_PER_ADDRESS):
+        with pytest.raises(VerificationPending) as pending:
+            admin_guess(keeper, "h", f"guess{i}")
+        assert pending.value.start(lambda: None)
+    with pytest.raises(AccessDenied, match="too many logins in progress from h"):
+        admin_guess(keeper, "h")
+    # The same address's client login is not held by its admin guesses.
+    with pytest.raises(VerificationPending) as pending:
+        keeper.admit("app", "pw", Transport(host="h"))
+    assert pending.value.start(lambda: None)
+    admin.answer_all()
+    with pytest.raises(VerificationPending):
+        admin_guess(keeper, "h", "yet another")  # room again once answered
 
 
 def test_a_user_named_like_a_group_does_not_get_the_groups_grants():

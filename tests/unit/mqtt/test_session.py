@@ -270,6 +270,28 @@ def test_no_connect_within_the_connect_timeout_closes() -> None:
     assert peer.session.closed and peer.session.close_reason == "no CONNECT within the connect timeout"
 
 
+def test_a_connect_waiting_for_its_password_check_outlives_the_connect_timeout() -> None:
+    from gateway.auth import AuthSettings, Gatekeeper, Transport, hash_password, verify_password
+
+    world = World()
+    peer = world.peer(connect_timeout_s=3.0)
+    users = [{"name": "app", "password_hash": hash_password("pw", iterations=1000)}]
+    keeper = Gatekeeper(AuthSettings(users=users))
+    checks: list[Any] = []
+    keeper.verifiers["messaging"] = lambda passcode, stored, done: checks.append((passcode, stored, done)) or True
+    peer.session.admit = lambda login, passcode: keeper.admit(login, passcode, Transport(host="h"))
+    peer.send(packets.Connect("c", username="app", password=b"pw"))
+    assert len(checks) == 1 and peer.read() == []
+    world.clock.advance(60.0)  # the check waits its turn, long past the connect timeout
+    peer.session.skeleton.on_deadline(world.clock.now)
+    assert not peer.session.closed
+    passcode, stored, done = checks.pop()
+    done(verify_password(passcode, stored))
+    peer.session.skeleton.resume_input()
+    [connack] = peer.read()
+    assert isinstance(connack, packets.ConnAck) and connack.return_code == 0 and not peer.session.closed
+
+
 def test_keep_alive_times_grace_then_the_client_is_dropped() -> None:
     world = World()
     peer = world.peer(keepalive_grace=1.5)

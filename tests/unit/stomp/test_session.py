@@ -300,6 +300,29 @@ def test_no_connect_within_the_connect_timeout_is_an_error() -> None:
     assert peer.session.closed and peer.session.skeleton.next_deadline() is None
 
 
+def test_a_connect_waiting_for_its_password_check_outlives_the_connect_timeout() -> None:
+    from gateway.auth import AuthSettings, Gatekeeper, Transport, hash_password, verify_password
+
+    _, clock, peer = setup(connect_timeout_s=5.0)
+    users = [{"name": "app", "password_hash": hash_password("pw", iterations=1000)}]
+    keeper = Gatekeeper(AuthSettings(users=users))
+    checks: list[Any] = []
+    keeper.verifiers["messaging"] = lambda passcode, stored, done: checks.append((passcode, stored, done)) or True
+    peer.session.admit = lambda login, passcode: keeper.admit(login, passcode, Transport(host="h"))
+    clock.advance(4.0)
+    peer.send("CONNECT", {"accept-version": "1.2", "host": "h", "heart-beat": "0,0", "login": "app", "passcode": "pw"})
+    assert len(checks) == 1 and peer.read() == []  # waiting for its check, sent in time
+    assert peer.session.skeleton.next_deadline() is None
+    clock.advance(60.0)  # the check waits its turn in a loaded queue, long past the connect timeout
+    peer.session.skeleton.on_deadline(clock.now)
+    assert not peer.session.closed and peer.read() == []
+    passcode, stored, done = checks.pop()
+    done(verify_password(passcode, stored))
+    peer.session.skeleton.resume_input()  # what the server does once the gate is released
+    [connected] = peer.read()
+    assert type(connected) is frames.Connected and not peer.session.closed
+
+
 def test_heart_beats_go_out_when_idle_and_a_silent_client_is_dropped() -> None:
     _, clock, peer = setup(heartbeat_send_ms=1000, heartbeat_receive_ms=1000, heartbeat_grace=2.0)
     start = clock.now
