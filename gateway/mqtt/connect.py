@@ -206,8 +206,8 @@ def _resume(session: Connecting, packet: packets.Connect, assigned: str | None) 
         # CONNACK may be sent [MQTT-3.1.2-24], so the connection ends, willless
         # (the client never learnt it was connected).
         session.will = None
-        session.fail(f"the CONNACK does not fit the client's Maximum Packet Size of {peer.maximum_packet_size}",  # type: ignore[union-attr]
-                     packet, None)
+        limit = peer.maximum_packet_size  # type: ignore[union-attr]  # (None: a 3.1.1 CONNACK always fits)
+        session.fail(f"the CONNACK does not fit the client's Maximum Packet Size of {limit}", packet, None)
         return
     session.outbox.append(data, lsn)
     session.log.info("mqtt_connected", client_id=client_id, clean_session=packet.clean_session,

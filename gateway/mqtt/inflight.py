@@ -30,6 +30,7 @@ class Stage(enum.Enum):
 # The stage a delivery starts in, by its QoS (0 is not tracked).
 FIRST_STAGE = (None, Stage.AWAITING_PUBACK, Stage.AWAITING_PUBREC)
 
+
 class RefusingPubRec:
     """The TRANSITIONS key of a v5 PUBREC with a reason code of 0x80 or more:
     the client refused the message, and the exchange ends there, with no
