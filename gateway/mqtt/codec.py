@@ -50,6 +50,7 @@ from gateway.mqtt.encoders_v5 import SENDERS_V5, encode_publish_v5
 from gateway.mqtt.properties import EMPTY_PROPERTIES, encode_properties
 from gateway.mqtt.wire import (
     FIRST_BYTE,
+    FIRST_BYTE_V31,
     FIRST_BYTE_V5,
     KNOWN_PROTOCOL_NAMES,
     MALFORMED,
@@ -197,7 +198,7 @@ class MqttConnection:
     def protocol_level(self, level: int) -> None:
         self._level = level
         self._v5 = v5 = level == MQTT5
-        self._first_byte = (FIRST_BYTE_V5 if v5 else FIRST_BYTE)[self.role]
+        self._first_byte = (FIRST_BYTE_V5 if v5 else FIRST_BYTE_V31 if level == 3 else FIRST_BYTE)[self.role]
         self._decoders = DECODERS_V5 if v5 else DECODERS_V311
         self._senders = (SENDERS_V5 if v5 else SENDERS)[self.role]
         self._encode_publish = encode_publish_v5 if v5 else encode_publish

@@ -22,6 +22,7 @@ from core.tally import holder_of
 from gateway.auth import AccessDenied, VerificationPending, spent_door
 from gateway.mqtt import packets
 from gateway.mqtt.codec import MqttConnection
+from gateway.mqtt.outgoing import fitted
 from gateway.mqtt.peer import Peer, connack_properties, negotiate
 from gateway.mqtt.reasons import ReasonCode as R
 from gateway.mqtt.inflight import SessionState
@@ -29,7 +30,7 @@ from gateway.mqtt.lifetime import prepare_will, release_will, will_bytes, will_d
 from gateway.mqtt.registry import OWNER_PREFIX, QOS2_NOTES, QUOTA, Registry, qos2_note
 from gateway.mqtt.settings import MqttSettings
 from gateway.mqtt.subscribing import Token, resume
-from gateway.mqtt.wire import MQTT5
+from gateway.mqtt.wire import MQTT5, MQTT31
 from gateway.session.outbox import Outbox
 from gateway.session.skeleton import Skeleton
 
@@ -97,6 +98,10 @@ def on_connect(session: Connecting, packet: packets.Connect) -> None:
     if not client_id:
         if peer is None and not packet.clean_session:
             session.refuse(packets.IDENTIFIER_REJECTED, "an empty client id needs clean session")  # [MQTT-3.1.3-8]
+            return
+        if packet.protocol_level == MQTT31:
+            # 3.1 has no assigned ids: its client id is 1 to 23 characters (3.1 §3.1, "Client Identifier").
+            session.refuse(packets.IDENTIFIER_REJECTED, "MQTT 3.1 needs a client id")
             return
         client_id = assigned = f"gw-{os.urandom(6).hex()}"  # [MQTT-3.1.3-6]
     refusal = _claim_refusal(session, client_id, principal, not keep)
@@ -218,7 +223,16 @@ def _resume(session: Connecting, packet: packets.Connect, assigned: str | None) 
         connack = packets.ConnAck(present, packets.ACCEPTED, connack_properties(
             peer, session.settings, requested_expiry=asked, requested_keep_alive=packet.keep_alive,
             assigned_client_id=assigned))
-    session.outbox.append(session.codec.send(connack), lsn)
+    data = session.codec.send(connack) if peer is None else fitted(peer, session.codec.send, connack)
+    if data is None:
+        # Not even what the client must know fits its Maximum Packet Size: no
+        # CONNACK may be sent [MQTT-3.1.2-24], so the connection ends, willless
+        # (the client never learnt it was connected).
+        session.will = None
+        limit = peer.maximum_packet_size  # type: ignore[union-attr]  # (None: a 3.1.1 CONNACK always fits)
+        session.fail(f"the CONNACK does not fit the client's Maximum Packet Size of {limit}", packet, None)
+        return
+    session.outbox.append(data, lsn)
     session.log.info("mqtt_connected", client_id=client_id, clean_session=packet.clean_session,
                      keep_alive=packet.keep_alive, session_present=present)
     for packet_id in session.session.released():

@@ -30,6 +30,13 @@ class Stage(enum.Enum):
 # The stage a delivery starts in, by its QoS (0 is not tracked).
 FIRST_STAGE = (None, Stage.AWAITING_PUBACK, Stage.AWAITING_PUBREC)
 
+
+class RefusingPubRec:
+    """The TRANSITIONS key of a v5 PUBREC with a reason code of 0x80 or more:
+    the client refused the message, and the exchange ends there, with no
+    PUBREL [MQTT-4.3.3-4] (not a packet type: a PUBREC's code picks it)."""
+
+
 # (stage, the client's packet) -> (the next stage, or None: the exchange is
 # over; whether the core's message is acknowledged now).  A packet with no
 # entry here for its id's stage (a duplicate, one out of order, one for the
@@ -37,6 +44,9 @@ FIRST_STAGE = (None, Stage.AWAITING_PUBACK, Stage.AWAITING_PUBREC)
 TRANSITIONS: dict[tuple[Stage, type], tuple[Stage | None, bool]] = {
     (Stage.AWAITING_PUBACK, packets.PubAck): (None, True),
     (Stage.AWAITING_PUBREC, packets.PubRec): (Stage.AWAITING_PUBCOMP, True),
+    # Acknowledged as a refusing PUBACK is: the client has seen it and said no,
+    # so it is not sent again (nor kept in the queue for ever).
+    (Stage.AWAITING_PUBREC, RefusingPubRec): (None, True),
     (Stage.AWAITING_PUBCOMP, packets.PubComp): (None, False),
 }
 

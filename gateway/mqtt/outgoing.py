@@ -1,7 +1,8 @@
 """A delivery to an MQTT 5 client: the PUBLISH's property block (the
 message's metadata and expiry left, the subscription's identifier, the topic
-alias) and the client's Maximum Packet Size.  3.1.1 deliveries never come
-here (the session encodes them inline, on the hot path).  Sans-IO.
+alias) and the client's Maximum Packet Size, which every other packet to it
+keeps too (:func:`fitted`).  3.1.1 deliveries never come here (the session
+encodes them inline, on the hot path).  Sans-IO.
 
 The block is assembled from property items, not a Properties object: a
 message's own items are made once and shared by every subscriber it fans out
@@ -10,6 +11,10 @@ subscription, and only the alias and the expiry left are per delivery.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 from gateway.mqtt import metadata
 from gateway.mqtt.codec import EMPTY_PROPERTIES, EMPTY_TOPIC_FIELD, publish_bytes
@@ -61,3 +66,43 @@ def publish_v5(peer: Peer, field: bytes, key: str, items: bytes, body: bytes, qo
         peer.oversize_dropped += 1
         return None
     return packet
+
+
+# What a packet other than PUBLISH sheds, in this order, until it fits the
+# client's Maximum Packet Size [MQTT-3.1.2-24]: first the Reason String and
+# User Properties [MQTT-3.1.2-25]; then, on a CONNACK, what the client
+# assumes anyway when absent (the four "available" flags, v5 §3.2.2.3); then
+# what only narrows what the client may do (no Topic Alias Maximum: it uses
+# none), last the server's own limits, which the server enforces whether told
+# or not (a client told no Maximum Packet Size or Receive Maximum that goes
+# over them is disconnected with 0x95 or 0x93).  What the client must know
+# (Assigned Client Identifier, Session Expiry Interval, Server Keep Alive)
+# is never shed.
+SHED: tuple[tuple[str, Any], ...] = (
+    ("reason_string", None), ("user_properties", ()),
+    ("retain_available", None), ("wildcard_subscription_available", None),
+    ("subscription_identifier_available", None), ("shared_subscription_available", None),
+    ("topic_alias_maximum", None), ("maximum_packet_size", None), ("receive_maximum", None),
+)
+
+
+def fitted(peer: Peer, encode: Callable[[Any], bytes], packet: Any) -> bytes | None:
+    """``packet`` (a ConnAck, PubAck, PubRec, Disconnect ... with a
+    ``properties`` field) encoded within the client's Maximum Packet Size,
+    shedding properties as SHED says; None when even the rest is too large:
+    then it must not be sent at all [MQTT-3.1.2-24]."""
+    data = encode(packet)
+    limit = peer.maximum_packet_size
+    if len(data) <= limit:
+        return data
+    props = packet.properties
+    if props is None:
+        return None
+    props = dataclasses.replace(props)  # the caller's object stays as it was
+    for attr, absent in SHED:
+        if getattr(props, attr) != absent:
+            setattr(props, attr, absent)
+            data = encode(dataclasses.replace(packet, properties=props))
+            if len(data) <= limit:
+                return data
+    return None

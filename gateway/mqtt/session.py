@@ -32,8 +32,8 @@ from core.revocation import Revocation
 from core.subscriptions import Subscription
 from gateway.mqtt import codec, incoming, packets, topics
 from gateway.mqtt.connect import connection_closed, on_connect, server_codec
-from gateway.mqtt.inflight import FIRST_STAGE, InFlight, SessionState
-from gateway.mqtt.outgoing import message_items, publish_v5
+from gateway.mqtt.inflight import FIRST_STAGE, InFlight, RefusingPubRec, SessionState
+from gateway.mqtt.outgoing import fitted, message_items, publish_v5
 from gateway.mqtt.peer import Peer
 from gateway.mqtt.reasons import ReasonCode as R
 from gateway.mqtt.lifetime import EXPIRY_NOTES
@@ -157,7 +157,9 @@ class MqttSession:
         DISCONNECT first [MQTT-4.13.2-1]."""
         # Only after CONNACK (a client): a DISCONNECT never comes first [MQTT-3.14.0-1].
         if code is not None and self.peer is not None and self.client is not None and not self.closed:
-            self.outbox.append(self.codec.send(packets.Disconnect(code, self._problem(reason))))
+            data = self._encoded(packets.Disconnect(code, self._problem(reason)))
+            if data is not None:  # (too large for the client even bare: the close alone says it)
+                self.outbox.append(data)
         if not self.skeleton.close(reason) or self.client is None:
             return  # closed already, or never connected
         if self.registry.active.get(self.client_id) is self:
@@ -326,7 +328,7 @@ class MqttSession:
             if lsn and self.peer is not None:
                 self.peer.held_acks.append(lsn)
             if code:
-                self.outbox.append(self.codec.send(packets.PubAck(packet_id, code, self._problem(reason))), lsn)
+                self._send_fitted(packets.PubAck(packet_id, code, self._problem(reason)), lsn)
             else:  # success: the short form, the same bytes in both versions (v5 §3.4.2.1)
                 self.outbox.append(codec.puback_bytes(packet_id), lsn)
             return
@@ -337,7 +339,7 @@ class MqttSession:
             if not self.clean_session:  # the PUBREC promises it across a restart too
                 owner = OWNER_MARK + owner_of(self.client.principal).encode()  # type: ignore[union-attr]
                 lsn = max(lsn, self.broker.store.note(QOS2_NOTES, qos2_note(self.client_id, packet_id), owner))
-        self.outbox.append(self.codec.send(packets.PubRec(packet_id, code, self._problem(reason))), lsn)
+        self._send_fitted(packets.PubRec(packet_id, code, self._problem(reason)), lsn)
 
     def _in_flight(self) -> int:
         """The v5 client's QoS 1/2 PUBLISHes not answered yet: PUBACKs held
@@ -356,6 +358,11 @@ class MqttSession:
             self._advanced(*step)
 
     def _on_pubrec(self, packet: packets.PubRec) -> None:
+        if packet.reason_code >= 0x80:  # v5: refused, so the exchange is over [MQTT-4.3.3-4]
+            step = self.session.advance(packet.packet_id, RefusingPubRec)
+            if step is not None:
+                self._advanced(*step)  # its packet id is free again
+            return  # and no PUBREL
         step = self.session.advance(packet.packet_id, packets.PubRec)
         if step is not None:
             self._advanced(*step)  # from here the message is the client's
@@ -461,7 +468,9 @@ class MqttSession:
             reply = packets.ConnAck(False, v5_code if v5_code is not None else V5_REFUSALS[code], self._problem(reason))
         else:
             reply = packets.ConnAck(False, code)
-        self.outbox.append(self.codec.send(reply))
+        data = self._encoded(reply)
+        if data is not None:
+            self.outbox.append(data)
         self.peer = None  # no DISCONNECT after a refused CONNECT [MQTT-3.2.2-7]
         self.fail(reason, None)
 
@@ -470,6 +479,19 @@ class MqttSession:
         answer; a v5 client is told ``code`` in a DISCONNECT first."""
         self.log.warning("packet_rejected", packet=type(packet).__name__ if packet is not None else None, reason=reason)
         self.close(reason, code)
+
+    def _encoded(self, packet: packets.ConnAck | packets.PubAck | packets.PubRec | packets.Disconnect) -> bytes | None:
+        """``packet`` on the wire; to a v5 client, within its Maximum Packet
+        Size (outgoing.fitted: properties shed, or None: not to be sent).
+        Without properties these packets are a few bytes: not measured."""
+        if self.peer is None or packet.properties is None:
+            return self.codec.send(packet)
+        return fitted(self.peer, self.codec.send, packet)
+
+    def _send_fitted(self, packet: packets.PubAck | packets.PubRec, lsn: int) -> None:
+        data = self._encoded(packet)
+        if data is not None:  # (a client that takes no 5-byte packet gets no ack)
+            self.outbox.append(data, lsn)
 
     def _problem(self, reason: str | None) -> packets.Properties | None:
         """A Reason String for a v5 reply, if the client wants them [MQTT-3.1.2-29]."""

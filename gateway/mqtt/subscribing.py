@@ -148,7 +148,10 @@ def subscribe(session: Subscribing, topic_filter: str, options: int, identifier:
     assert not isinstance(parts, str)
     group, plain = parts
     pattern = topics.to_pattern(plain)
-    assert not isinstance(pattern, str)
+    if isinstance(pattern, str):
+        # A valid MQTT filter the core cannot name (over names.MAX_NAME_CHARS
+        # once mapped): refused for this filter alone [MQTT-3.8.4-1].
+        return R.TOPIC_FILTER_INVALID, f"topic filter cannot be used: {pattern}"
     qos = options & 3
     name = "" if session.clean_session else durable_name(qos, options, identifier, topic_filter)
     existing = session.subs.get(topic_filter)
@@ -193,14 +196,20 @@ def on_unsubscribe(session: Subscribing, packet: packets.Unsubscribe) -> None:
     assert client is not None
     lsn = 0
     codes = []
+    v5 = session.peer is not None
+    if "" in packet.topics:  # no filter at all, not one that matches nothing [MQTT-4.7.3-1]
+        session.fail("empty topic filter in UNSUBSCRIBE", packet, R.PROTOCOL_ERROR)  # before any is removed
+        return
     for topic_filter in packet.topics:
         token = session.subs.pop(topic_filter, None)
         if token is not None:
             lsn = max(lsn, client.unsubscribe(token, remove_durable=True))
             codes.append(R.SUCCESS)
+        elif validate_topic_filter(topic_filter) is not None:
+            codes.append(R.TOPIC_FILTER_INVALID)  # ('a/#/b' cannot have been subscribed: say why)
         else:
             codes.append(R.NO_SUBSCRIPTION_EXISTED)
-    reply = packets.UnsubAck(packet.packet_id, reason_codes=codes if session.peer is not None else [])
+    reply = packets.UnsubAck(packet.packet_id, reason_codes=codes if v5 else [])
     session.outbox.append(session.codec.send(reply), lsn)
 
 

@@ -22,6 +22,7 @@ MAX_PACKET_BYTES = 256 * 1024 * 1024
 # for everything parsed here ("MQIsdp" level 3), and 5.0.
 SUPPORTED_PROTOCOLS = frozenset({("MQTT", 4), ("MQIsdp", 3), ("MQTT", 5)})
 MQTT5 = 5  # the protocol level of MQTT 5.0
+MQTT31 = 3  # ... and of MQTT 3.1 ("MQIsdp")
 # The v5 reason codes the codec itself answers with (gateway.mqtt.reasons has them all).
 MALFORMED = 0x81
 PROTOCOL_ERROR = 0x82
@@ -153,12 +154,21 @@ class Refusal(str):
         return self
 
 
-def _first_byte_table(incoming: frozenset[PT], known: frozenset[int]) -> tuple[PT | str, ...]:
+# MQTT 3.1 (level 3) gave PUBREL, SUBSCRIBE and UNSUBSCRIBE a DUP flag to set
+# on a resend (3.1 §2.1, "DUP flag"); 3.1.1 made their flags fixed.  So at
+# level 3 the fixed flags with DUP (0b1010) are accepted too.
+DUP_ALLOWED_V31 = frozenset({PT.PUBREL, PT.SUBSCRIBE, PT.UNSUBSCRIBE})
+
+
+def _first_byte_table(incoming: frozenset[PT], known: frozenset[int],
+                      dup_allowed: frozenset[PT] = frozenset()) -> tuple[PT | str, ...]:
     """For each possible first byte: its packet type, or why it is refused."""
     table: list[PT | str] = []
     for first in range(256):
         kind, flags = first >> 4, first & 0x0F
-        if kind not in known:
+        if kind in dup_allowed and flags == FIXED_FLAGS[PT(kind)] | 0b1000:
+            table.append(PT(kind))
+        elif kind not in known:
             table.append(Refusal(f"reserved packet type {kind}"))  # §2.2.1
         elif kind not in incoming:
             # A packet the peer's role never sends (v5 §4.13: a Protocol Error).
@@ -180,6 +190,10 @@ _KNOWN_V5 = frozenset(range(1, 16))
 FIRST_BYTE = {
     Role.SERVER: _first_byte_table(SENT_BY[Role.CLIENT], _KNOWN_V311),
     Role.CLIENT: _first_byte_table(SENT_BY[Role.SERVER], _KNOWN_V311),
+}
+FIRST_BYTE_V31 = {
+    Role.SERVER: _first_byte_table(SENT_BY[Role.CLIENT], _KNOWN_V311, DUP_ALLOWED_V31),
+    Role.CLIENT: _first_byte_table(SENT_BY[Role.SERVER], _KNOWN_V311, DUP_ALLOWED_V31),
 }
 FIRST_BYTE_V5 = {
     Role.SERVER: _first_byte_table(SENT_BY_V5[Role.CLIENT], _KNOWN_V5),

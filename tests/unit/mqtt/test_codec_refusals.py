@@ -259,3 +259,26 @@ def test_mutated_valid_packets_only_ever_raise_the_remote_protocol_error(data: s
         wire[i] = data.draw(st.integers(0, 255))
     cuts = data.draw(st.lists(st.integers(1, 40), max_size=6))
     feed_all(OTHER[role], not opening, chunked(opening + bytes(wire), cuts))
+
+
+# -- MQTT 3.1 (level 3): a resend may carry DUP -------------------------------------
+
+
+@pytest.mark.parametrize("first", [0x6A, 0x8A, 0xAA], ids=["PUBREL", "SUBSCRIBE", "UNSUBSCRIBE"])
+def test_level_3_takes_dup_where_3_1_1_fixed_the_flags(first: int) -> None:
+    # 3.1 sets DUP on a resent PUBREL, SUBSCRIBE or UNSUBSCRIBE; 3.1.1 fixed
+    # their flags at 0b0010 [MQTT-2.2.2-2], so level 4 still refuses them.
+    body = {0x6A: b"\x00\x05", 0x8A: b"\x00\x05\x00\x01a\x01", 0xAA: b"\x00\x05\x00\x01a"}[first]
+    wire = bytes((first, len(body))) + body
+    old = MqttConnection(Role.SERVER)
+    old.receive_data(raw_connect(b"MQIsdp", 3))
+    assert len(list(old.events())) == 1
+    old.receive_data(wire)
+    (packet,) = list(old.events())
+    assert getattr(packet, "packet_id") == 5
+    new = MqttConnection(Role.SERVER)
+    new.receive_data(raw_connect())
+    assert len(list(new.events())) == 1
+    new.receive_data(wire)
+    with pytest.raises(RemoteProtocolError, match="fixed-header flags"):
+        list(new.events())

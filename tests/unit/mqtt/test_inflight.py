@@ -6,14 +6,16 @@ from __future__ import annotations
 import pytest
 
 from gateway.mqtt import packets
-from gateway.mqtt.inflight import MAX_PACKET_ID, InFlight, SessionState, Stage
+from gateway.mqtt.inflight import MAX_PACKET_ID, InFlight, RefusingPubRec, SessionState, Stage
 
-ACKS = (packets.PubAck, packets.PubRec, packets.PubComp)
+ACKS = (packets.PubAck, packets.PubRec, RefusingPubRec, packets.PubComp)
 # What each (stage, packet) does: (next stage or None if forgotten, core ack now);
 # absent: nothing changes.
 EXPECTED = {
     (Stage.AWAITING_PUBACK, packets.PubAck): (None, True),
     (Stage.AWAITING_PUBREC, packets.PubRec): (Stage.AWAITING_PUBCOMP, True),
+    # A v5 PUBREC >= 0x80 ends the exchange: no PUBREL, the id is free [MQTT-4.3.3-4].
+    (Stage.AWAITING_PUBREC, RefusingPubRec): (None, True),
     (Stage.AWAITING_PUBCOMP, packets.PubComp): (None, False),
 }
 

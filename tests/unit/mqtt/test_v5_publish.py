@@ -6,7 +6,7 @@ from __future__ import annotations
 from gateway.mqtt import packets as p
 from gateway.mqtt.codec import MqttConnection, Role
 from gateway.mqtt.incoming import Refused, accept
-from gateway.mqtt.outgoing import message_items, publish_v5
+from gateway.mqtt.outgoing import fitted, message_items, publish_v5
 from gateway.mqtt.properties import subscription_identifier_item
 from gateway.mqtt.peer import Peer, negotiate
 from gateway.mqtt.reasons import ReasonCode as R
@@ -146,3 +146,43 @@ def test_packet_exactly_at_the_maximum_is_sent() -> None:
     size = len(out(peer()) or b"")
     assert out(peer(maximum_packet_size=size)) is not None
     assert out(peer(maximum_packet_size=size - 1)) is None
+
+
+# -- the client's Maximum Packet Size on packets other than PUBLISH ---------------
+
+
+def _encoded(packet: object) -> bytes:
+    conn = MqttConnection(Role.SERVER)
+    conn.protocol_level = 5
+    return conn.send(packet)
+
+
+def _connack(**props: object) -> p.ConnAck:
+    return p.ConnAck(False, 0, p.Properties(**props))  # type: ignore[arg-type]
+
+
+def test_a_packet_that_fits_goes_whole() -> None:
+    ack = _connack(receive_maximum=10, reason_string="why", retain_available=1)
+    assert fitted(peer(), _encoded, ack) == _encoded(ack)
+
+
+def test_reason_string_and_user_properties_go_first() -> None:
+    # [MQTT-3.1.2-25]: what would make the packet too large is shed, the
+    # reason code stays.
+    ack = p.PubAck(7, R.NOT_AUTHORIZED, p.Properties(reason_string="x" * 40, user_properties=(("k", "v" * 40),)))
+    data = fitted(peer(maximum_packet_size=10), _encoded, ack)
+    assert data == _encoded(p.PubAck(7, R.NOT_AUTHORIZED, p.Properties()))
+    assert ack.properties is not None and ack.properties.reason_string == "x" * 40  # the caller's is untouched
+
+
+def test_connack_sheds_in_order_and_keeps_what_the_client_must_know() -> None:
+    full = _connack(receive_maximum=1024, maximum_packet_size=4194309, topic_alias_maximum=64, retain_available=1,
+                    wildcard_subscription_available=1, subscription_identifier_available=1,
+                    shared_subscription_available=1, assigned_client_identifier="gw-1", server_keep_alive=30)
+    must = _encoded(_connack(assigned_client_identifier="gw-1", server_keep_alive=30))
+    # Room for the flags' absence only: the limits stay.
+    limits = _encoded(_connack(receive_maximum=1024, maximum_packet_size=4194309, topic_alias_maximum=64,
+                               assigned_client_identifier="gw-1", server_keep_alive=30))
+    assert fitted(peer(maximum_packet_size=len(limits)), _encoded, full) == limits
+    assert fitted(peer(maximum_packet_size=len(must)), _encoded, full) == must
+    assert fitted(peer(maximum_packet_size=len(must) - 1), _encoded, full) is None  # nothing may go
