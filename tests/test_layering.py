@@ -49,7 +49,7 @@ SESSIONS = files("gateway/stomp/session.py", "gateway/mqtt/session.py", "gateway
 # Sockets, tasks and threads: the listeners, the admin port's server, the wiring and its tasks,
 # HA's ZooKeeper coordinator (it owns kazoo's connection and callback threads) and the
 # replication stream's two sides.
-IO_MODULES = files("gateway/transports/server.py", "gateway/transports/connection.py", "gateway/admin/server.py", "gateway/app.py", "gateway/tasks.py",
+IO_MODULES = files("gateway/transports/server.py", "gateway/transports/connection.py", "gateway/transports/timers.py", "gateway/admin/server.py", "gateway/app.py", "gateway/tasks.py",
                    "gateway/ha/coordinator.py", "gateway/ha/replicator.py", "gateway/ha/backup.py", "gateway/ha/link.py",
                    "gateway/ha/runtime.py", "gateway/ha/primary_role.py")
 # Trio stream adapters: they read and write a stream they are given (so they

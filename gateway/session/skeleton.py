@@ -17,6 +17,7 @@ import dataclasses
 import enum
 import itertools
 import math
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
@@ -36,6 +37,14 @@ class State(enum.Enum):
 # Read once per frame in the input loop: one global lookup, not two.
 _CLOSED = State.CLOSED
 _AWAITING_CONNECT = State.AWAITING_CONNECT
+
+# How long one pass over a connection's input may hold the loop before the
+# rest waits, buffered, for the next (every other connection gets its turn
+# between): what bounds a client whose every frame is as costly as the limits
+# allow (MQTT 5 packets of 1,024 User Properties are ~2 ms each), whatever
+# one read held.  A pass of small frames does a few hundred in this time, as
+# a read's worth did, so batching is kept.
+PASS_BUDGET_S = 0.002
 
 
 class Codec(Protocol):
@@ -85,7 +94,7 @@ class Skeleton:
 
     __slots__ = (
         "codec", "clock", "log", "dialect", "outbox", "state", "handlers", "client", "close_reason",
-        "login_deadline", "silence", "beat", "gate", "deferred", "paused",
+        "login_deadline", "silence", "beat", "gate", "deferred", "paused", "backlog", "timer",
     )
 
     def __init__(
@@ -98,6 +107,7 @@ class Skeleton:
         outbox_high_water_bytes: int,
         connect_timeout_s: float,
         heartbeat: bytes = b"",
+        timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.codec = codec
         self.clock = clock
@@ -120,6 +130,11 @@ class Skeleton:
         self.deferred: Any = None
         # Set while the core holds deliveries back because we had no room.
         self.paused = False
+        # Set when a pass ran out of PASS_BUDGET_S with input still buffered;
+        # ``timer`` measures it: the real time the loop is held, not the
+        # clock's (an autojump clock stands still while a pass runs).
+        self.backlog = False
+        self.timer = timer
 
     # -- the server's side -------------------------------------------------
 
@@ -147,10 +162,20 @@ class Skeleton:
         else:
             self.dialect.on_eof()
 
+    @property
+    def backlogged(self) -> bool:
+        """A pass stopped at its time budget with input left: the reader
+        yields once, then :meth:`resume_input`, before it reads more."""
+        return self.backlog and self.state is not _CLOSED
+
     def resume_input(self) -> None:
-        """Handle what arrived before reading stopped: the held-back event
-        first, then the frames buffered behind it."""
-        if self.state is not _CLOSED and not self.gate.blocked:
+        """Handle what arrived before reading stopped (or a pass's budget ran
+        out): the held-back event first, then the frames buffered behind it."""
+        if self.state is _CLOSED:
+            return
+        if self.backlog:
+            self.process()  # it minds the gate, as for input just read
+        elif not self.gate.blocked:
             if self.deferred is not None:
                 event, self.deferred = self.deferred, None
                 self.process(event)
@@ -205,7 +230,11 @@ class Skeleton:
 
     def process(self, replay: Any = None) -> None:
         """Hand each buffered event (``replay`` first) to the current state's
-        handler, until the session closes or this producer is held back."""
+        handler, until the session closes, this producer is held back, or
+        the pass has had PASS_BUDGET_S (:attr:`backlogged`)."""
+        self.backlog = False
+        timer = self.timer
+        until = timer() + PASS_BUDGET_S
         gate = self.gate
         owner = self.dialect.owner
         while_held = self.dialect.while_held
@@ -232,6 +261,9 @@ class Skeleton:
                     gate.blocked = held = True  # producer flow control: stop reading
                     if self.deferred is not None or not while_held:
                         return
+                if timer() >= until:
+                    self.backlog = self.codec.buffered_bytes > 0  # the rest waits in the codec for the next pass
+                    return
         except self.dialect.errors as exc:
             self.dialect.on_error(exc, event)
 

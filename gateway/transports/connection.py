@@ -7,7 +7,7 @@ nursery) that drains the session's outbox with one ``send_all`` per batch
 when the socket cannot take it at once (over a plain socket it exists only
 while it has such work).  Each has a cancel scope bearing the closing bound.
 The session's deadlines (heart-beats, keepalive, login timeout) are fired by
-the server's one :class:`Timers` task, so an idle plain connection is one
+the server's one :class:`~gateway.transports.timers.Timers` task, so an idle plain connection is one
 task, no nursery.
 
 Whatever a pass produces (a reader's bytes handled, a deadline fired, a
@@ -21,8 +21,6 @@ closes, or the stream is not a plain socket (TLS, WebSocket).
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 import os
 import time
@@ -32,11 +30,11 @@ from typing import Any, Protocol
 import trio
 
 from gateway.session.skeleton import Skeleton
+from gateway.transports.timers import Timers
 
 # One read may return this much: enough to parse hundreds of small frames per
-# wake-up, so per-message cost is not dominated by task switches; and one pass's
-# input, so the bound on how long one client holds the loop: 64 KiB of the costliest
-# (MQTT 5 packets of 1,024 one-byte User Properties) is about 9 ms (256 KiB: 35 ms).
+# wake-up, so per-message cost is not dominated by task switches (a pass's
+# time budget, session.skeleton.PASS_BUDGET_S, bounds what handling it costs).
 RECEIVE_BYTES = 64 * 1024
 # After an ERROR or DISCONNECT the connection has this long to flush its
 # outbox and see the peer's EOF; a peer that neither reads nor closes cannot
@@ -112,54 +110,6 @@ class Pass:
                 connection.failed()  # a bug met by that connection costs it, not this pass's owner
         if resumed and self.after_output is not None:
             self.after_output()
-
-
-class Timers:
-    """Every connection's next deadline (login, heart-beat, keepalive) in one
-    heap, fired by one task (:meth:`run`), so a connection needs no timer
-    task of its own.  A connection's deadline only ever moves earlier here;
-    at an entry's time the connection looks again and re-arms for later."""
-
-    __slots__ = ("_heap", "_order", "_scope", "_ended")
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Connection]] = []
-        self._order = itertools.count()  # equal deadlines never compare connections
-        self._scope: trio.CancelScope | None = None
-        self._ended = 0  # connections gone since the heap was last swept
-
-    def arm(self, connection: Connection, deadline: float) -> None:
-        heapq.heappush(self._heap, (deadline, next(self._order), connection))
-        scope = self._scope
-        if scope is not None and deadline < scope.deadline:
-            scope.deadline = deadline
-
-    def forget(self) -> None:
-        """A connection ended: once the ended outnumber half the heap, drop
-        their entries (a closed connection's session is not kept alive
-        until its old keepalive deadline)."""
-        self._ended += 1
-        if self._ended * 2 > len(self._heap):
-            self._heap = [entry for entry in self._heap if not entry[2].ended]
-            heapq.heapify(self._heap)
-            self._ended = 0
-
-    async def run(self) -> None:
-        while True:
-            now = trio.current_time()
-            due = []
-            while self._heap and self._heap[0][0] <= now:
-                due.append(heapq.heappop(self._heap))
-            # What firing re-arms waits for the next round (after a yield),
-            # even if already due: no connection can spin this loop.
-            for deadline, _, connection in due:
-                try:
-                    connection.deadline_passed(deadline, now)
-                except Exception:
-                    connection.failed()  # costs that connection, never every connection's timers
-            with trio.CancelScope(deadline=self._heap[0][0] if self._heap else math.inf) as self._scope:
-                await trio.sleep_forever()
-            self._scope = None
 
 
 class Connection:
@@ -372,11 +322,17 @@ class Connection:
         try:
             while True:
                 # Back-pressure: while our own replies are not being read, or
-                # the core holds this producer back, stop reading.
-                while not io.wants_input and not io.closed:
-                    if self._reader_lot is None:
-                        self._reader_lot = trio.lowlevel.ParkingLot()
-                    await self._reader_lot.park()
+                # the core holds this producer back, stop reading.  A pass
+                # that ran out of its time budget left input buffered: every
+                # other task gets a turn, then the rest, before more is read.
+                while (io.backlogged or not io.wants_input) and not io.closed:
+                    if io.wants_input:
+                        await trio.lowlevel.checkpoint()
+                    else:
+                        if self._reader_lot is None:
+                            self._reader_lot = trio.lowlevel.ParkingLot()
+                        await self._reader_lot.park()
+                    writes.first = self
                     with writes:
                         io.resume_input()
                         self._after_session_call()

@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 import trio
 
 from gateway.auth import Transport
-from gateway.transports.connection import Connection, Pass, Session, Timers
+from gateway.transports.connection import Connection, Pass, Session
+from gateway.transports.timers import Timers
 
 T = TypeVar("T")
 # How long closing a stream may take (a TLS close_notify to a stuck peer).

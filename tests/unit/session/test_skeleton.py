@@ -3,10 +3,10 @@ its events, and its dialect records what the skeleton asks of it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from core.broker import Broker
-from gateway.session.skeleton import Dialect, Skeleton, State
+from gateway.session.skeleton import PASS_BUDGET_S, Dialect, Skeleton, State
 from tests.core_fakes import FakeClock, RecordingSink
 
 
@@ -37,7 +37,8 @@ class Leave(str):
 
 
 class Toy:
-    def __init__(self, clock: FakeClock, broker: Broker, while_held: frozenset[type] = frozenset()) -> None:
+    def __init__(self, clock: FakeClock, broker: Broker, while_held: frozenset[type] = frozenset(),
+                 timer: Callable[[], float] | None = None) -> None:
         self.seen: list[str] = []
         self.said: list[str] = []
         self.room = True
@@ -56,7 +57,8 @@ class Toy:
             silence="idle",
             room=lambda: self.room,
             while_held=while_held,
-        ), outbox_high_water_bytes=100, connect_timeout_s=5.0, heartbeat=b".")
+        ), outbox_high_water_bytes=100, connect_timeout_s=5.0, heartbeat=b".",
+           **({} if timer is None else {"timer": timer}))
 
     def login(self, word: str) -> None:
         self.seen.append(f"login {word}")
@@ -165,3 +167,75 @@ def test_a_protocol_that_handles_nothing_while_held_stops_reading() -> None:
     t.skeleton.receive_data(b"me;")
     t.skeleton.gate.blocked = True
     assert not t.skeleton.wants_input
+
+
+class Stopwatch:
+    """The pass timer: each handled event costs ``cost`` seconds of it."""
+
+    def __init__(self, cost: float) -> None:
+        self.now = 0.0
+        self.cost = cost
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def timed_toy(cost: float, while_held: frozenset[type] = frozenset()) -> tuple[Stopwatch, Toy]:
+    watch = Stopwatch(cost)
+    t = Toy(FakeClock(), Broker(FakeClock()), while_held, timer=watch)
+    handle = t.word
+
+    def costly(word: str) -> None:
+        watch.now += watch.cost
+        handle(word)
+
+    t.word = costly  # type: ignore[method-assign]
+    t.skeleton.dialect.handlers[State.CONNECTED][str] = costly  # type: ignore[index]
+    return watch, t
+
+
+def test_a_pass_stops_at_its_time_budget_and_the_rest_waits_buffered_in_order() -> None:
+    _, t = timed_toy(PASS_BUDGET_S / 2)
+    t.skeleton.receive_data(b"me;a;b;c;d;e;")
+    assert t.seen == ["login me", "a", "b"] and t.skeleton.backlogged and t.skeleton.wants_input
+    t.skeleton.resume_input()
+    assert t.seen == ["login me", "a", "b", "c", "d"] and t.skeleton.backlogged
+    t.skeleton.resume_input()
+    assert t.seen == ["login me", "a", "b", "c", "d", "e"] and not t.skeleton.backlogged
+    assert t.skeleton.codec.buffered_bytes == 0
+
+
+def test_an_event_costlier_than_the_budget_is_still_handled_one_per_pass() -> None:
+    _, t = timed_toy(PASS_BUDGET_S * 10)
+    t.skeleton.receive_data(b"me;a;b;")
+    assert t.seen == ["login me", "a"] and t.skeleton.backlogged
+    t.skeleton.resume_input()
+    assert t.seen == ["login me", "a", "b"] and not t.skeleton.backlogged
+
+
+def test_cheap_input_is_handled_in_one_pass() -> None:
+    _, t = timed_toy(0.0)
+    t.skeleton.receive_data(b"me;" + b"w;" * 1000)
+    assert len(t.seen) == 1001 and not t.skeleton.backlogged
+
+
+def test_a_backlog_held_back_by_the_core_waits_for_release_without_spinning() -> None:
+    _, t = timed_toy(PASS_BUDGET_S, while_held=frozenset({Leave}))
+    t.skeleton.receive_data(b"me;a;b;c;")
+    assert t.seen == ["login me", "a"] and t.skeleton.backlogged
+    t.skeleton.gate.blocked = True  # the core held this producer back meanwhile
+    t.skeleton.resume_input()  # b is not handled while held: deferred, and the backlog is over
+    assert t.seen == ["login me", "a"] and not t.skeleton.backlogged and not t.skeleton.wants_input
+    t.skeleton.gate.release()
+    t.skeleton.resume_input()
+    assert t.seen == ["login me", "a", "b"] and t.skeleton.backlogged
+    t.skeleton.resume_input()
+    assert t.seen == ["login me", "a", "b", "c"] and not t.skeleton.backlogged
+
+
+def test_a_closed_session_has_no_backlog() -> None:
+    _, t = timed_toy(PASS_BUDGET_S)
+    t.skeleton.receive_data(b"me;a;bye;c;")
+    assert t.skeleton.backlogged
+    t.skeleton.close("gone")
+    assert not t.skeleton.backlogged

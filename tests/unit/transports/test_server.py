@@ -8,7 +8,7 @@ import trio
 import trio.testing
 
 from core.broker import Broker
-from gateway.transports.connection import Timers
+from gateway.transports.timers import Timers
 from gateway.session.timers import Beat
 from gateway.transports.server import Connection, TrioClock
 from gateway.stomp import codec, frames
