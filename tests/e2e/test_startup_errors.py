@@ -79,7 +79,7 @@ def test_a_data_folder_that_cannot_be_made_says_which_and_what_to_do(tmp_path):
     ("content", "words"),
     [(None, ["does not exist", "GATEWAY_ADMIN_USERS_FILE"]),
      ("users = [ {", ["admin users file"]),
-     ('users = [{ name = "ops", password_hash = "x", role = "root" }]', ["role read|write", "ops"])],
+     ('users = [{ name = "ops", password_hash = "x", role = "root" }]', ["role read|browse|write", "ops"])],
     ids=["missing", "not-toml", "bad-role"],
 )
 def test_an_unusable_admin_users_file_exits_2_with_one_line(tmp_path, content, words):
