@@ -74,6 +74,8 @@ def test_dockerfile_installs_like_ci_and_runs_the_pod_command(rendered: list[dic
     assert exposed == sorted(p["containerPort"] for p in container(rendered)["ports"])
     ctr = container(rendered)
     assert json.loads(docker["CMD"][-1]) == ctr["command"] + ctr["args"]
+    probe = next(p["containerPort"] for p in ctr["ports"] if p["name"] == "probe")
+    assert f"127.0.0.1:{probe}/healthz" in docker["HEALTHCHECK"][-1], "the image's health check asks the probe port"
     assert "ENTRYPOINT" not in docker
     assert any(c.split()[-1] == "/etc/gateway/gateway.toml" and "deploy/gateway.toml" in c for c in docker["COPY"])
 
