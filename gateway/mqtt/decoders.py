@@ -108,7 +108,7 @@ def _ack_decoder(cls: Callable[[int], p.Packet], name: str) -> Decoder:
 def _decode_subscribe(conn: Negotiated, buf: bytes, pos: int, end: int, flags: int) -> p.Subscribe:
     r = FieldReader(buf, pos, end)
     packet_id = r.packet_id()
-    topics = []
+    topics: list[tuple[str, int]] = []
     while r.more():
         if len(topics) == conn.max_topic_filters:
             raise too_many_filters(conn, PT.SUBSCRIBE)
@@ -138,7 +138,7 @@ def _decode_suback(conn: Negotiated, buf: bytes, pos: int, end: int, flags: int)
 def _decode_unsubscribe(conn: Negotiated, buf: bytes, pos: int, end: int, flags: int) -> p.Unsubscribe:
     r = FieldReader(buf, pos, end)
     packet_id = r.packet_id()
-    topics = []
+    topics: list[str] = []
     while r.more():
         if len(topics) == conn.max_topic_filters:
             raise too_many_filters(conn, PT.UNSUBSCRIBE)

@@ -173,7 +173,7 @@ def _decode_subscribe(conn: Negotiated, buf: bytes, pos: int, end: int, flags: i
     packet_id = _packet_id(buf, pos, end)
     props, start = read_properties(buf, pos + 2, end, PT.SUBSCRIBE, budget(conn, PT.SUBSCRIBE))
     r = FieldReader(buf, start, end)
-    topics = []
+    topics: list[tuple[str, int]] = []
     while r.more():
         if len(topics) == conn.max_topic_filters:
             raise too_many_filters(conn, PT.SUBSCRIBE)
@@ -201,7 +201,7 @@ def _decode_unsubscribe(conn: Negotiated, buf: bytes, pos: int, end: int, flags:
     packet_id = _packet_id(buf, pos, end)
     props, start = read_properties(buf, pos + 2, end, PT.UNSUBSCRIBE, budget(conn, PT.UNSUBSCRIBE))
     r = FieldReader(buf, start, end)
-    topics = []
+    topics: list[str] = []
     while r.more():
         if len(topics) == conn.max_topic_filters:
             raise too_many_filters(conn, PT.UNSUBSCRIBE)
