@@ -53,7 +53,7 @@ from typing import Any
 import trio
 
 from gateway.admin.cluster import Lag
-from gateway.ha.link import IDLE_TIMEOUT_S, LINK_ERRORS, Link, LinkDead, ignore
+from gateway.ha.link import IDLE_TIMEOUT_S, LINK_ERRORS, Link, LinkDead, ignore, peer_address
 from gateway.ha.status import Marks
 from gateway.ha.window import WINDOW_BATCHES, WINDOW_BYTES, seeding, size_of
 from gateway.transports.server import open_listeners
@@ -61,6 +61,7 @@ from persistence import epochs
 from persistence import replication as r
 from persistence.catchup import Answer, SnapshotSource, plan
 from persistence.epochs import History
+from persistence.handshake import AuthenticationError
 from persistence.journal import Batch
 from persistence.store import Store
 
@@ -118,8 +119,12 @@ class Primary:
         window_bytes: int = WINDOW_BYTES, window_batches: int = WINDOW_BATCHES,
         unacked_bytes: int = UNACKED_BYTES, piece_bytes: int = PIECE_BYTES,
         ping_interval_s: float = PING_INTERVAL_S, idle_timeout_s: float = IDLE_TIMEOUT_S, log: Any = ignore,
+        secret: bytes = b"",
     ) -> None:
         self.store = store
+        # The group's cluster secret (b"": none configured, a laptop trial on
+        # loopback): a peer proves it holds it before anything is sent.
+        self._secret = secret
         self.history = history
         self.epoch = epochs.current(history)
         self.node_id = node_id
@@ -242,10 +247,21 @@ class Primary:
         peer: Peer | None = None
         backup = "?"
         try:
+            try:
+                member = await link.authenticate("primary", self.node_id, self._secret)
+            except AuthenticationError as exc:
+                # Once per connection; nothing of the journal was sent, nothing it sent was read.
+                self.log("replication_peer_refused", address=peer_address(stream), reason=exc.reason)
+                return
             hello = await link.receive(self.idle_timeout_s)
             if not isinstance(hello, r.Hello):
                 return
             backup = hello.node_id
+            if hello.node_id != member:
+                # It proved membership as one node: it may not speak for another.
+                self.log("replication_peer_refused", address=peer_address(stream),
+                         reason=f"authenticated as {member!r}, says Hello as {hello.node_id!r}")
+                return
             decision = plan(hello, self.history, self.last_lsn, self._oldest())
             await link.send(r.Hello(self.node_id, self.epoch, self.last_lsn, self.history))
             if decision.answer is Answer.REFUSE:

@@ -50,7 +50,7 @@ from gateway.ha import election
 from gateway.ha.election import NodeRecord, PrimaryRecord, Role
 from gateway.ha.node import Action, Event, State, step
 from gateway.ha.backup import Backup
-from gateway.ha.primary_role import PrimaryPart, split_host_port
+from gateway.ha.primary_role import PrimaryPart, split_host_port, warn_open_links
 from gateway.ha.status import NodeStatus
 from gateway.ha.window import Recent
 from gateway.transports.server import Limits
@@ -270,7 +270,7 @@ class HaNode:
         host, port = split_host_port(advertise)
         backup = Backup(self.follower, self.ha.node_id, host, port, on_refused=self.refused, log=self.log.info,
                         on_caught_up=partial(self.notice, Event.CAUGHT_UP), on_behind=partial(self.notice, Event.GAP),
-                        recent=self.recent)
+                        recent=self.recent, secret=self.ha.cluster_secret)
         done = trio.Event()
         self.following, self.backup_done = advertise, done
         with trio.CancelScope() as self.backup_scope:
@@ -429,4 +429,6 @@ class Process:
 
 def run(config: Config, log: Any) -> int:
     """Run an HA node's process in this (main) thread; its exit code."""
+    assert config.ha is not None
+    warn_open_links(config.ha, log)
     return trio.run(Process(config, log).run)
