@@ -100,3 +100,20 @@ def test_with_a_secret_it_binds_as_configured_and_says_nothing(tmp_path: Path) -
     log = Log()
     warn_open_links(ha, log)
     assert log.lines == []
+
+
+def test_a_cluster_secret_file_others_can_read_is_warned_about(tmp_path: Path) -> None:
+    from gateway.startup import check_secret_files
+
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
+    secret.chmod(0o644)
+    cfg = load(tmp_path, GOOD + f'cluster_secret_file = "{secret}"\n')
+    log = Log()
+    check_secret_files(cfg, {}, log)
+    assert [(event, fields["what"]) for event, fields in log.lines] == [("secret_file_readable", "cluster secret file")]
+    assert SECRET not in repr(log.lines)
+    secret.chmod(0o600)
+    quiet = Log()
+    check_secret_files(cfg, {}, quiet)
+    assert quiet.lines == []
