@@ -14,7 +14,7 @@ from gateway.admin.api import AdminSettings
 from gateway.auth import AuthSettings, hash_password
 from gateway.mqtt.session import MqttSettings
 from gateway.stomp.session import StompSettings
-from gateway.transports.tls import TlsSettings, server_context
+from gateway.transports.tls import TlsSettings, link_contexts, server_context
 from persistence.settings import StoreSettings
 
 LOG_FORMATS = ("console", "json")
@@ -86,6 +86,9 @@ class HaSettings:
     # replication listener binds loopback only, unless open_links = true.
     cluster_secret_file: str = ""
     open_links: bool = False
+    # TLS on the replication link (encryption, and certificates both ways),
+    # with the [tls] cert, key and ca the client listeners use.
+    link_tls: bool = False
     # Read from the file or the environment at load; never a TOML key, never in a repr or a log.
     cluster_secret: bytes = dataclasses.field(default=b"", repr=False)
 
@@ -162,6 +165,11 @@ class Config:
         if self.tls.enabled:
             try:
                 server_context(self.tls)  # a wrong path or key fails here, at start-up
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        if self.ha is not None and self.ha.link_tls:
+            try:
+                link_contexts(self.tls)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
 

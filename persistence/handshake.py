@@ -6,8 +6,9 @@ it holds the group's cluster secret.  No sockets, clocks or logs.
 
 Why a shared secret: one Secret for the whole group, no certificate
 authority to run, the way RabbitMQ's Erlang cookie and Artemis's cluster
-user/password do it.  It authenticates; it does not encrypt (TLS on the link
-is the option for that).
+user/password do it.  It authenticates; it does not encrypt: ``[ha]
+link_tls`` puts the link in TLS (certificates both ways), under this
+handshake.
 
 Each side sends a Challenge at once (its role, a fresh random nonce, its
 node id); the backup then sends its Proof, the primary checks it and only

@@ -22,6 +22,7 @@ snapshot); a stale or refusing primary is not followed any more."""
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -58,12 +59,13 @@ class Backup:
         on_behind: Callable[[], None] = ignore, connect_attempts: int = CONNECT_ATTEMPTS,
         backoff_s: float = BACKOFF_S, idle_timeout_s: float = IDLE_TIMEOUT_S,
         threads: trio.CapacityLimiter | None = None, recent: Recent | None = None, log: Any = ignore,
-        secret: bytes = b"",
+        secret: bytes = b"", ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.follower = follower
         # The group's cluster secret: the primary proves it holds it before
         # this backup sends its Hello or applies anything the primary sends.
         self._secret = secret
+        self.ssl_context = ssl_context  # [ha] link_tls: the primary's certificate checked against [tls] ca
         self.node_id = node_id
         self.host = host
         self.port = port
@@ -87,7 +89,9 @@ class Backup:
         failures = 0
         while True:
             try:
-                stream = await trio.open_tcp_stream(self.host, self.port)
+                stream: trio.abc.Stream = await trio.open_tcp_stream(self.host, self.port)
+                if self.ssl_context is not None:
+                    stream = trio.SSLStream(stream, self.ssl_context, server_hostname=self.host)
             except OSError as exc:
                 reason = f"primary {self.host}:{self.port} unreachable: {exc.strerror or exc}"
             else:

@@ -4,6 +4,7 @@ Shared by gateway/ha/replicator.py (the primary) and gateway/ha/backup.py."""
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import trio
@@ -35,6 +36,8 @@ LINK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, r.Pr
 
 def peer_address(stream: trio.abc.Stream) -> str:
     """host:port of the other end, for the log."""
+    if isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
     try:
         host, port = stream.socket.getpeername()[:2]  # type: ignore[attr-defined]
     except (AttributeError, OSError, ValueError):
@@ -58,12 +61,18 @@ class Link:
         bytes); nothing the peer sent is handed on unless it proved itself."""
         shake = Handshake(role, node_id, secret)
         with trio.move_on_after(timeout_s) as scope:
-            await self.stream.send_all(shake.data_to_send())
-            while not shake.done:
-                shake.receive_data(await self.stream.receive_some(RECEIVE_BYTES))
-                out = shake.data_to_send()
-                if out:
-                    await self.stream.send_all(out)
+            try:
+                await self.stream.send_all(shake.data_to_send())
+                while not shake.done:
+                    shake.receive_data(await self.stream.receive_some(RECEIVE_BYTES))
+                    out = shake.data_to_send()
+                    if out:
+                        await self.stream.send_all(out)
+            except trio.BrokenResourceError as exc:
+                # [ha] link_tls: a certificate the CA did not sign, or no TLS at all.
+                if isinstance(exc.__cause__, ssl.SSLError):
+                    raise AuthenticationError(f"TLS handshake failed: {exc.__cause__}") from None
+                raise
         if scope.cancelled_caught:
             raise AuthenticationError(f"no complete handshake within {timeout_s:g} s")
         assert shake.peer_id is not None

@@ -7,6 +7,7 @@ suspended primary puts on it (gateway/ha/runtime.py decides when)."""
 from __future__ import annotations
 
 import ipaddress
+import ssl
 from functools import partial
 from typing import Any
 
@@ -67,8 +68,9 @@ class PrimaryPart:
     store the broker opened, its receipt hooks set to the broker's server."""
 
     def __init__(self, ha: HaSettings, history: History, log: Any, on_refused: Any, cluster: NodeStatus,
-                 recent: Recent | None = None) -> None:
+                 recent: Recent | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
         self.ha, self.history, self.log, self.on_refused = ha, history, log, on_refused
+        self.ssl_context = ssl_context  # [ha] link_tls: the listener's TLS
         self.recent = Recent() if recent is None else recent  # the batches it applied last as a backup: its window's start
         self.replicator: Primary | None = None
         self.cluster = cluster  # what its admin port shows of the group
@@ -114,4 +116,4 @@ class PrimaryPart:
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         assert self.replicator is not None
         host, port = replication_bind(self.ha)
-        await self.replicator.run(host, port, task_status=task_status)
+        await self.replicator.run(host, port, ssl_context=self.ssl_context, task_status=task_status)

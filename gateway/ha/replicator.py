@@ -46,6 +46,7 @@ the connection both use gateway/ha/link.py.
 from __future__ import annotations
 
 import collections
+import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -234,13 +235,19 @@ class Primary:
 
     # -- serving -----------------------------------------------------------------------
 
-    async def run(self, host: str, port: int, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Listen on ``host:port`` (reports the bound port) and watch the sync timeout."""
+    async def run(self, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
+                  task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen on ``host:port`` (reports the bound port), over TLS with
+        ``ssl_context`` ([ha] link_tls), and watch the sync timeout."""
         async with trio.open_nursery() as nursery:
             listeners = await open_listeners("replication", host, port)
+            if ssl_context is not None:
+                # The TLS handshake happens inside the link's handshake, under its time bound.
+                listeners = [trio.SSLListener(listener, ssl_context) for listener in listeners]
             await nursery.start(trio.serve_listeners, self.serve_backup, listeners)
             nursery.start_soon(self.watch_sync)
-            task_status.started(listeners[0].socket.getsockname()[1])
+            first = listeners[0].transport_listener if ssl_context is not None else listeners[0]
+            task_status.started(first.socket.getsockname()[1])
 
     async def serve_backup(self, stream: trio.abc.Stream) -> None:
         link = Link(stream, r.Role.PRIMARY)

@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from kazoo.client import KazooClient
 
@@ -334,3 +335,57 @@ def listening_addresses(port: int) -> list[str]:
         if state == "0A" and int(hex_port, 16) == port:
             found.append(socket.inet_ntoa(bytes.fromhex(address)[::-1]))
     return found
+
+
+def test_link_tls_encrypts_the_link_and_requires_a_certificate_of_the_ca_both_ways(
+        tmp_path: Path, zookeeper: ZooKeeperServer, ca: Any) -> None:
+    import ssl
+
+    import trustme
+
+    pem = tmp_path / "node.pem"  # key and chain in one file, for both ends of the link
+    ca_file = tmp_path / "ca.pem"
+    ca.issue_cert(HOST, "localhost").private_key_and_cert_chain_pem.write_to_path(pem)
+    ca.cert_pem.write_to_path(ca_file)
+    nodes = []
+    for name in ("gw-0", "gw-1"):
+        node = Node(tmp_path, name, zookeeper, replicas=2, extra_ha="link_tls = true")
+        text = node.config.read_text().replace(
+            "shutdown_grace_s = 1.0\n", f"shutdown_grace_s = 1.0\nstomp_tls_port = {free_port()}\n"
+                                        f"mqtt_tls_port = {free_port()}\nadmin_tls_port = {free_port()}\n")
+        node.config.write_text(text + f'\n[tls]\ncert = "{pem}"\nkey = "{pem}"\nca = "{ca_file}"\n')
+        nodes.append(node.start())
+    try:
+        primary = wait_ready(nodes)
+        backup = next(n for n in nodes if n is not primary)
+        wait_role(backup, "backup_in_sync")
+        client = RawClient((HOST, primary.stomp_port), timeout=30)
+        client.connect()
+        send_receipted(client, "over-tls", MARKER)
+        client.receipt("over-tls", timeout=30)  # confirmed by the backup, over the TLS link
+        client.close()
+
+        # Plain TCP: no TLS, no handshake, nothing of the journal.
+        with socket.create_connection((HOST, primary.replication_port), timeout=10) as rogue:
+            rogue.sendall(old_hello("gw-rogue"))
+            data, closed = read_until_closed(rogue)
+        assert closed and MARKER not in data and handshake.MAGIC not in data
+        # TLS that trusts the group's CA but shows no certificate, then one of another CA.
+        stranger = trustme.CA().issue_cert("rogue.example")
+        for present in (None, stranger):
+            context = ssl.create_default_context(cafile=str(ca_file))
+            if present is not None:
+                present.configure_cert(context)
+            with socket.create_connection((HOST, primary.replication_port), timeout=10) as raw:
+                try:
+                    with context.wrap_socket(raw, server_hostname=HOST) as tls:
+                        tls.sendall(handshake.Handshake("backup", "gw-rogue", b"guessed secret 0123456").data_to_send())
+                        data, closed = read_until_closed(tls)
+                except (ssl.SSLError, OSError):
+                    data, closed = b"", True
+            assert closed and MARKER not in data
+        refused = wait_log(primary, "replication_peer_refused", 3)
+        assert all("TLS handshake failed" in line for line in refused[:3]), refused
+    finally:
+        for node in nodes:
+            node.kill()

@@ -117,3 +117,11 @@ def test_a_cluster_secret_file_others_can_read_is_warned_about(tmp_path: Path) -
     quiet = Log()
     check_secret_files(cfg, {}, quiet)
     assert quiet.lines == []
+
+
+def test_link_tls_needs_the_tls_certificate_key_and_ca(tmp_path: Path) -> None:
+    with pytest.raises(config.ConfigError, match="ha.link_tls needs tls.cert, tls.key and tls.ca"):
+        load(tmp_path, GOOD + "link_tls = true\n")
+    with pytest.raises(config.ConfigError, match="cannot load the certificate"):
+        load(tmp_path, GOOD + 'link_tls = true\n[tls]\ncert = "/nonexistent.pem"\nkey = "/nonexistent.pem"\n'
+                              'ca = "/nonexistent-ca.pem"\nplain = true\n')
