@@ -389,3 +389,61 @@ def test_link_tls_encrypts_the_link_and_requires_a_certificate_of_the_ca_both_wa
     finally:
         for node in nodes:
             node.kill()
+
+
+# -- in one Trio process: a Primary and Backups (gateway/ha/replicator.py, backup.py) on 127.0.0.1 --
+
+
+async def test_a_member_cannot_speak_for_another_nor_displace_it_and_a_wrong_secret_never_syncs(
+        tmp_path: Path) -> None:
+    import trio
+
+    from gateway.ha.link import Link
+    from tests.replication_helpers import everything
+    from tests.replicator_helpers import BackupNode, PrimaryNode, wait_for
+
+    secret = b"in-process group secret 0123456789"
+    node = PrimaryNode(tmp_path / "p", secret=secret)
+    async with trio.open_nursery() as nursery:
+        await node.start(nursery)
+        everything(node.store, n=5, tag="a")
+        await node.commit()
+        b1 = BackupNode(tmp_path / "b1", "b1", node.port, secret=secret).start(nursery)
+        await node.confirmed()
+        peer = node.replicator.peers["b1"]
+        assert peer.in_sync
+
+        # A member (it holds the secret) that proves itself as b2 and then says Hello as b1.
+        stream = await trio.open_tcp_stream("127.0.0.1", node.port)
+        link = Link(stream, r.Role.BACKUP)
+        assert await link.authenticate("backup", "b2", secret) == "p"
+        await link.send(r.Hello("b1", 0, 0, ()))
+        with trio.fail_after(10):
+            assert await link.receive(10) is None  # closed, answered nothing
+        await stream.aclose()
+        refused = node.log.named("replication_peer_refused")
+        assert len(refused) == 1 and "authenticated as 'b2'" in refused[0]["reason"]
+        assert node.replicator.peers["b1"] is peer and peer.in_sync  # b1's link untouched
+
+        # A backup with the wrong secret: refused each time, nothing installed, never in sync.
+        wrong = BackupNode(tmp_path / "b3", "b3", node.port, secret=b"not the group's secret 0000",
+                           connect_attempts=3, backoff_s=0.01).start(nursery)
+        with trio.fail_after(30):
+            await wrong.done.wait()
+        assert "b3" not in node.replicator.peers and wrong.follower.last_lsn == 0 and wrong.backup.snapshots == 0
+        assert len(wrong.log.named("replication_primary_refused")) == 3 and wrong.refusals == []
+        assert len(node.log.named("replication_peer_refused")) == 4
+
+        # b1 again after a crash, the same node id: it proved membership, so
+        # it replaces its own stale link.
+        await b1.kill()
+        everything(node.store, n=5, tag="b")
+        await node.commit()
+        b1 = BackupNode(tmp_path / "b1", "b1", node.port, secret=secret).start(nursery)
+        await wait_for(lambda: node.replicator.in_sync() == ["b1"] and node.replicator.peers["b1"] is not peer,
+                       "b1 in sync again")
+        await node.confirmed()
+        await b1.stop()
+        wrong.follower.close()
+        nursery.cancel_scope.cancel()
+    node.store.close()
