@@ -14,7 +14,7 @@ from gateway.admin.api import AdminSettings
 from gateway.auth import AuthSettings, hash_password
 from gateway.mqtt.session import MqttSettings
 from gateway.stomp.session import StompSettings
-from gateway.transports.tls import TlsSettings, server_context
+from gateway.transports.tls import TlsSettings, link_contexts, server_context
 from persistence.settings import StoreSettings
 
 LOG_FORMATS = ("console", "json")
@@ -34,6 +34,29 @@ NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # set (non-empty) so that one file serves the whole group: a Kubernetes pod sets
 # them from its own name, while the shared keys stay in the ConfigMap.
 HA_ENVIRONMENT = {"node_id": "GATEWAY_HA_NODE_ID", "advertise": "GATEWAY_HA_ADVERTISE"}
+
+
+# The cluster secret when [ha] cluster_secret_file names no file.
+CLUSTER_SECRET_ENVIRONMENT = "GATEWAY_CLUSTER_SECRET"
+MIN_SECRET_BYTES = 16
+
+
+def _cluster_secret(ha: dict[str, Any], environ: Mapping[str, str]) -> bytes:
+    """The file's content (trailing whitespace off: a file written with echo),
+    else the environment's; b"" when neither is set."""
+    if "cluster_secret" in ha:
+        raise ConfigError("unknown setting ha.'cluster_secret': put the secret in ha.cluster_secret_file or "
+                          f"{CLUSTER_SECRET_ENVIRONMENT}, not in the configuration")
+    path = ha.get("cluster_secret_file", "")
+    if isinstance(path, str) and path:
+        try:
+            secret = Path(path).read_bytes().rstrip()
+        except OSError as exc:
+            raise ConfigError(f"ha.cluster_secret_file {path}: {exc.strerror or exc}") from None
+        if not secret:
+            raise ConfigError(f"ha.cluster_secret_file {path} is empty")
+        return secret
+    return environ.get(CLUSTER_SECRET_ENVIRONMENT, "").strip().encode()
 
 
 def _host_port(name: str, value: str) -> None:
@@ -57,6 +80,17 @@ class HaSettings:
     sync_replicas: int = 1  # in-sync backups that must confirm a batch before its receipts
     zookeeper_session_timeout_s: float = 10.0
     sync_timeout_s: float = 10.0
+    # The group's shared secret, which every replication link proves on both
+    # ends (persistence/handshake.py): a file holding it (a mounted
+    # Kubernetes Secret), else GATEWAY_CLUSTER_SECRET.  Without one the
+    # replication listener binds loopback only, unless open_links = true.
+    cluster_secret_file: str = ""
+    open_links: bool = False
+    # TLS on the replication link (encryption, and certificates both ways),
+    # with the [tls] cert, key and ca the client listeners use.
+    link_tls: bool = False
+    # Read from the file or the environment at load; never a TOML key, never in a repr or a log.
+    cluster_secret: bytes = dataclasses.field(default=b"", repr=False)
 
     def check(self) -> HaSettings:
         """Raise ConfigError unless usable (not at construction: the empty
@@ -80,6 +114,9 @@ class HaSettings:
                               f"{self.replicas} with sync_replicas = {self.sync_replicas}")
         if self.zookeeper_session_timeout_s <= 0 or self.sync_timeout_s <= 0:
             raise ConfigError("ha.zookeeper_session_timeout_s and ha.sync_timeout_s must be > 0")
+        if self.cluster_secret and len(self.cluster_secret) < MIN_SECRET_BYTES:
+            raise ConfigError(f"the cluster secret (ha.cluster_secret_file or {CLUSTER_SECRET_ENVIRONMENT}) must be "
+                              f"at least {MIN_SECRET_BYTES} bytes, e.g. `openssl rand -hex 32`")
         return self
 
 
@@ -128,6 +165,11 @@ class Config:
         if self.tls.enabled:
             try:
                 server_context(self.tls)  # a wrong path or key fails here, at start-up
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        if self.ha is not None and self.ha.link_tls:
+            try:
+                link_contexts(self.tls)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
 
@@ -272,4 +314,8 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None,
     if ha is not None:
         ha = {**ha, **{key: given[name] for key, name in HA_ENVIRONMENT.items() if given.get(name)}}
     built = _with_environment_users(_with_users_file(_build(Config, table, ""), given), given, previous)
-    return built if ha is None else dataclasses.replace(built, ha=_build(HaSettings, ha, "ha.").check())
+    if ha is None:
+        return built
+    secret = _cluster_secret(ha, given)
+    settings = dataclasses.replace(_build(HaSettings, ha, "ha."), cluster_secret=secret)
+    return dataclasses.replace(built, ha=settings.check())

@@ -76,7 +76,7 @@ def announce_access(config: Config, log: Any) -> None:
 
 def check_secret_files(config: Config, environ: Mapping[str, str], log: Any) -> None:
     """Warn, once per file, about a secret file other users can read (the
-    users files, the TLS key), as Mosquitto does.  World-readable always
+    users files, the TLS key, the cluster secret), as Mosquitto does.  World-readable always
     counts; group-readable only when the broker owns the file, as it then
     needs no group to read it (a Kubernetes Secret is root's, readable by
     the pod's fsGroup: that group is how the broker reads it)."""
@@ -84,6 +84,7 @@ def check_secret_files(config: Config, environ: Mapping[str, str], log: Any) -> 
         config.auth.users_file or environ.get(USERS_FILE_ENVIRONMENT, ""): "users file",
         config.admin.users_file or environ.get(USERS_FILE_ENV, ""): "admin users file",
         config.tls.key: "TLS key",
+        config.ha.cluster_secret_file if config.ha is not None else "": "cluster secret file",
     }
     for path, what in named.items():
         if not path:

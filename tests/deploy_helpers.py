@@ -194,13 +194,24 @@ def pod_names(objects: list[dict[str, Any]]) -> list[str]:
     return [f"{sts['metadata']['name']}-{i}" for i in range(sts["spec"]["replicas"])]
 
 
+# The Secrets deploy/README.md has the user create before applying (not in
+# the kustomization: a secret shipped in the repository would be everyone's),
+# as the test's kubelet finds them: (name, key) -> value.
+USER_SECRETS = {("gateway-cluster-secret", "secret"): "deploy-test-cluster-secret-0f3b9a2c7d"}
+
+
 def pod_environment(objects: list[dict[str, Any]], pod: str) -> dict[str, str]:
     """The container's environment in pod ``pod``, as the kubelet makes it:
-    downward-API fields, and $(VAR) in values expanded from the variables
-    defined before (an unknown one left as written, $$ an escaped $)."""
+    downward-API fields, keys of the Secrets the user created (USER_SECRETS),
+    and $(VAR) in values expanded from the variables defined before (an
+    unknown one left as written, $$ an escaped $)."""
     env: dict[str, str] = {}
     for entry in container(objects)["env"]:
-        if "valueFrom" in entry:
+        if "secretKeyRef" in entry.get("valueFrom", {}):
+            ref = entry["valueFrom"]["secretKeyRef"]
+            assert (ref["name"], ref["key"]) in USER_SECRETS, f"the kubelet would not start: no Secret {ref['name']}"
+            env[entry["name"]] = USER_SECRETS[ref["name"], ref["key"]]
+        elif "valueFrom" in entry:
             field = entry["valueFrom"]["fieldRef"]["fieldPath"]
             assert field == "metadata.name", f"the test's kubelet does not know the field {field}: extend it"
             env[entry["name"]] = pod

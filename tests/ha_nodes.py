@@ -7,6 +7,7 @@ Kubernetes does (/readyz, /metrics)."""
 from __future__ import annotations
 
 import base64
+import os
 import re
 import signal
 import subprocess
@@ -27,6 +28,9 @@ WAIT_S = 60.0  # any wait for a role change: far beyond the session timeout and 
 READER = ("viewer", "look")
 USERS = (f'[admin]\nusers = [{{ name = "{READER[0]}", password_hash = "{hash_password(READER[1], iterations=1000)}", '
          f'role = "read" }}]\n')
+# The group's cluster secret (persistence/handshake.py), given to every node
+# as a Kubernetes pod gets it: through the environment.
+CLUSTER_SECRET = "e2e-cluster-secret-6d1f0c9b2a7e4d35"
 ROLE = re.compile(r'^gateway_ha_role\{role="([a-z_]+)"\} 1$', re.MULTILINE)
 
 
@@ -36,8 +40,10 @@ class Node:
 
     def __init__(self, tmp_path: Path, node_id: str, zookeeper: ZooKeeperServer | ZooKeeperEnsemble, *,
                  mqtt: bool = False, sync_timeout_s: float = 20, replicas: int = 3,
-                 session_timeout_s: float = SESSION_TIMEOUT_S) -> None:
+                 session_timeout_s: float = SESSION_TIMEOUT_S, sync_replicas: int = 1,
+                 secret: str | None = CLUSTER_SECRET, extra_ha: str = "") -> None:
         self.node_id = node_id
+        self.secret = secret  # None: no secret at all (a laptop trial)
         self.dir = tmp_path / node_id
         self.dir.mkdir()
         self.data_dir = self.dir / "data"
@@ -58,17 +64,21 @@ zookeeper = "{zookeeper.hosts}/gateway"
 replication_listen = "{HOST}:{self.replication_port}"
 advertise = "{HOST}:{self.replication_port}"
 replicas = {replicas}
-sync_replicas = 1
+sync_replicas = {sync_replicas}
 zookeeper_session_timeout_s = {session_timeout_s:g}
 sync_timeout_s = {sync_timeout_s:g}
+{extra_ha}
 """ + USERS)
         self.log_path = self.dir / "node.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Node:
+        environ = {key: value for key, value in os.environ.items() if key != "GATEWAY_CLUSTER_SECRET"}
+        if self.secret is not None:
+            environ["GATEWAY_CLUSTER_SECRET"] = self.secret
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([GATEWAY, "serve", "--config", str(self.config)], stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=subprocess.STDOUT, cwd=self.dir)
+                                         stdout=log, stderr=subprocess.STDOUT, cwd=self.dir, env=environ)
         return self
 
     def get(self, path: str) -> tuple[int, str] | None:

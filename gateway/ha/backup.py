@@ -22,6 +22,7 @@ snapshot); a stale or refusing primary is not followed any more."""
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,7 @@ from gateway.ha.window import Recent
 from persistence import replication as r
 from persistence.catchup import Refusal
 from persistence.follower import Follower
+from persistence.handshake import AuthenticationError
 
 CONNECT_ATTEMPTS = 10
 BACKOFF_S = 0.1
@@ -57,8 +59,13 @@ class Backup:
         on_behind: Callable[[], None] = ignore, connect_attempts: int = CONNECT_ATTEMPTS,
         backoff_s: float = BACKOFF_S, idle_timeout_s: float = IDLE_TIMEOUT_S,
         threads: trio.CapacityLimiter | None = None, recent: Recent | None = None, log: Any = ignore,
+        secret: bytes = b"", ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.follower = follower
+        # The group's cluster secret: the primary proves it holds it before
+        # this backup sends its Hello or applies anything the primary sends.
+        self._secret = secret
+        self.ssl_context = ssl_context  # [ha] link_tls: the primary's certificate checked against [tls] ca
         self.node_id = node_id
         self.host = host
         self.port = port
@@ -82,7 +89,9 @@ class Backup:
         failures = 0
         while True:
             try:
-                stream = await trio.open_tcp_stream(self.host, self.port)
+                stream: trio.abc.Stream = await trio.open_tcp_stream(self.host, self.port)
+                if self.ssl_context is not None:
+                    stream = trio.SSLStream(stream, self.ssl_context, server_hostname=self.host)
             except OSError as exc:
                 reason = f"primary {self.host}:{self.port} unreachable: {exc.strerror or exc}"
             else:
@@ -92,6 +101,11 @@ class Backup:
                     reason = "the primary closed the link"
                 except Stop as exc:
                     return str(exc)
+                except AuthenticationError as exc:
+                    # Not our group's primary (an impostor named in ZooKeeper, a
+                    # wrong secret): its store untouched, tried again later.
+                    reason = f"the primary failed authentication: {exc.reason}"
+                    self.log("replication_primary_refused", primary=f"{self.host}:{self.port}", reason=exc.reason)
                 except LINK_ERRORS as exc:
                     reason = str(exc) or type(exc).__name__
                 finally:
@@ -122,6 +136,7 @@ class Backup:
     async def _follow(self, link: Link) -> bool:
         """One connection; True once it streamed."""
         f = self.follower
+        primary = await link.authenticate("backup", self.node_id, self._secret)
         await link.send(f.hello(self.node_id))
         hello = await link.receive(self.idle_timeout_s)
         if hello is None:
@@ -130,6 +145,8 @@ class Backup:
             self.on_refused(hello.reason)
             raise Stop(f"refused by the primary: {hello.reason}")
         assert isinstance(hello, r.Hello)  # the codec lets nothing else through first
+        if hello.node_id != primary:
+            raise AuthenticationError(f"authenticated as {primary!r}, says Hello as {hello.node_id!r}")
         try:
             await self._thread(f.accept_primary, hello)
         except Refusal as exc:

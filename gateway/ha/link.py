@@ -4,17 +4,21 @@ Shared by gateway/ha/replicator.py (the primary) and gateway/ha/backup.py."""
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import trio
 
 from persistence import replication as r
+from persistence.handshake import AuthenticationError, Handshake
 
 # Bytes read from the socket at once (a Batch frame may be far larger).
 RECEIVE_BYTES = 2**20
 # A side that hears nothing for this long drops the link (an idle primary
 # pings every second, so this is several missed pings).
 IDLE_TIMEOUT_S = 5.0
+# The whole handshake (persistence/handshake.py) must be done within this.
+HANDSHAKE_TIMEOUT_S = 5.0
 
 
 def ignore(*args: Any, **kwargs: Any) -> None:
@@ -26,7 +30,19 @@ class LinkDead(Exception):
 
 
 # The errors that end one link (and nothing else).
-LINK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, r.ProtocolError, LinkDead)
+LINK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, r.ProtocolError, LinkDead,
+               AuthenticationError)
+
+
+def peer_address(stream: trio.abc.Stream) -> str:
+    """host:port of the other end, for the log."""
+    if isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
+    try:
+        host, port = stream.socket.getpeername()[:2]  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
+        return "?"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class Link:
@@ -36,6 +52,34 @@ class Link:
     def __init__(self, stream: trio.abc.Stream, role: r.Role) -> None:
         self.stream = stream
         self.conn = r.ReplicationConnection(role)
+
+    async def authenticate(self, role: str, node_id: str, secret: bytes,
+                           timeout_s: float = HANDSHAKE_TIMEOUT_S) -> str:
+        """Prove membership and check the peer's (persistence/handshake.py)
+        before any frame of the stream; the peer's node id.  Raises
+        AuthenticationError (a stranger, a wrong secret, too slow, too many
+        bytes); nothing the peer sent is handed on unless it proved itself."""
+        shake = Handshake(role, node_id, secret)
+        with trio.move_on_after(timeout_s) as scope:
+            try:
+                await self.stream.send_all(shake.data_to_send())
+                while not shake.done:
+                    shake.receive_data(await self.stream.receive_some(RECEIVE_BYTES))
+                    out = shake.data_to_send()
+                    if out:
+                        await self.stream.send_all(out)
+            except trio.BrokenResourceError as exc:
+                # [ha] link_tls: a certificate the CA did not sign, or no TLS at all.
+                if isinstance(exc.__cause__, ssl.SSLError):
+                    raise AuthenticationError(f"TLS handshake failed: {exc.__cause__}") from None
+                raise
+        if scope.cancelled_caught:
+            raise AuthenticationError(f"no complete handshake within {timeout_s:g} s")
+        assert shake.peer_id is not None
+        leftover = shake.leftover()
+        if leftover:
+            self.conn.receive_data(leftover)
+        return shake.peer_id
 
     async def receive(self, timeout_s: float) -> r.Frame | None:
         """The next frame; None at EOF; LinkDead after ``timeout_s`` of silence."""

@@ -6,6 +6,8 @@ suspended primary puts on it (gateway/ha/runtime.py decides when)."""
 
 from __future__ import annotations
 
+import ipaddress
+import ssl
 from functools import partial
 from typing import Any
 
@@ -26,13 +28,49 @@ def split_host_port(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def replication_bind(ha: HaSettings) -> tuple[str, int]:
+    """Where the replication listener binds: ``replication_listen``, but
+    loopback only when no cluster secret is set (a laptop trial: anyone who
+    reaches an open link could read the journal) unless ``open_links``."""
+    host, port = split_host_port(ha.replication_listen)
+    if ha.cluster_secret or ha.open_links or is_loopback(host):
+        return host, port
+    return ("::1" if ":" in host else "127.0.0.1"), port
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def warn_open_links(ha: HaSettings, log: Any) -> None:
+    """Said once, at the process's start: a group without a cluster secret."""
+    if ha.cluster_secret:
+        return
+    how = "set [ha] cluster_secret_file (or GATEWAY_CLUSTER_SECRET) to the same secret on every node"
+    host, port = replication_bind(ha)
+    if ha.open_links:
+        log.warning("replication_link_open", listen=f"{host}:{port}",
+                    detail=f"no cluster secret and open_links = true: anyone who reaches this port can read the "
+                           f"journal and pose as a member; {how}")
+    else:
+        log.warning("replication_link_loopback_only", listen=f"{host}:{port}", configured=ha.replication_listen,
+                    detail=f"no cluster secret: the replication listener binds loopback only, so other machines' "
+                           f"nodes cannot follow this one; {how} (or open_links = true to accept anyone)")
+
+
 class PrimaryPart:
     """The broker's :class:`app.PrimaryRole`: a :class:`Primary` over the
     store the broker opened, its receipt hooks set to the broker's server."""
 
     def __init__(self, ha: HaSettings, history: History, log: Any, on_refused: Any, cluster: NodeStatus,
-                 recent: Recent | None = None) -> None:
+                 recent: Recent | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
         self.ha, self.history, self.log, self.on_refused = ha, history, log, on_refused
+        self.ssl_context = ssl_context  # [ha] link_tls: the listener's TLS
         self.recent = Recent() if recent is None else recent  # the batches it applied last as a backup: its window's start
         self.replicator: Primary | None = None
         self.cluster = cluster  # what its admin port shows of the group
@@ -41,7 +79,8 @@ class PrimaryPart:
 
     def attach(self, store: Store) -> None:
         self.replicator = Primary(store, self.history, node_id=self.ha.node_id, sync_replicas=self.ha.sync_replicas,
-                                  sync_timeout_s=self.ha.sync_timeout_s, on_refused=self.on_refused, log=self.log.info)
+                                  sync_timeout_s=self.ha.sync_timeout_s, on_refused=self.on_refused, log=self.log.info,
+                                  secret=self.ha.cluster_secret)
         self.replicator.seed(self.recent.frames())
         self.recent.clear()  # the window holds them now
         self.cluster.replicator = self.replicator
@@ -76,5 +115,5 @@ class PrimaryPart:
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         assert self.replicator is not None
-        host, port = split_host_port(self.ha.replication_listen)
-        await self.replicator.run(host, port, task_status=task_status)
+        host, port = replication_bind(self.ha)
+        await self.replicator.run(host, port, ssl_context=self.ssl_context, task_status=task_status)

@@ -46,6 +46,7 @@ the connection both use gateway/ha/link.py.
 from __future__ import annotations
 
 import collections
+import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,7 +54,7 @@ from typing import Any
 import trio
 
 from gateway.admin.cluster import Lag
-from gateway.ha.link import IDLE_TIMEOUT_S, LINK_ERRORS, Link, LinkDead, ignore
+from gateway.ha.link import IDLE_TIMEOUT_S, LINK_ERRORS, Link, LinkDead, ignore, peer_address
 from gateway.ha.status import Marks
 from gateway.ha.window import WINDOW_BATCHES, WINDOW_BYTES, seeding, size_of
 from gateway.transports.server import open_listeners
@@ -61,6 +62,7 @@ from persistence import epochs
 from persistence import replication as r
 from persistence.catchup import Answer, SnapshotSource, plan
 from persistence.epochs import History
+from persistence.handshake import AuthenticationError
 from persistence.journal import Batch
 from persistence.store import Store
 
@@ -118,8 +120,12 @@ class Primary:
         window_bytes: int = WINDOW_BYTES, window_batches: int = WINDOW_BATCHES,
         unacked_bytes: int = UNACKED_BYTES, piece_bytes: int = PIECE_BYTES,
         ping_interval_s: float = PING_INTERVAL_S, idle_timeout_s: float = IDLE_TIMEOUT_S, log: Any = ignore,
+        secret: bytes = b"",
     ) -> None:
         self.store = store
+        # The group's cluster secret (b"": none configured, a laptop trial on
+        # loopback): a peer proves it holds it before anything is sent.
+        self._secret = secret
         self.history = history
         self.epoch = epochs.current(history)
         self.node_id = node_id
@@ -229,23 +235,40 @@ class Primary:
 
     # -- serving -----------------------------------------------------------------------
 
-    async def run(self, host: str, port: int, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Listen on ``host:port`` (reports the bound port) and watch the sync timeout."""
+    async def run(self, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
+                  task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen on ``host:port`` (reports the bound port), over TLS with
+        ``ssl_context`` ([ha] link_tls), and watch the sync timeout."""
         async with trio.open_nursery() as nursery:
             listeners = await open_listeners("replication", host, port)
+            if ssl_context is not None:
+                # The TLS handshake happens inside the link's handshake, under its time bound.
+                listeners = [trio.SSLListener(listener, ssl_context) for listener in listeners]
             await nursery.start(trio.serve_listeners, self.serve_backup, listeners)
             nursery.start_soon(self.watch_sync)
-            task_status.started(listeners[0].socket.getsockname()[1])
+            first = listeners[0].transport_listener if ssl_context is not None else listeners[0]
+            task_status.started(first.socket.getsockname()[1])
 
     async def serve_backup(self, stream: trio.abc.Stream) -> None:
         link = Link(stream, r.Role.PRIMARY)
         peer: Peer | None = None
         backup = "?"
         try:
+            try:
+                member = await link.authenticate("primary", self.node_id, self._secret)
+            except AuthenticationError as exc:
+                # Once per connection; nothing of the journal was sent, nothing it sent was read.
+                self.log("replication_peer_refused", address=peer_address(stream), reason=exc.reason)
+                return
             hello = await link.receive(self.idle_timeout_s)
             if not isinstance(hello, r.Hello):
                 return
             backup = hello.node_id
+            if hello.node_id != member:
+                # It proved membership as one node: it may not speak for another.
+                self.log("replication_peer_refused", address=peer_address(stream),
+                         reason=f"authenticated as {member!r}, says Hello as {hello.node_id!r}")
+                return
             decision = plan(hello, self.history, self.last_lsn, self._oldest())
             await link.send(r.Hello(self.node_id, self.epoch, self.last_lsn, self.history))
             if decision.answer is Answer.REFUSE:

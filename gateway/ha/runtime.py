@@ -50,10 +50,11 @@ from gateway.ha import election
 from gateway.ha.election import NodeRecord, PrimaryRecord, Role
 from gateway.ha.node import Action, Event, State, step
 from gateway.ha.backup import Backup
-from gateway.ha.primary_role import PrimaryPart, split_host_port
+from gateway.ha.primary_role import PrimaryPart, split_host_port, warn_open_links
 from gateway.ha.status import NodeStatus
 from gateway.ha.window import Recent
 from gateway.transports.server import Limits
+from gateway.transports.tls import link_contexts
 from persistence import epochs
 from persistence.follower import Follower
 
@@ -97,6 +98,8 @@ class HaNode:
         self.fence_timer = trio.CancelScope()  # the armed FENCE_DUE, while suspended
         self.failovers = 0
         self.recent = Recent()  # the batches applied last (gateway/ha/window.py), kept across links
+        # [ha] link_tls: the replication link's (server, client) TLS contexts, from [tls].
+        self.link_tls = link_contexts(config.tls) if self.ha.link_tls else None
 
     # -- news from kazoo and the stream, onto the loop -------------------------------
 
@@ -270,7 +273,8 @@ class HaNode:
         host, port = split_host_port(advertise)
         backup = Backup(self.follower, self.ha.node_id, host, port, on_refused=self.refused, log=self.log.info,
                         on_caught_up=partial(self.notice, Event.CAUGHT_UP), on_behind=partial(self.notice, Event.GAP),
-                        recent=self.recent)
+                        recent=self.recent, secret=self.ha.cluster_secret,
+                        ssl_context=self.link_tls[1] if self.link_tls else None)
         done = trio.Event()
         self.following, self.backup_done = advertise, done
         with trio.CancelScope() as self.backup_scope:
@@ -352,7 +356,8 @@ class HaNode:
     async def as_primary(self) -> None:
         self.failovers += 1
         self.part = part = PrimaryPart(self.ha, self.history, self.log, lambda _node, reason: self.refused(reason),
-                                       NodeStatus(self), self.recent)
+                                       NodeStatus(self), self.recent,
+                                       ssl_context=self.link_tls[0] if self.link_tls else None)
         broker_done = trio.Event()
 
         async def broker(*, task_status: Any) -> None:
@@ -429,4 +434,6 @@ class Process:
 
 def run(config: Config, log: Any) -> int:
     """Run an HA node's process in this (main) thread; its exit code."""
+    assert config.ha is not None
+    warn_open_links(config.ha, log)
     return trio.run(Process(config, log).run)

@@ -69,6 +69,27 @@ def server_context(settings: TlsSettings) -> ssl.SSLContext:
     return context
 
 
+def link_contexts(settings: TlsSettings) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """The HA replication link's (server, client) contexts from the same
+    files: each end shows ``cert`` and requires the other's, verified against
+    ``ca`` (the backup checks the primary's name against its advertise host).
+    A missing or unreadable file raises ValueError naming it."""
+    if not settings.cert or not settings.ca:
+        raise ValueError("ha.link_tls needs tls.cert, tls.key and tls.ca (each end shows its certificate and "
+                         "verifies the other's against the CA)")
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    for context in (server, client):
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            context.load_cert_chain(settings.cert, settings.key)
+            context.load_verify_locations(cafile=settings.ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"tls: cannot load the certificate, key or CA for the replication link: {exc}") from None
+    server.verify_mode = ssl.CERT_REQUIRED
+    return server, client
+
+
 def load_files(context: ssl.SSLContext, settings: TlsSettings) -> None:
     """(Re)load the certificate, key and CA into ``context``: handshakes that
     start afterwards use them, established connections keep theirs."""

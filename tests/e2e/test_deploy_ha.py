@@ -82,8 +82,20 @@ def test_every_pod_is_its_own_node_of_one_group(rendered: list[dict[str, Any]], 
         assert ha.replication_listen.startswith("0.0.0.0:"), "the pod's IP is not known in advance"
     # Everything else is the group's, the same in every pod.
     shared = {(h.zookeeper, h.replication_listen, h.replicas, h.sync_replicas, h.zookeeper_session_timeout_s,
-               h.sync_timeout_s) for h in nodes.values()}
+               h.sync_timeout_s, h.cluster_secret) for h in nodes.values()}
     assert len(shared) == 1
+    # The cluster secret: one for the group, from a Secret the user creates
+    # (never one shipped in the repository), so the listener binds the pod's
+    # addresses as configured instead of loopback only.
+    from gateway.ha.primary_role import replication_bind
+    from tests.deploy_helpers import USER_SECRETS
+
+    assert nodes[pods[0]].cluster_secret == USER_SECRETS["gateway-cluster-secret", "secret"].encode()
+    assert not nodes[pods[0]].open_links
+    assert all(replication_bind(h) == ("0.0.0.0", replication["containerPort"]) for h in nodes.values())
+    secret_refs = [e["valueFrom"]["secretKeyRef"] for e in ctr["env"] if "secretKeyRef" in e.get("valueFrom", {})]
+    assert secret_refs == [{"name": "gateway-cluster-secret", "key": "secret"}]
+    assert not [o for o in rendered if o["kind"] == "Secret" and "cluster" in o["metadata"]["name"]]
     # The group's size, which an election's quorum counts from, is the StatefulSet's.
     assert nodes[pods[0]].replicas == len(pods)
     # One backup away (an upgrade, a drain) still leaves sync_replicas backups to confirm.

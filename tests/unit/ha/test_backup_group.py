@@ -65,6 +65,7 @@ async def test_frames_arriving_during_a_write_are_written_together_and_acked_onc
 
     async def scripted_primary(stream: trio.SocketStream) -> None:
         link = Link(stream, r.Role.PRIMARY)
+        assert await link.authenticate("primary", "p", b"") == "b"  # no secret on either side
         hello = await link.receive(WAIT_S)
         assert isinstance(hello, r.Hello) and hello.last_lsn == 0
         await link.send(r.Hello("p", 1, frames[-1].last_lsn, ((1, 1),)))
