@@ -34,6 +34,10 @@ NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # set (non-empty) so that one file serves the whole group: a Kubernetes pod sets
 # them from its own name, while the shared keys stay in the ConfigMap.
 HA_ENVIRONMENT = {"node_id": "GATEWAY_HA_NODE_ID", "advertise": "GATEWAY_HA_ADVERTISE"}
+# The group's ZooKeeper credentials, "user:password", when [ha]
+# zookeeper_auth_file names no file (a Secret as an environment variable).
+ZOOKEEPER_AUTH_ENVIRONMENT = "GATEWAY_ZOOKEEPER_AUTH"
+MAX_ZOOKEEPER_AUTH = 1024
 
 
 def _host_port(name: str, value: str) -> None:
@@ -57,6 +61,12 @@ class HaSettings:
     sync_replicas: int = 1  # in-sync backups that must confirm a batch before its receipts
     zookeeper_session_timeout_s: float = 10.0
     sync_timeout_s: float = 10.0
+    # A file holding the group's ZooKeeper digest credentials, user:password
+    # (a mounted Secret); or GATEWAY_ZOOKEEPER_AUTH.  Without: open znodes.
+    zookeeper_auth_file: str = ""
+    # Read from that file or variable at load, never from the TOML (refused
+    # there): kept out of repr so that no log line shows it.
+    zookeeper_auth: str = dataclasses.field(default="", repr=False)
 
     def check(self) -> HaSettings:
         """Raise ConfigError unless usable (not at construction: the empty
@@ -81,6 +91,36 @@ class HaSettings:
         if self.zookeeper_session_timeout_s <= 0 or self.sync_timeout_s <= 0:
             raise ConfigError("ha.zookeeper_session_timeout_s and ha.sync_timeout_s must be > 0")
         return self
+
+
+def _zookeeper_auth(ha: HaSettings, environ: Mapping[str, str]) -> HaSettings:
+    """[ha] with the group's ZooKeeper credentials from its file or the environment, checked."""
+    variable = environ.get(ZOOKEEPER_AUTH_ENVIRONMENT, "")
+    where = ZOOKEEPER_AUTH_ENVIRONMENT
+    if ha.zookeeper_auth_file:
+        if variable:
+            raise ConfigError(f"ha.zookeeper_auth_file and {ZOOKEEPER_AUTH_ENVIRONMENT} are both set: keep one")
+        where = f"ha.zookeeper_auth_file {ha.zookeeper_auth_file}"
+        try:
+            with open(ha.zookeeper_auth_file, "rb") as file:
+                raw = file.read(MAX_ZOOKEEPER_AUTH + 2)
+        except FileNotFoundError:
+            raise ConfigError(f"{where} does not exist") from None
+        except OSError as exc:
+            raise ConfigError(f"{where}: {exc.strerror}") from None
+        try:
+            variable = raw.decode("utf-8").rstrip("\r\n")  # a Secret's file often ends with a newline
+        except UnicodeDecodeError:
+            raise ConfigError(f"{where}: not UTF-8 text") from None
+    if not variable:
+        return ha
+    user, sep, password = variable.partition(":")
+    # ZooKeeper's digest identity is "user:password": no ':' in the user, nothing empty.
+    if (not sep or not user or not password or len(variable) > MAX_ZOOKEEPER_AUTH
+            or not variable.isprintable()):
+        raise ConfigError(f"{where} must hold \"user:password\" (a user without ':', a non-empty password, "
+                          f"printable, at most {MAX_ZOOKEEPER_AUTH} characters)")
+    return dataclasses.replace(ha, zookeeper_auth=variable)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,6 +310,11 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None,
         raise ConfigError("'ha' must be a table")
     given = environ or {}
     if ha is not None:
+        if "zookeeper_auth" in ha:
+            raise ConfigError("ha.zookeeper_auth: credentials do not go into the configuration file; name a file "
+                              f"holding them with ha.zookeeper_auth_file, or set {ZOOKEEPER_AUTH_ENVIRONMENT}")
         ha = {**ha, **{key: given[name] for key, name in HA_ENVIRONMENT.items() if given.get(name)}}
     built = _with_environment_users(_with_users_file(_build(Config, table, ""), given), given, previous)
-    return built if ha is None else dataclasses.replace(built, ha=_build(HaSettings, ha, "ha.").check())
+    if ha is None:
+        return built
+    return dataclasses.replace(built, ha=_zookeeper_auth(_build(HaSettings, ha, "ha.").check(), given))

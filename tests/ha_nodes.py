@@ -36,7 +36,7 @@ class Node:
 
     def __init__(self, tmp_path: Path, node_id: str, zookeeper: ZooKeeperServer | ZooKeeperEnsemble, *,
                  mqtt: bool = False, sync_timeout_s: float = 20, replicas: int = 3,
-                 session_timeout_s: float = SESSION_TIMEOUT_S) -> None:
+                 session_timeout_s: float = SESSION_TIMEOUT_S, zookeeper_auth: str = "") -> None:
         self.node_id = node_id
         self.dir = tmp_path / node_id
         self.dir.mkdir()
@@ -44,6 +44,11 @@ class Node:
         self.stomp_port, self.admin_port, self.replication_port = free_port(), free_port(), free_port()
         self.mqtt_port = free_port() if mqtt else 0
         self.config = self.dir / "gateway.toml"
+        auth = ""
+        if zookeeper_auth:  # the group's ZooKeeper credentials, as a mounted Secret's file
+            secret = self.dir / "zookeeper-auth"
+            secret.write_text(zookeeper_auth + "\n")
+            auth = f'zookeeper_auth_file = "{secret}"\n'
         self.config.write_text(f"""
 bind = "{HOST}"
 stomp_port = {self.stomp_port}
@@ -61,7 +66,7 @@ replicas = {replicas}
 sync_replicas = 1
 zookeeper_session_timeout_s = {session_timeout_s:g}
 sync_timeout_s = {sync_timeout_s:g}
-""" + USERS)
+{auth}""" + USERS)
         self.log_path = self.dir / "node.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
