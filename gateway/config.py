@@ -35,7 +35,9 @@ NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # them from its own name, while the shared keys stay in the ConfigMap.
 HA_ENVIRONMENT = {"node_id": "GATEWAY_HA_NODE_ID", "advertise": "GATEWAY_HA_ADVERTISE"}
 # The group's ZooKeeper credentials, "user:password", when [ha]
-# zookeeper_auth_file names no file (a Secret as an environment variable).
+# zookeeper_auth_file names no file: a file named by the first (a mounted
+# Secret, as GATEWAY_USERS_FILE), or the value itself in the second.
+ZOOKEEPER_AUTH_FILE_ENVIRONMENT = "GATEWAY_ZOOKEEPER_AUTH_FILE"
 ZOOKEEPER_AUTH_ENVIRONMENT = "GATEWAY_ZOOKEEPER_AUTH"
 MAX_ZOOKEEPER_AUTH = 1024
 
@@ -97,12 +99,14 @@ def _zookeeper_auth(ha: HaSettings, environ: Mapping[str, str]) -> HaSettings:
     """[ha] with the group's ZooKeeper credentials from its file or the environment, checked."""
     variable = environ.get(ZOOKEEPER_AUTH_ENVIRONMENT, "")
     where = ZOOKEEPER_AUTH_ENVIRONMENT
-    if ha.zookeeper_auth_file:
+    path = ha.zookeeper_auth_file or environ.get(ZOOKEEPER_AUTH_FILE_ENVIRONMENT, "")
+    if path:
         if variable:
-            raise ConfigError(f"ha.zookeeper_auth_file and {ZOOKEEPER_AUTH_ENVIRONMENT} are both set: keep one")
-        where = f"ha.zookeeper_auth_file {ha.zookeeper_auth_file}"
+            raise ConfigError(f"ha.zookeeper_auth_file (or {ZOOKEEPER_AUTH_FILE_ENVIRONMENT}) and "
+                              f"{ZOOKEEPER_AUTH_ENVIRONMENT} are both set: keep one")
+        where = f"ha.zookeeper_auth_file {path}"
         try:
-            with open(ha.zookeeper_auth_file, "rb") as file:
+            with open(path, "rb") as file:
                 raw = file.read(MAX_ZOOKEEPER_AUTH + 2)
         except FileNotFoundError:
             raise ConfigError(f"{where} does not exist") from None
@@ -112,6 +116,8 @@ def _zookeeper_auth(ha: HaSettings, environ: Mapping[str, str]) -> HaSettings:
             variable = raw.decode("utf-8").rstrip("\r\n")  # a Secret's file often ends with a newline
         except UnicodeDecodeError:
             raise ConfigError(f"{where}: not UTF-8 text") from None
+        if not variable:  # named but empty: never "no credentials" by accident
+            raise ConfigError(f"{where} is empty: it must hold \"user:password\"")
     if not variable:
         return ha
     user, sep, password = variable.partition(":")

@@ -127,6 +127,9 @@ def test_the_zookeeper_credentials_come_from_a_file_or_the_environment(tmp_path:
     ha = config.load(str(path), environ={"GATEWAY_ZOOKEEPER_AUTH": "gw:pw"}).ha
     assert ha is not None and ha.zookeeper_auth == "gw:pw"
     assert config.load(str(path), environ={}).ha.zookeeper_auth == ""  # type: ignore[union-attr]  # open: the laptop trial
+    # A mounted Secret named by the environment, as deploy/statefulset.yaml does.
+    ha = config.load(str(path), environ={"GATEWAY_ZOOKEEPER_AUTH_FILE": str(secret)}).ha
+    assert ha is not None and ha.zookeeper_auth == "gateway:s3cret:with-colon"
     path.write_text(GOOD + 'zookeeper_auth = "gw:pw"\n')
     with pytest.raises(config.ConfigError, match="credentials do not go into the configuration file"):
         config.load(str(path), environ={})
@@ -134,6 +137,7 @@ def test_the_zookeeper_credentials_come_from_a_file_or_the_environment(tmp_path:
 
 @pytest.mark.parametrize(("content", "message"), [
     (None, "does not exist"),
+    ("\n", "is empty"),
     ("nocolon\n", 'must hold "user:password"'),
     (":password", 'must hold "user:password"'),
     ("user:", 'must hold "user:password"'),
