@@ -83,8 +83,9 @@ def _add_labels(obj: dict[str, Any], pairs: dict[str, str], selectors: bool, tem
                 spec["podSelector"].setdefault("matchLabels", {}).update(pairs)
             for rule, peers in (("ingress", "from"), ("egress", "to")):
                 for peer in (p for r in spec.get(rule, []) for p in r.get(peers, [])):
-                    if "podSelector" in peer:
-                        peer["podSelector"].setdefault("matchLabels", {}).update(pairs)
+                    # Not created where absent: a peer chosen by matchExpressions keeps only those.
+                    if "matchLabels" in peer.get("podSelector", {}):
+                        peer["podSelector"]["matchLabels"].update(pairs)
         # kustomize's selector field specs also reach a pod template's (anti-)affinity terms.
         affinity = spec.get("template", {}).get("spec", {}).get("affinity", {})
         for kind in ("podAffinity", "podAntiAffinity"):

@@ -29,6 +29,7 @@ def test_kustomization_renders_the_expected_objects(rendered: list[dict[str, Any
         ("PodDisruptionBudget", "gateway"),
         ("Secret", "gateway-admin-users"),
         ("Secret", "gateway-client-users"),
+        ("Secret", "gateway-zookeeper-auth"),
         ("Service", "gateway"),
         ("Service", "gateway-headless"),
         ("StatefulSet", "gateway"),
