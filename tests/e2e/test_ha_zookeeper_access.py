@@ -25,6 +25,7 @@ from kazoo.exceptions import NoAuthError
 from kazoo.security import make_digest_acl
 
 from gateway.ha import election
+from gateway.ha.coordinator import CoordinationError
 from gateway.ha.election import PrimaryRecord
 from tests.ha_helpers import ROOT, EventLog
 from tests.ha_helpers import Node as Coordinated
@@ -225,3 +226,17 @@ def test_a_tree_made_open_is_closed_by_the_first_node_with_credentials(zookeeper
     finally:
         for node in nodes:
             node.close()
+
+
+@pytest.mark.parametrize("auth", ["", "gateway:another-password"])
+def test_a_node_without_the_group_s_credentials_is_refused_and_told_why(zookeeper: ZooKeeperServer,
+                                                                        auth: str) -> None:
+    log = EventLog()
+    group = Coordinated(zookeeper, "a", log, lsn=1, auth=AUTH).start()
+    try:
+        with pytest.raises(CoordinationError, match="zookeeper_auth_file or GATEWAY_ZOOKEEPER_AUTH"):
+            Coordinated(zookeeper, "b", log, lsn=1, auth=auth).start()
+        # The group's record is untouched and still its own.
+        assert [r.node_id for r in group.coordinator.nodes().values()] == ["a"]
+    finally:
+        group.close()
