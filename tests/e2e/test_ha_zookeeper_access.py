@@ -27,7 +27,7 @@ from kazoo.security import make_digest_acl
 from gateway.ha import election
 from gateway.ha.coordinator import CoordinationError
 from gateway.ha.election import PrimaryRecord
-from tests.ha_helpers import ROOT, EventLog
+from tests.ha_helpers import ROOT, EventLog, elect
 from tests.ha_helpers import Node as Coordinated
 from tests.ha_nodes import WAIT_S, Node, wait_ready, wait_role
 from tests.helpers import RawClient
@@ -240,3 +240,27 @@ def test_a_node_without_the_group_s_credentials_is_refused_and_told_why(zookeepe
         assert [r.node_id for r in group.coordinator.nodes().values()] == ["a"]
     finally:
         group.close()
+
+
+def test_a_member_record_that_does_not_parse_is_logged_once_and_written_again(zookeeper: ZooKeeperServer,
+                                                                              insider: KazooClient) -> None:
+    log = EventLog()
+    nodes: list[Coordinated] = []
+    with structlog.testing.capture_logs() as captured:
+        try:
+            nodes += [Coordinated(zookeeper, name, log, lsn=lsn, auth=AUTH).start() for name, lsn in (("a", 10), ("b", 30))]
+            a, _b = nodes
+            insider.set(f"{ROOT}/nodes/b", b'{"node_id": "b", "lsn": "lots"}')
+            for _ in range(5):  # read at every look: logged once all the same
+                assert set(a.coordinator.nodes()) == {"a"}
+            ignored = [e for e in captured if e["event"] == "node_record_ignored"]
+            assert len(ignored) == 1 and ignored[0]["znode"] == f"{ROOT}/nodes/b", ignored
+            assert "must be" in ignored[0]["reason"]
+            # The election is not wedged: b, finding its own record unreadable,
+            # writes it again, and one node leads.
+            leader = elect(nodes, log)
+            assert leader in nodes
+            assert set(a.coordinator.nodes()) == {"a", "b"}
+        finally:
+            for node in nodes:
+                node.close()
