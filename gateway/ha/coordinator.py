@@ -21,11 +21,8 @@ ZooKeeper layout, under the connect string's chroot (``zk-0:2181/gateway``):
 
 With the group's ``user:password`` (digest auth) every znode it creates is the
 group's alone (no READ for world either: addresses and positions are the
-group's business); a tree made open earlier is closed at connect.  A record
-that does not parse is logged once: a member's is left out (the quorum counts
-valid final records only: safe), this node's own written again; a /primary's
-is not followed, and its owning session writes it again; /epoch's:
-election.current_epoch.
+group's business); a tree made open earlier is closed at connect.  What is
+read back is checked: gateway/ha/election.py, "Validation".
 
 Fencing timing (T: the session timeout).  The server expires a session no
 earlier than T after the last request of it that it received (rounded up to

@@ -22,6 +22,16 @@ A node that never says so blocks the election only until its session ends,
 as its record is ephemeral; a record that is not eligible cannot win nor
 change the order of the others, so it need not settle.
 
+Validation: a record read from ZooKeeper that does not parse is logged once
+per znode and reason (:class:`Refusals`, in the coordinator), and then: a
+member's record is left out (the quorum counts valid final records only, so
+leaving one out never elects a node without a confirmed batch), and a node
+finding its own so writes it again; a /primary that does not parse is not
+followed (nobody is taken to lead either: the lock is held), and the session
+that owns the znode, whatever its text says, writes it again; an /epoch that
+does not parse counts as its data version (:func:`current_epoch` says why
+that is safe).
+
 Quorum: settling covers the nodes that are alive, not one that is down.  A
 confirmed batch is on the primary and on ``sync_replicas`` backups, so of the
 other ``replicas - 1`` nodes at most ``replicas - 1 - sync_replicas`` lack
