@@ -264,3 +264,45 @@ def test_a_member_record_that_does_not_parse_is_logged_once_and_written_again(zo
         finally:
             for node in nodes:
                 node.close()
+
+
+def with_credentials(node: Node, auth: str) -> None:
+    """Give a stopped node's [ha] table the group's credentials (as an upgrade's new ConfigMap and Secret would)."""
+    secret = node.dir / "zookeeper-auth"
+    secret.write_text(auth + "\n")
+    text = node.config.read_text()
+    assert "\n[ha]\n" in text and "zookeeper_auth_file" not in text
+    node.config.write_text(text.replace("\n[ha]\n", f'\n[ha]\nzookeeper_auth_file = "{secret}"\n'))
+
+
+def test_credentials_turned_on_by_a_rolling_upgrade_cost_one_failover(tmp_path: Path, zookeeper: ZooKeeperServer,
+                                                                      stranger: KazooClient) -> None:
+    """An open group given credentials node by node, backup first and the primary
+    last (deploy/README.md's order): the primary without them keeps serving,
+    its receipts confirmed by the backup with them, until it is replaced; then
+    the backup leads, the old primary rejoins, and the znodes are closed."""
+    nodes = [Node(tmp_path, name, zookeeper, replicas=2).start() for name in ("gw-0", "gw-1")]
+    try:
+        primary = wait_ready(nodes)
+        backup = next(n for n in nodes if n is not primary)
+        wait_role(backup, "backup_in_sync")
+        receipted(primary, "open")
+        backup.kill()
+        with_credentials(backup, AUTH)
+        backup.start()
+        wait_role(backup, "backup_in_sync")  # it found the lock, and follows the primary without credentials
+        with pytest.raises(NoAuthError):
+            stranger.get(f"{ROOT}/epoch")  # closed by the first node with credentials
+        assert wait_ready(nodes) is primary
+        receipted(primary, "half")  # confirmed by the upgraded backup
+        wait_logged(primary, "ha_lock_unknown")  # it can no longer read the lock: it says so and serves on
+        primary.kill()
+        with_credentials(primary, AUTH)
+        assert wait_ready([backup]) is backup
+        primary.start()
+        wait_role(primary, "backup_in_sync")
+        assert wait_ready(nodes) is backup
+        receipted(backup, "closed")
+    finally:
+        for node in nodes:
+            node.kill()
