@@ -9,7 +9,6 @@ import dataclasses
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import structlog
 
@@ -54,8 +53,7 @@ class Node:
     """One HA node's coordination, without the broker: its record and its coordinator."""
 
     def __init__(self, zookeeper: ZooKeeperServer, node_id: str, log: EventLog, *, lsn: int, epoch: int = 0,
-                 role: Role = Role.BACKUP, session_timeout_s: float = SESSION_TIMEOUT_S, auth: str = "",
-                 logger: Any = None) -> None:
+                 role: Role = Role.BACKUP, session_timeout_s: float = SESSION_TIMEOUT_S, auth: str = "") -> None:
         self.node_id = node_id
         self.log = log
         self.record = NodeRecord(node_id, f"{node_id}.test:7000", epoch, lsn, role)
@@ -64,7 +62,7 @@ class Node:
         callbacks = StateCallbacks(on_fence=lambda: log.add(node_id, "fence"), on_lost=self.lost,
                                    on_reconnect=lambda: log.add(node_id, "reconnect"))
         self.coordinator = Coordinator(f"{zookeeper.hosts}{ROOT}", node_id, session_timeout_s=session_timeout_s,
-                                       callbacks=callbacks, log=logger or structlog.get_logger("test"), auth=auth)
+                                       callbacks=callbacks, log=structlog.get_logger("test"), auth=auth)
         self.closed = False
 
     def lost(self) -> None:
