@@ -34,6 +34,12 @@ NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # set (non-empty) so that one file serves the whole group: a Kubernetes pod sets
 # them from its own name, while the shared keys stay in the ConfigMap.
 HA_ENVIRONMENT = {"node_id": "GATEWAY_HA_NODE_ID", "advertise": "GATEWAY_HA_ADVERTISE"}
+# The group's ZooKeeper credentials, "user:password", when [ha]
+# zookeeper_auth_file names no file: a file named by the first (a mounted
+# Secret, as GATEWAY_USERS_FILE), or the value itself in the second.
+ZOOKEEPER_AUTH_FILE_ENVIRONMENT = "GATEWAY_ZOOKEEPER_AUTH_FILE"
+ZOOKEEPER_AUTH_ENVIRONMENT = "GATEWAY_ZOOKEEPER_AUTH"
+MAX_ZOOKEEPER_AUTH = 1024
 
 
 # The cluster secret when [ha] cluster_secret_file names no file.
@@ -91,6 +97,12 @@ class HaSettings:
     link_tls: bool = False
     # Read from the file or the environment at load; never a TOML key, never in a repr or a log.
     cluster_secret: bytes = dataclasses.field(default=b"", repr=False)
+    # A file holding the group's ZooKeeper digest credentials, user:password
+    # (a mounted Secret); or GATEWAY_ZOOKEEPER_AUTH.  Without: open znodes.
+    zookeeper_auth_file: str = ""
+    # Read from that file or variable at load, never from the TOML (refused
+    # there): kept out of repr so that no log line shows it.
+    zookeeper_auth: str = dataclasses.field(default="", repr=False)
 
     def check(self) -> HaSettings:
         """Raise ConfigError unless usable (not at construction: the empty
@@ -118,6 +130,40 @@ class HaSettings:
             raise ConfigError(f"the cluster secret (ha.cluster_secret_file or {CLUSTER_SECRET_ENVIRONMENT}) must be "
                               f"at least {MIN_SECRET_BYTES} bytes, e.g. `openssl rand -hex 32`")
         return self
+
+
+def _zookeeper_auth(ha: HaSettings, environ: Mapping[str, str]) -> HaSettings:
+    """[ha] with the group's ZooKeeper credentials from its file or the environment, checked."""
+    variable = environ.get(ZOOKEEPER_AUTH_ENVIRONMENT, "")
+    where = ZOOKEEPER_AUTH_ENVIRONMENT
+    path = ha.zookeeper_auth_file or environ.get(ZOOKEEPER_AUTH_FILE_ENVIRONMENT, "")
+    if path:
+        if variable:
+            raise ConfigError(f"ha.zookeeper_auth_file (or {ZOOKEEPER_AUTH_FILE_ENVIRONMENT}) and "
+                              f"{ZOOKEEPER_AUTH_ENVIRONMENT} are both set: keep one")
+        where = f"ha.zookeeper_auth_file {path}"
+        try:
+            with open(path, "rb") as file:
+                raw = file.read(MAX_ZOOKEEPER_AUTH + 2)
+        except FileNotFoundError:
+            raise ConfigError(f"{where} does not exist") from None
+        except OSError as exc:
+            raise ConfigError(f"{where}: {exc.strerror}") from None
+        try:
+            variable = raw.decode("utf-8").rstrip("\r\n")  # a Secret's file often ends with a newline
+        except UnicodeDecodeError:
+            raise ConfigError(f"{where}: not UTF-8 text") from None
+        if not variable:  # named but empty: never "no credentials" by accident
+            raise ConfigError(f"{where} is empty: it must hold \"user:password\"")
+    if not variable:
+        return ha
+    user, sep, password = variable.partition(":")
+    # ZooKeeper's digest identity is "user:password": no ':' in the user, nothing empty.
+    if (not sep or not user or not password or len(variable) > MAX_ZOOKEEPER_AUTH
+            or not variable.isprintable()):
+        raise ConfigError(f"{where} must hold \"user:password\" (a user without ':', a non-empty password, "
+                          f"printable, at most {MAX_ZOOKEEPER_AUTH} characters)")
+    return dataclasses.replace(ha, zookeeper_auth=variable)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -312,10 +358,13 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None,
         raise ConfigError("'ha' must be a table")
     given = environ or {}
     if ha is not None:
+        if "zookeeper_auth" in ha:
+            raise ConfigError("ha.zookeeper_auth: credentials do not go into the configuration file; name a file "
+                              f"holding them with ha.zookeeper_auth_file, or set {ZOOKEEPER_AUTH_ENVIRONMENT}")
         ha = {**ha, **{key: given[name] for key, name in HA_ENVIRONMENT.items() if given.get(name)}}
     built = _with_environment_users(_with_users_file(_build(Config, table, ""), given), given, previous)
     if ha is None:
         return built
     secret = _cluster_secret(ha, given)
     settings = dataclasses.replace(_build(HaSettings, ha, "ha."), cluster_secret=secret)
-    return dataclasses.replace(built, ha=settings.check())
+    return dataclasses.replace(built, ha=_zookeeper_auth(settings.check(), given))

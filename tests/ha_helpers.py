@@ -53,7 +53,7 @@ class Node:
     """One HA node's coordination, without the broker: its record and its coordinator."""
 
     def __init__(self, zookeeper: ZooKeeperServer, node_id: str, log: EventLog, *, lsn: int, epoch: int = 0,
-                 role: Role = Role.BACKUP, session_timeout_s: float = SESSION_TIMEOUT_S) -> None:
+                 role: Role = Role.BACKUP, session_timeout_s: float = SESSION_TIMEOUT_S, auth: str = "") -> None:
         self.node_id = node_id
         self.log = log
         self.record = NodeRecord(node_id, f"{node_id}.test:7000", epoch, lsn, role)
@@ -62,7 +62,7 @@ class Node:
         callbacks = StateCallbacks(on_fence=lambda: log.add(node_id, "fence"), on_lost=self.lost,
                                    on_reconnect=lambda: log.add(node_id, "reconnect"))
         self.coordinator = Coordinator(f"{zookeeper.hosts}{ROOT}", node_id, session_timeout_s=session_timeout_s,
-                                       callbacks=callbacks, log=structlog.get_logger("test"))
+                                       callbacks=callbacks, log=structlog.get_logger("test"), auth=auth)
         self.closed = False
 
     def lost(self) -> None:

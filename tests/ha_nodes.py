@@ -41,7 +41,7 @@ class Node:
     def __init__(self, tmp_path: Path, node_id: str, zookeeper: ZooKeeperServer | ZooKeeperEnsemble, *,
                  mqtt: bool = False, sync_timeout_s: float = 20, replicas: int = 3,
                  session_timeout_s: float = SESSION_TIMEOUT_S, sync_replicas: int = 1,
-                 secret: str | None = CLUSTER_SECRET, extra_ha: str = "") -> None:
+                 secret: str | None = CLUSTER_SECRET, extra_ha: str = "", zookeeper_auth: str = "") -> None:
         self.node_id = node_id
         self.secret = secret  # None: no secret at all (a laptop trial)
         self.dir = tmp_path / node_id
@@ -50,6 +50,11 @@ class Node:
         self.stomp_port, self.admin_port, self.replication_port = free_port(), free_port(), free_port()
         self.mqtt_port = free_port() if mqtt else 0
         self.config = self.dir / "gateway.toml"
+        auth = ""
+        if zookeeper_auth:  # the group's ZooKeeper credentials, as a mounted Secret's file
+            auth_file = self.dir / "zookeeper-auth"
+            auth_file.write_text(zookeeper_auth + "\n")
+            auth = f'zookeeper_auth_file = "{auth_file}"\n'
         self.config.write_text(f"""
 bind = "{HOST}"
 stomp_port = {self.stomp_port}
@@ -68,7 +73,7 @@ sync_replicas = {sync_replicas}
 zookeeper_session_timeout_s = {session_timeout_s:g}
 sync_timeout_s = {sync_timeout_s:g}
 {extra_ha}
-""" + USERS)
+{auth}""" + USERS)
         self.log_path = self.dir / "node.log"
         self.proc: subprocess.Popen[bytes] | None = None
 

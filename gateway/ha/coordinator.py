@@ -19,6 +19,11 @@ ZooKeeper layout, under the connect string's chroot (``zk-0:2181/gateway``):
 - ``/primary``          EPHEMERAL, a `PrimaryRecord` as JSON: the lock.  Whoever
                         created it, while its session lives, is the primary.
 
+With the group's ``user:password`` (digest auth) every znode it creates is the
+group's alone (no READ for world either: addresses and positions are the
+group's business); a tree made open earlier is closed at connect.  What is
+read back is checked: gateway/ha/election.py, "Validation".
+
 Fencing timing (T: the session timeout).  The server expires a session no
 earlier than T after the last request of it that it received (rounded up to
 a tick; an ensemble's leader hears of a follower's touches at most half a
@@ -59,10 +64,11 @@ from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import KazooException, NoAuthError, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType, WatchedEvent
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
+from kazoo.security import ACL, make_digest_acl
 
 from gateway.ha import election
 from gateway.ha.election import NodeRecord, PrimaryRecord, RecordError, Role
@@ -77,6 +83,10 @@ FENCE_AFTER = 0.5  # of T, after the last answered request: when a suspended pri
 
 class CoordinationError(Exception):
     """ZooKeeper could not be reached or refused a request; the message says which."""
+
+
+class LockUnreadable(CoordinationError):
+    """/primary exists (someone holds the lock) but its record does not parse: follow nobody, take nothing."""
 
 
 def call_now(callback: Callback) -> None:
@@ -107,7 +117,7 @@ class Coordinator:
 
     def __init__(self, connect: str, node_id: str, *, session_timeout_s: float, callbacks: StateCallbacks,
                  log: Any, deliver: Callable[[Callback], object] = call_now,
-                 request_timeout_s: float | None = None, quorum: int = 1) -> None:
+                 request_timeout_s: float | None = None, quorum: int = 1, auth: str = "") -> None:
         hosts, root = split_connect(connect)
         self.quorum = quorum  # final records an election needs (election.quorum)
         self.node_id = election.check_node_id(node_id)
@@ -116,6 +126,7 @@ class Coordinator:
         self.epoch_path = f"{root}/epoch"
         self.primary_path = f"{root}/primary"
         self.root = root or "/"
+        self.chroot = root  # "" without one: then ZooKeeper's own root, which is not the group's to close
         self.session_timeout_s = session_timeout_s
         # A reply later than a session timeout is moot: the session may be gone.
         self.request_timeout_s = session_timeout_s if request_timeout_s is None else request_timeout_s
@@ -125,12 +136,17 @@ class Coordinator:
         self.closing = False
         self.interrupted = False  # SUSPENDED or LOST seen since the last CONNECTED
         self.on_change: Callback | None = None
+        self.lock_record: PrimaryRecord | None = None  # what this node wrote into /primary, while it may hold it
+        self.refused = election.Refusals(MAX_NODES + 2)  # a corrupt record is read at every look: logged once
         # Monotonic time before sending the last request ZooKeeper answered
         # (written from worker threads; a lost race only makes it older: safe).
         self.contact_at = time.monotonic()
         # No kazoo chroot: it wants the chroot to exist before connecting (and
         # warns otherwise); our paths carry the root instead.
-        self.client = KazooClient(hosts=hosts, timeout=session_timeout_s, connection_retry=CONNECTION_RETRY)
+        user, _, password = auth.partition(":")  # "user:password", checked with the configuration
+        self.acl: list[ACL] | None = [make_digest_acl(user, password, all=True)] if auth else None
+        access = {"auth_data": [("digest", auth)], "default_acl": self.acl} if auth else {}
+        self.client = KazooClient(hosts=hosts, timeout=session_timeout_s, connection_retry=CONNECTION_RETRY, **access)
         self.client.add_listener(self.state_changed)
 
     # -- session -----------------------------------------------------------------
@@ -146,11 +162,32 @@ class Coordinator:
                 self.wait(self.client.create_async(self.epoch_path, election.format_epoch(0)), "create epoch")
             except NodeExistsError:
                 pass
+            if self.acl is not None:
+                self.close_tree()
         except (KazooTimeoutError, KazooException, CoordinationError) as exc:
             self.client.stop()
             self.client.close()
-            raise CoordinationError(f"cannot coordinate on ZooKeeper: {exc!r}") from exc
+            hint = ": check [ha] zookeeper_auth_file or GATEWAY_ZOOKEEPER_AUTH" if isinstance(exc, NoAuthError) else ""
+            raise CoordinationError(f"cannot coordinate on ZooKeeper: {exc!r}{hint}") from exc
         self.log.info("zookeeper_connected", session_timeout_s=self.session_timeout_s, root=self.root)
+
+    def close_tree(self) -> None:
+        """The group's ACL on its znodes where they carry another (made open by a node without credentials)."""
+        children = self.wait(self.client.get_children_async(self.nodes_path), "acls")[:MAX_NODES]
+        paths = [*([self.chroot] if self.chroot else []), self.nodes_path, self.epoch_path, self.primary_path,
+                 *(f"{self.nodes_path}/{name}" for name in children)]
+        closed = []
+        for path in paths:
+            try:  # NoNodeError: an ephemeral gone meanwhile, or no lock held
+                acl, stat = self.wait(self.client.get_acls_async(path), "acls")
+                if list(acl) != self.acl:
+                    self.wait(self.client.set_acls_async(path, self.acl, stat.aversion), "acls")
+                    closed.append(path)
+            except NoNodeError:
+                pass
+        if closed:
+            self.log.warning("zookeeper_acls_set", paths=closed,
+                             detail="these znodes were open to anyone; now only the group's identity may use them")
 
     def close(self) -> None:
         """End the session: ZooKeeper removes this node's record and, if held, the lock at once."""
@@ -268,38 +305,63 @@ class Coordinator:
             raise CoordinationError(f"nodes: {exc!r}") from exc
 
     def parse_node(self, name: str, data: bytes) -> NodeRecord | None:
+        path = f"{self.nodes_path}/{name}"
         try:
             record = NodeRecord.from_json(data)
         except RecordError as exc:
-            self.log.warning("node_record_ignored", znode=name, reason=str(exc))
+            self.refuse("node_record_ignored", path, str(exc))
             return None
         if record.node_id != name:
-            self.log.warning("node_record_ignored", znode=name, reason=f"says it is {record.node_id!r}")
+            self.refuse("node_record_ignored", path, f"says it is {record.node_id!r}")
             return None
+        self.refuse("node_record_ignored", path, None)
         return record
 
+    def refuse(self, event: str, path: str, reason: str | None) -> None:
+        """A record read: refused for ``reason`` (logged once, not at every look), or taken (None)."""
+        if reason is None:
+            self.refused.clear(path)
+        elif self.refused.first(path, reason):
+            self.log.warning(event, znode=path, reason=reason)
+
+    def read_epoch(self, what: str) -> tuple[int, Any]:
+        """The current epoch (election.current_epoch) and /epoch's stat."""
+        data, stat = self.wait(self.client.get_async(self.epoch_path), what)
+        epoch, reason = election.current_epoch(data, stat.version)
+        self.refuse("epoch_record_ignored", self.epoch_path, reason and f"{reason}; taken as its version {stat.version}")
+        return epoch, stat
+
     def primary(self) -> PrimaryRecord | None:
-        """Who holds the lock, or None when nobody does (or its record is unreadable)."""
+        """Who holds the lock, or None when nobody does (LockUnreadable: somebody, unreadably)."""
         sent = time.monotonic()
         try:
-            data, _stat = self.wait(self.client.get_async(self.primary_path), "primary")
-        except NoNodeError:
+            data, stat = self.wait(self.client.get_async(self.primary_path), "primary")
+            self.answered(sent)
+            try:
+                record: PrimaryRecord | None = PrimaryRecord.from_json(data)
+            except RecordError as exc:
+                self.refuse("primary_record_ignored", self.primary_path, str(exc))
+                record = None
+            mine = self.lock_record
+            if mine is not None and record != mine and stat.ephemeralOwner == self.session_id():
+                # Ours (this session owns the znode, whatever its text says): write it again.
+                self.wait(self.client.set_async(self.primary_path, mine.to_json(), stat.version), "primary")
+                self.log.warning("primary_record_rewritten", znode=self.primary_path, epoch=mine.epoch, found=repr(record))
+                record = mine
+        except NoNodeError:  # nobody holds it
             self.answered(sent)
             return None
         except KazooException as exc:
             raise CoordinationError(f"primary: {exc!r}") from exc
-        self.answered(sent)
-        try:
-            return PrimaryRecord.from_json(data)
-        except RecordError as exc:
-            self.log.warning("primary_record_ignored", reason=str(exc))
-            return None
+        if record is None:
+            raise LockUnreadable("primary: the lock is held but its record does not parse")
+        self.refuse("primary_record_ignored", self.primary_path, None)
+        return record
 
     def epoch(self) -> int:
         """The current epoch in /epoch: while nobody leads, the vacancy to settle."""
         try:
-            data, _stat = self.wait(self.client.get_async(self.epoch_path), "epoch")
-            return election.parse_epoch(data)
+            return self.read_epoch("epoch")[0]
         except (KazooException, RecordError) as exc:
             raise CoordinationError(f"epoch: {exc!r}") from exc
 
@@ -358,18 +420,18 @@ class Coordinator:
             if self.wait(self.client.exists_async(self.primary_path), "try_lead") is not None:
                 return None
             read = self.read_nodes()
-            if self.node_id not in read:
-                self.log.warning("lead_refused", reason="not joined")
+            if self.node_id not in read:  # missing, or written over: write it again for the next round
+                self.log.warning("lead_refused", reason="own record missing or unreadable: written again")
+                self.join(record)
                 return None
             _, my_version = read[self.node_id]
             records = [r for node_id, (r, _v) in read.items() if node_id != self.node_id] + [record]
-            data, epoch_stat = self.wait(self.client.get_async(self.epoch_path), "try_lead")
-            vacancy = election.parse_epoch(data)
+            vacancy, epoch_stat = self.read_epoch("try_lead")
             # Decided only on settled records, each final for this vacancy, and enough of them.
             if election.decide(records, vacancy, self.quorum) != self.node_id:
                 return None
             epoch = election.takeover_epoch(vacancy)
-        except (KazooException, RecordError) as exc:
+        except (KazooException, RecordError, CoordinationError) as exc:
             self.log.warning("lead_refused", reason=repr(exc))
             return None
         leading = dataclasses.replace(record, epoch=epoch, role=Role.PRIMARY)
@@ -397,6 +459,7 @@ class Coordinator:
         if failures:
             self.log.info("lead_lost_race", epoch=epoch, results=failures)
             return None
+        self.lock_record = lock
         self.log.info("lead_taken", epoch=epoch, lsn=record.lsn)
         return epoch
 

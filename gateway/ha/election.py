@@ -22,6 +22,16 @@ A node that never says so blocks the election only until its session ends,
 as its record is ephemeral; a record that is not eligible cannot win nor
 change the order of the others, so it need not settle.
 
+Validation: a record read from ZooKeeper that does not parse is logged once
+per znode and reason (:class:`Refusals`, in the coordinator), and then: a
+member's record is left out (the quorum counts valid final records only, so
+leaving one out never elects a node without a confirmed batch), and a node
+finding its own so writes it again; a /primary that does not parse is not
+followed (nobody is taken to lead either: the lock is held), and the session
+that owns the znode, whatever its text says, writes it again; an /epoch that
+does not parse counts as its data version (:func:`current_epoch` says why
+that is safe).
+
 Quorum: settling covers the nodes that are alive, not one that is down.  A
 confirmed batch is on the primary and on ``sync_replicas`` backups, so of the
 other ``replicas - 1`` nodes at most ``replicas - 1 - sync_replicas`` lack
@@ -96,6 +106,30 @@ def decode_object(data: bytes, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise RecordError(f"{what} is not a JSON object")
     return value
+
+
+class Refusals:
+    """The reason each znode's record was last refused for, so that a corrupt
+    record, read again at every look, is logged once (and again only when the
+    reason changes).  Bounded: past ``limit`` paths it starts over, at worst
+    logging a line again."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.reasons: dict[str, str] = {}
+
+    def first(self, path: str, reason: str) -> bool:
+        """Record that ``path`` was refused for ``reason``: True if that is news."""
+        if self.reasons.get(path) == reason:
+            return False
+        if path not in self.reasons and len(self.reasons) >= self.limit:
+            self.reasons.clear()
+        self.reasons[path] = reason
+        return True
+
+    def clear(self, path: str) -> None:
+        """``path`` parsed again: a later refusal is news."""
+        self.reasons.pop(path, None)
 
 
 def encode_object(fields: dict[str, Any]) -> bytes:
@@ -236,6 +270,30 @@ def parse_epoch(data: bytes) -> int:
     if not data or len(data) > MAX_EPOCH_DIGITS or not data.isdigit():
         raise RecordError(f"epoch must be a decimal number of at most {MAX_EPOCH_DIGITS} digits: {data[:40]!r}")
     return check_counter("epoch", int(data))
+
+
+def current_epoch(data: bytes, version: int) -> tuple[int, str | None]:
+    """The current epoch from /epoch's data and its znode's data version, and
+    why the data was not taken (None when it was).
+
+    Every takeover writes n + 1 over n by compare-and-set on the version, so
+    the group's own writes keep the value equal to the version, and the
+    version never goes back.  A write that is not a takeover (garbage, a
+    wrong type, a number out of range, or a lower number) still bumps the
+    version.  So the epoch is the larger of the value and the version, and
+    the version alone when the value does not parse: never lower than any
+    epoch ever issued on this znode, so the next takeover's epoch is newer
+    than every deposed primary's and a backup still refuses them (no
+    confirmed batch is rolled back by a reused epoch).  Every node reading
+    the same znode computes the same vacancy, so the election settles.  Not
+    0 (the znode as absent): a rolled-back epoch would let a deposed primary's
+    batches count again, and the backups would refuse the new primary.
+    """
+    version = check_counter("version", version)
+    try:
+        return max(parse_epoch(data), version), None
+    except RecordError as exc:
+        return version, str(exc)
 
 
 def format_epoch(epoch: int) -> bytes:

@@ -45,7 +45,7 @@ from gateway.admin.server import AdminSlots, serve_admin, serve_probes
 from gateway.admin.standby import StandbyApi
 from gateway.auth import Gatekeeper
 from gateway.config import Config
-from gateway.ha.coordinator import CoordinationError, Coordinator, StateCallbacks
+from gateway.ha.coordinator import CoordinationError, Coordinator, LockUnreadable, StateCallbacks
 from gateway.ha import election
 from gateway.ha.election import NodeRecord, PrimaryRecord, Role
 from gateway.ha.node import Action, Event, State, step
@@ -128,7 +128,8 @@ class HaNode:
         self.coordinator = Coordinator(self.ha.zookeeper, self.ha.node_id,
                                        session_timeout_s=self.ha.zookeeper_session_timeout_s, callbacks=callbacks,
                                        log=self.log, deliver=token.run_sync_soon,
-                                       quorum=election.quorum(self.ha.replicas, self.ha.sync_replicas))
+                                       quorum=election.quorum(self.ha.replicas, self.ha.sync_replicas),
+                                       auth=self.ha.zookeeper_auth)
         try:
             await trio.to_thread.run_sync(self.coordinator.connect)
         except CoordinationError as exc:
@@ -299,6 +300,11 @@ class HaNode:
             try:
                 # Abandoned when cancelled: a read, its answer no longer wanted.
                 lock = await trio.to_thread.run_sync(self.coordinator.primary, abandon_on_cancel=True)
+            except LockUnreadable:
+                # Someone holds the lock but its record does not parse (logged
+                # once by the coordinator): no news; its holder rewrites it,
+                # or its session ends and the lock with it.
+                return
             except CoordinationError as exc:
                 self.log.warning("ha_lock_unknown", reason=str(exc))
                 return
@@ -393,6 +399,15 @@ class Process:
         self.stopped = trio.Event()
 
     async def run(self) -> int:
+        assert self.config.ha is not None
+        if not self.config.ha.zookeeper_auth:
+            # Once per process (not per node run): a laptop trial works, but
+            # anyone who reaches ZooKeeper can take the group over.
+            self.log.warning("ha_zookeeper_open", zookeeper=self.config.ha.zookeeper,
+                             detail="no ZooKeeper credentials: the group's znodes are open to anyone who reaches "
+                                    "ZooKeeper (world:anyone, all permissions), who can redirect the backups or stop "
+                                    "the election; set [ha] zookeeper_auth_file (a file holding user:password) or "
+                                    "GATEWAY_ZOOKEEPER_AUTH")
         async with trio.open_nursery() as nursery:
             await nursery.start(self.stop_on_signal)
             code = await self.nodes()

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.deploy_helpers import DEPLOY, container, effective_config, pod_names, pod_spec, render_kubectl, render_python, the
+from tests.deploy_helpers import DEPLOY, USER_SECRETS, container, effective_config, pod_names, pod_spec, render_kubectl, render_python, the
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 K8S_VERSIONS = ("1.27.0", kubernetes_validate.utils.latest_version())
@@ -149,8 +149,8 @@ def test_the_disruption_budget_never_evicts_the_primary(rendered: list[dict[str,
 def test_the_ensemble_renders_the_expected_objects(ensemble: list[dict[str, Any]]) -> None:
     kinds = sorted((o["kind"], o["metadata"]["name"].rsplit("-", 1)[0] if o["kind"] == "ConfigMap" else o["metadata"]["name"])
                    for o in ensemble)
-    assert kinds == [("ConfigMap", "zookeeper-config"), ("PodDisruptionBudget", "zookeeper"), ("Service", "zookeeper"),
-                     ("Service", "zookeeper-headless"), ("StatefulSet", "zookeeper")]
+    assert kinds == [("ConfigMap", "zookeeper-config"), ("NetworkPolicy", "zookeeper"), ("PodDisruptionBudget", "zookeeper"),
+                     ("Service", "zookeeper"), ("Service", "zookeeper-headless"), ("StatefulSet", "zookeeper")]
     for obj in ensemble:
         assert obj["metadata"]["labels"]["app.kubernetes.io/name"] == "zookeeper"
         assert "namespace" not in obj["metadata"]
@@ -218,3 +218,74 @@ def test_the_ensemble_is_three_official_servers_that_know_each_other(ensemble: l
     term = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
     assert term["topologyKey"] == "kubernetes.io/hostname"
     assert term["labelSelector"]["matchLabels"] == zk["spec"]["selector"]["matchLabels"]
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector (matchLabels and In/NotIn/Exists/DoesNotExist) against a pod's labels."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for term in selector.get("matchExpressions", []):
+        key, operator, values = term["key"], term["operator"], term.get("values", [])
+        held = {"In": key in labels and labels[key] in values, "NotIn": labels.get(key) not in values,
+                "Exists": key in labels, "DoesNotExist": key not in labels}[operator]
+        if not held:
+            return False
+    return True
+
+
+def test_only_the_broker_pods_and_the_servers_reach_zookeeper(rendered: list[dict[str, Any]],
+                                                             ensemble: list[dict[str, Any]]) -> None:
+    """deploy/zookeeper/'s NetworkPolicy, evaluated against the pods as rendered:
+    a broker pod reaches the client port only, a server every port of the
+    ensemble, any other pod of the namespace nothing."""
+    policy = the(ensemble, "NetworkPolicy")
+    servers = the(ensemble, "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+    brokers = the(rendered, "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+    # A pod that shares a label with each (app.kubernetes.io/part-of) but is neither: a console, a job.
+    other = {"app.kubernetes.io/part-of": "gateway", "app.kubernetes.io/instance": "gateway-tools"}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert selects(policy["spec"]["podSelector"], servers)
+    assert not selects(policy["spec"]["podSelector"], brokers)
+    zk_ports = {p["name"] for p in pod_spec(the(ensemble, "StatefulSet"))["containers"][0]["ports"]}
+
+    def admitted(labels: dict[str, str]) -> set[str]:
+        ports: set[str] = set()
+        for rule in policy["spec"]["ingress"]:
+            assert rule.get("from"), "a rule without 'from' admits every pod"
+            assert all(set(peer) == {"podSelector"} for peer in rule["from"]), "pods of this namespace only"
+            if any(selects(peer["podSelector"], labels) for peer in rule["from"]):
+                assert rule.get("ports"), "a rule without 'ports' admits every port"
+                ports |= {p["port"] for p in rule["ports"]}
+        return ports
+
+    assert admitted(brokers) == {"client"}
+    assert admitted(servers) == {"client", "quorum", "election"} == zk_ports
+    assert admitted(other) == set() and admitted({}) == set()
+    # Every broker pod is a client of the ensemble its connect string names (test above).
+    assert brokers["app.kubernetes.io/instance"] == "gateway"
+
+
+def test_the_nodes_authenticate_to_zookeeper_with_a_secret(rendered: list[dict[str, Any]], tmp_path: Path) -> None:
+    """GATEWAY_ZOOKEEPER_AUTH_FILE names the key of Secret gateway-zookeeper-auth,
+    mounted read-only for the broker alone; the Secret is the user's to create
+    (none is shipped: a credential in the repository would be everyone's);
+    every pod loads the same identity, so the znodes one node creates the
+    others may use."""
+    from gateway.config import ZOOKEEPER_AUTH_FILE_ENVIRONMENT
+
+    ctr = container(rendered)
+    path = next(e["value"] for e in ctr["env"] if e["name"] == ZOOKEEPER_AUTH_FILE_ENVIRONMENT)
+    mount = next(m for m in ctr["volumeMounts"] if path.startswith(m["mountPath"].rstrip("/") + "/"))
+    assert mount["readOnly"] is True
+    volume = next(v for v in pod_spec(the(rendered, "StatefulSet"))["volumes"] if v["name"] == mount["name"])
+    assert not any(o["kind"] == "Secret" and o["metadata"]["name"].startswith("gateway-zookeeper-auth") for o in rendered)
+    assert volume["secret"]["secretName"] == "gateway-zookeeper-auth"
+    assert volume["secret"]["defaultMode"] == 0o440
+    assert ("gateway-zookeeper-auth", Path(path).name) in USER_SECRETS
+    identities = set()
+    for pod in pod_names(rendered):
+        (tmp_path / pod).mkdir()
+        cfg, _ = effective_config(rendered, tmp_path / pod, pod)
+        assert cfg.ha is not None and cfg.ha.zookeeper_auth, "the pod authenticates to ZooKeeper"
+        identities.add(cfg.ha.zookeeper_auth)
+    assert len(identities) == 1

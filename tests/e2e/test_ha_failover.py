@@ -17,7 +17,10 @@ from tests.zookeeper_helpers import ZooKeeperServer
 
 
 def test_receipted_messages_survive_a_sigkill_of_the_primary(tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
-    nodes = [Node(tmp_path, name, zookeeper).start() for name in ("gw-0", "gw-1", "gw-2")]
+    # With ZooKeeper credentials, as deploy/ runs the group: the lock, the records and
+    # /epoch all carry the group's ACL through the takeover and the rejoin.
+    nodes = [Node(tmp_path, name, zookeeper, zookeeper_auth="gateway:failover-test").start()
+             for name in ("gw-0", "gw-1", "gw-2")]
     try:
         primary = wait_ready(nodes)
         backups = [n for n in nodes if n is not primary]

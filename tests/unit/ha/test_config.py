@@ -111,3 +111,50 @@ def test_the_command_reads_the_environment(tmp_path: Path) -> None:
     out = subprocess.run(run, capture_output=True, text=True, timeout=60,
                          env={**env, "GATEWAY_HA_NODE_ID": "bad/id"})
     assert out.returncode == 2 and "ha.node_id must be" in out.stderr and "bad/id" in out.stderr, out.stderr
+
+
+def test_the_zookeeper_credentials_come_from_a_file_or_the_environment(tmp_path: Path) -> None:
+    """[ha] zookeeper_auth_file (a mounted Secret, its trailing newline dropped)
+    or GATEWAY_ZOOKEEPER_AUTH; never the configuration file itself, and never in a repr."""
+    secret = tmp_path / "zk-auth"
+    secret.write_text("gateway:s3cret:with-colon\n")
+    path = tmp_path / "gateway.toml"
+    path.write_text(GOOD + f'zookeeper_auth_file = "{secret}"\n')
+    ha = config.load(str(path), environ={}).ha
+    assert ha is not None and ha.zookeeper_auth == "gateway:s3cret:with-colon"
+    assert "s3cret" not in repr(ha)
+    path.write_text(GOOD)
+    ha = config.load(str(path), environ={"GATEWAY_ZOOKEEPER_AUTH": "gw:pw"}).ha
+    assert ha is not None and ha.zookeeper_auth == "gw:pw"
+    assert config.load(str(path), environ={}).ha.zookeeper_auth == ""  # type: ignore[union-attr]  # open: the laptop trial
+    # A mounted Secret named by the environment, as deploy/statefulset.yaml does.
+    ha = config.load(str(path), environ={"GATEWAY_ZOOKEEPER_AUTH_FILE": str(secret)}).ha
+    assert ha is not None and ha.zookeeper_auth == "gateway:s3cret:with-colon"
+    path.write_text(GOOD + 'zookeeper_auth = "gw:pw"\n')
+    with pytest.raises(config.ConfigError, match="credentials do not go into the configuration file"):
+        config.load(str(path), environ={})
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "does not exist"),
+    ("\n", "is empty"),
+    ("nocolon\n", 'must hold "user:password"'),
+    (":password", 'must hold "user:password"'),
+    ("user:", 'must hold "user:password"'),
+    ("user:pass\nword", 'must hold "user:password"'),
+    ("u:" + "p" * 2000, 'must hold "user:password"'),
+])
+def test_unusable_zookeeper_credentials_are_refused_at_start(tmp_path: Path, content: str | None, message: str) -> None:
+    secret = tmp_path / "zk-auth"
+    if content is not None:
+        secret.write_text(content)
+    path = tmp_path / "gateway.toml"
+    path.write_text(GOOD + f'zookeeper_auth_file = "{secret}"\n')
+    with pytest.raises(config.ConfigError, match=message) as info:
+        config.load(str(path), environ={})
+    assert "ha.zookeeper_auth_file" in str(info.value)
+    assert "pass" not in str(info.value).replace("password", "")  # the secret is not repeated
+    # Both ways at once is a mistake to name, not to guess at.
+    secret.write_text("u:p")
+    with pytest.raises(config.ConfigError, match="both set"):
+        config.load(str(path), environ={"GATEWAY_ZOOKEEPER_AUTH": "u:p"})

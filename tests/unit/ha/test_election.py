@@ -279,3 +279,42 @@ def test_epoch_verdicts_in_a_takeover() -> None:
     assert election.judge_epoch(4, 4) is Verdict.ACCEPT
     assert election.judge_epoch(4, 5) is Verdict.ADVANCE
     assert election.judge_epoch(5, 4) is Verdict.REFUSE
+
+
+# -- what /epoch says when it was written over ------------------------------------
+
+
+@given(counters)
+def test_the_group_s_own_epoch_is_taken_as_written(epoch: int) -> None:
+    # Every takeover writes n + 1 by compare-and-set: value and data version agree.
+    assert election.current_epoch(election.format_epoch(epoch), epoch) == (epoch, None)
+
+
+@pytest.mark.parametrize("data", [b"garbage", b"", b"-5", b"1" * 20, b'{"epoch": 3}', b"\xff\xfe", b"7" * 2000])
+def test_an_epoch_that_does_not_parse_counts_as_its_version(data: bytes) -> None:
+    """Not 0 (absent), which would let a deposed primary's epoch count again:
+    the version is at least every epoch ever written there, so the next
+    takeover (version + 1) is newer than every deposed primary's."""
+    epoch, reason = election.current_epoch(data, 6)
+    assert epoch == 6 and reason is not None and "epoch must be a decimal number" in reason
+    assert election.takeover_epoch(epoch) == 7
+
+
+def test_an_epoch_written_lower_never_goes_back() -> None:
+    # A write that is not a takeover bumped the version past the value: the version counts.
+    assert election.current_epoch(b"0", 9) == (9, None)
+    # A value above the version (a tree restored by hand) is kept: epochs only grow.
+    assert election.current_epoch(b"12", 3) == (12, None)
+
+
+def test_a_refused_record_is_news_once_per_reason() -> None:
+    refusals = election.Refusals(limit=3)
+    assert refusals.first("/g/epoch", "not a number")
+    assert not refusals.first("/g/epoch", "not a number")  # read again at the next look: not logged again
+    assert refusals.first("/g/epoch", "too long")  # another reason is news
+    refusals.clear("/g/epoch")  # it parsed again
+    assert refusals.first("/g/epoch", "too long")
+    # Bounded: past the limit it starts over (at worst a line logged again).
+    for i in range(10):
+        assert refusals.first(f"/g/nodes/{i}", "bad")
+        assert len(refusals.reasons) <= 3
