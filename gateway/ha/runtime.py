@@ -97,6 +97,7 @@ class HaNode:
         self.part: PrimaryPart | None = None
         self.fence_timer = trio.CancelScope()  # the armed FENCE_DUE, while suspended
         self.failovers = 0
+        self.waiting_told: tuple[int, int] | None = None  # the shortfall last logged (ha_waiting_for_nodes)
         self.recent = Recent()  # the batches applied last (gateway/ha/window.py), kept across links
         # [ha] link_tls: the replication link's (server, client) TLS contexts, from [tls].
         self.link_tls = link_contexts(config.tls) if self.ha.link_tls else None
@@ -218,6 +219,7 @@ class HaNode:
             epoch = await thread(self.coordinator.try_lead, self.record(Role.BACKUP))
             if epoch is not None:
                 self.epoch = epoch
+            self.tell_waiting()
             self.notice(Event.LEAD_TAKEN if epoch is not None else Event.LEAD_NOT_TAKEN)
         elif action is Action.PROMOTE:
             f = self.follower
@@ -245,6 +247,22 @@ class HaNode:
         elif action is Action.RESTART_AS_BACKUP:
             self.end_run()
         # START_PRIMARY: as_backup's loop ends on the PRIMARY state.
+
+    def waiting_for(self) -> tuple[int, int] | None:
+        """(nodes seen, nodes needed) while this candidate cannot lead for too few nodes."""
+        return self.coordinator.shortfall if self.state == State.CANDIDATE else None
+
+    def tell_waiting(self) -> None:
+        """Said once when a candidate starts waiting for nodes, and again when the count changes."""
+        waiting = self.waiting_for()
+        if waiting is not None and waiting != self.waiting_told:
+            seen, needed = waiting
+            self.log.warning("ha_waiting_for_nodes", nodes_seen=seen, nodes_needed=needed, replicas=self.ha.replicas,
+                             sync_replicas=self.ha.sync_replicas,
+                             detail=f"no primary, and an election needs {needed} node(s) that may lead "
+                                    f"(replicas - sync_replicas) in ZooKeeper; this node sees {seen}: start the "
+                                    "others (a node of a confirmed batch may be among the missing)")
+        self.waiting_told = waiting
 
     async def fence_when_due(self, timer: trio.CancelScope, deadline: float) -> None:
         """FENCE_DUE at ``deadline`` (time.monotonic), unless disarmed or re-armed meanwhile."""

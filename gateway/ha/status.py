@@ -76,7 +76,7 @@ class NodeStatus:
         node, state = self.node, self.node.state
         lock = node.lock
         common = dict(node_id=node.ha.node_id, role=ROLES.get(state, "backup"), state=state.value, states=STATES,
-                      failovers=node.failovers, sync_replicas=node.ha.sync_replicas)
+                      failovers=node.failovers, sync_replicas=node.ha.sync_replicas, waiting_for=node.waiting_for())
         if self.replicator is not None:
             primary = self.replicator
             return cluster.View(**common, epoch=primary.epoch, lsn=primary.last_lsn,
