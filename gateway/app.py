@@ -119,6 +119,8 @@ class PrimaryRole(Protocol):
 
     def receipt_lsn(self) -> int: ...
 
+    def store_failed(self, reason: str) -> None: ...  # the committer's: a write failed, not for a full disk
+
     def serving(self, server: Server) -> None: ...
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None: ...
@@ -427,7 +429,13 @@ class _Wiring:
         out (so they come back marked redelivered), then close the store."""
         broker = self.broker
         self.store.remember_redeliveries(recovery.delivered(broker.all_queues()))
-        await trio.to_thread.run_sync(self.store.close, limiter=self.store_threads)
+        try:
+            await trio.to_thread.run_sync(self.store.close, limiter=self.store_threads)
+        except OSError as exc:
+            # A disk that stopped writing (read-only, I/O errors): closed as a
+            # crash would, so the next open recovers from what was fsynced.
+            self.log.error("store_close_failed", reason=exc.strerror or str(exc), data_dir=self.config.data_dir)
+            self.store.abandon()
 
 
 def _raise_file_limit(config: Config, log: Any) -> None:

@@ -6,6 +6,7 @@ reload and signals (SIGINT and SIGTERM stop, SIGHUP reloads the configuration)."
 
 from __future__ import annotations
 
+import errno
 import signal
 import ssl
 import time
@@ -27,6 +28,12 @@ from persistence.store import Store
 # After a failed write (disk full, I/O error) wait this long before the next
 # attempt, so a full disk is not hammered in a tight loop.
 STORE_RETRY_S = 0.5
+# Write errors that mean "full": the disk alarm (min_free_bytes) holds the
+# producers and the write is tried again once space is back.  Any other
+# (EROFS, EIO, ...) means the disk cannot be trusted to write: after a failed
+# fsync Linux may drop the dirty pages and report the next fsync clean, so
+# retrying proves nothing.  An HA primary steps down on those.
+FULL_ERRNOS = frozenset((errno.ENOSPC, errno.EDQUOT))
 # How often a store_stats line is logged at INFO.
 STATS_INTERVAL_S = 10.0
 # A password check waiting for a worker thread: passcode, stored hash, and
@@ -48,6 +55,8 @@ class Replicator(Protocol):
     Primary streams it to the backups)."""
 
     def publish(self, batch: Batch) -> None: ...
+
+    def store_failed(self, reason: str) -> None: ...  # a write failed, not for a full disk: step down
 
 
 def password_checks(gate: auth.Gatekeeper, door: str, backlog: int) -> trio.MemoryReceiveChannel[Check]:
@@ -118,6 +127,8 @@ async def commit(
             first, last = store.batch_failed(batch, failed)
             reason = failed.strerror or str(failed)
             log.error("store_write_failed", reason=reason, first_lsn=first, last_lsn=last)
+            if replicator is not None and failed.errno not in FULL_ERRNOS:
+                replicator.store_failed(reason)  # holds every receipt at once, before the ERRORs below
             server.durable_failed(first, last, reason)
             await trio.sleep(STORE_RETRY_S)
 

@@ -20,7 +20,7 @@ from gateway.ha.node import State
 
 STATES = tuple(s.value for s in State)
 FOLLOWING = (State.BACKUP_SYNCING, State.BACKUP_IN_SYNC)  # the lock holder it knows of is current
-ROLES = {State.PRIMARY: "primary", State.SUSPENDED: "primary", State.FENCED: "fenced",
+ROLES = {State.PRIMARY: "primary", State.SUSPENDED: "primary", State.FENCED: "fenced", State.STEPPED_DOWN: "fenced",
          State.BACKUP_SYNCING: "syncing"}  # others: "backup"
 # Batches remembered for lag figures: as many as the replication window may
 # hold, so a backup still served from the window has exact figures (one
