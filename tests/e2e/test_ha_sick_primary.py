@@ -5,12 +5,14 @@ told the filesystem is corrupt (ext4's trigger_fs_error), so it goes
 read-only under the broker as a real disk error makes it: every write and
 fsync then fails with EROFS.  The primary steps down (its clients closed, the
 lock released, /readyz 503 with the reason) and stays up, not a member; a
-backup leads within a bounded time and holds every receipted message.
+backup leads within a bounded time and holds every receipted message.  Once
+the filesystem is checked and mounted again the node rejoins as a backup.
 Needs root and a free loop device (skipped otherwise)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ha_nodes import WAIT_S, Node, wait_ready
+from tests.ha_nodes import WAIT_S, Node, wait_ready, wait_role
 from tests.helpers import RawClient
 from tests.processes import HOST
 from tests.zookeeper_helpers import ZooKeeperServer
@@ -32,7 +34,7 @@ DISK_BYTES = 64 * 1024 * 1024
 @contextlib.contextmanager
 def own_ext4(folder: Path) -> Iterator[str]:
     """An ext4 filesystem of its own (an image on a loop device) mounted at
-    ``folder`` with errors=remount-ro; the loop device's name (loopN)."""
+    ``folder`` with errors=remount-ro; the loop device (/dev/loopN)."""
     if os.geteuid() != 0 or shutil.which("losetup") is None or shutil.which("mkfs.ext4") is None:
         pytest.skip("needs root, losetup and mkfs.ext4")
     image = folder.parent / "disk.img"
@@ -48,7 +50,7 @@ def own_ext4(folder: Path) -> Iterator[str]:
         subprocess.run(["mount", "-o", "errors=remount-ro", device, str(folder)], check=True)
         try:
             (folder / "lost+found").rmdir()  # the data folder holds the store's files only
-            yield os.path.basename(device)
+            yield device
         finally:
             subprocess.run(["umount", "-l", str(folder)], check=False)
     finally:
@@ -108,7 +110,7 @@ def test_a_primary_whose_disk_goes_read_only_steps_down_and_a_backup_leads(tmp_p
             while len(producer.receipted) < 200:  # under load
                 assert time.monotonic() < deadline and producer.is_alive(), producer.ended
                 time.sleep(0.05)
-            with open(f"/sys/fs/ext4/{device}/trigger_fs_error", "w") as trigger:
+            with open(f"/sys/fs/ext4/{os.path.basename(device)}/trigger_fs_error", "w") as trigger:
                 trigger.write("test: the disk goes read-only\n")
             producer.join(WAIT_S)
             assert not producer.is_alive()
@@ -133,6 +135,16 @@ def test_a_primary_whose_disk_goes_read_only_steps_down_and_a_backup_leads(tmp_p
             missing = set(receipted) - set(bodies)
             assert not missing, f"{len(missing)} of {len(receipted)} receipted messages lost"
             assert len(receipted) >= 200
+            members = json.loads(new.get("/api/v1/cluster")[1])["nodes"]  # type: ignore[index]
+            assert sick.node_id not in [m["node_id"] for m in members]  # no member: never a candidate
+
+            # The disk mended (the filesystem checked and mounted again): the
+            # node rejoins, as a backup of the new primary.
+            subprocess.run(["umount", "-l", str(sick.data_dir)], check=True)
+            subprocess.run(["e2fsck", "-f", "-y", device], capture_output=True, check=False)  # 1: errors fixed
+            subprocess.run(["mount", "-o", "errors=remount-ro", device, str(sick.data_dir)], check=True)
+            wait_role(sick, "backup_in_sync")
+            assert wait_ready(nodes) is new
         finally:
             for node in nodes:
                 node.kill()
