@@ -382,7 +382,7 @@ class _Wiring:
         before any listener, so the first client's writes have a committer."""
         config, log = self.config, self.log
         nursery.start_soon(tasks.commit, self.store, self.server, self.commit_lot, log, self.writes, self.store_threads, self.disk,
-                           self.replicator)
+                           self.replicator, self.replicator.store_failed if self.replicator is not None else None)
         nursery.start_soon(self.redelivery.run)
         nursery.start_soon(self.lifetimes.run)  # kept MQTT 5 sessions' ends, delayed wills
         if self.tls is not None and config.tls.reload_interval_s > 0:

@@ -56,8 +56,6 @@ class Replicator(Protocol):
 
     def publish(self, batch: Batch) -> None: ...
 
-    def store_failed(self, reason: str) -> None: ...  # a write failed, not for a full disk: step down
-
 
 def password_checks(gate: auth.Gatekeeper, door: str, backlog: int) -> trio.MemoryReceiveChannel[Check]:
     """Make ``gate`` hand the password checks of ``door`` (auth.MESSAGING,
@@ -93,6 +91,7 @@ async def verify_passwords(checks: trio.MemoryReceiveChannel[Check], threads: tr
 async def commit(
     store: Store, server: Server, lot: trio.lowlevel.ParkingLot, log: Any, writes: metrics.Histogram,
     threads: trio.CapacityLimiter, disk: Watch | None = None, replicator: Replicator | None = None,
+    on_broken: Callable[[str], None] | None = None,
 ) -> None:
     """Group commit: write (and fsync) whatever accumulated while the last
     write ran, in a worker thread, then release the receipts it covers.
@@ -100,7 +99,9 @@ async def commit(
     more than ``min_free_bytes`` between two maintenance ticks (seen filling
     a 20 MB tmpfs), and one statvfs per batch is nothing beside its fsync.
     With a ``replicator`` every written batch goes to it, in LSN order, before
-    the receipts are looked at (they may also wait for its confirmations)."""
+    the receipts are looked at (they may also wait for its confirmations).
+    A write that fails for anything but a full disk (:data:`FULL_ERRNOS`)
+    is also told to ``on_broken`` (an HA primary's: it steps down)."""
     while True:
         batch = store.take_batch()
         if batch is None:
@@ -127,8 +128,8 @@ async def commit(
             first, last = store.batch_failed(batch, failed)
             reason = failed.strerror or str(failed)
             log.error("store_write_failed", reason=reason, first_lsn=first, last_lsn=last)
-            if replicator is not None and failed.errno not in FULL_ERRNOS:
-                replicator.store_failed(reason)  # holds every receipt at once, before the ERRORs below
+            if on_broken is not None and failed.errno not in FULL_ERRNOS:
+                on_broken(reason)  # holds every receipt at once, before the ERRORs below
             server.durable_failed(first, last, reason)
             await trio.sleep(STORE_RETRY_S)
 
