@@ -26,11 +26,8 @@ reopened as a follower, which joins as a backup (catch-up copies it again if
 it holds records the new primary never had).  SIGINT or SIGTERM, at any
 moment of any node's run or of the pause, ends the process with 0.
 
-A primary whose store fails a write for anything but a full disk
-(gateway/tasks.py's commit) holds its receipts at once and steps down: its
-clients closed, the lock and its session released; the process then waits,
-no member and not ready, until the data folder writes again
-(gateway/ha/stepdown.py), and starts a fresh node.
+A primary whose store cannot write (gateway/tasks.py's commit) steps down:
+receipts held, clients closed, lock and session released (gateway/ha/stepdown.py).
 
 kazoo's callbacks reach the Trio loop through ``TrioToken.run_sync_soon``.
 """
