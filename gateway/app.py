@@ -119,6 +119,8 @@ class PrimaryRole(Protocol):
 
     def receipt_lsn(self) -> int: ...
 
+    def store_failed(self, reason: str) -> None: ...  # the committer's: a write failed, not for a full disk
+
     def serving(self, server: Server) -> None: ...
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None: ...
@@ -380,7 +382,7 @@ class _Wiring:
         before any listener, so the first client's writes have a committer."""
         config, log = self.config, self.log
         nursery.start_soon(tasks.commit, self.store, self.server, self.commit_lot, log, self.writes, self.store_threads, self.disk,
-                           self.replicator)
+                           self.replicator, self.replicator.store_failed if self.replicator is not None else None)
         nursery.start_soon(self.redelivery.run)
         nursery.start_soon(self.lifetimes.run)  # kept MQTT 5 sessions' ends, delayed wills
         if self.tls is not None and config.tls.reload_interval_s > 0:
@@ -427,7 +429,13 @@ class _Wiring:
         out (so they come back marked redelivered), then close the store."""
         broker = self.broker
         self.store.remember_redeliveries(recovery.delivered(broker.all_queues()))
-        await trio.to_thread.run_sync(self.store.close, limiter=self.store_threads)
+        try:
+            await trio.to_thread.run_sync(self.store.close, limiter=self.store_threads)
+        except OSError as exc:
+            # A disk that stopped writing (read-only, I/O errors): closed as a
+            # crash would, so the next open recovers from what was fsynced.
+            self.log.error("store_close_failed", reason=exc.strerror or str(exc), data_dir=self.config.data_dir)
+            self.store.abandon()
 
 
 def _raise_file_limit(config: Config, log: Any) -> None:

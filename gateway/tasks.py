@@ -6,6 +6,7 @@ reload and signals (SIGINT and SIGTERM stop, SIGHUP reloads the configuration)."
 
 from __future__ import annotations
 
+import errno
 import signal
 import ssl
 import time
@@ -27,6 +28,12 @@ from persistence.store import Store
 # After a failed write (disk full, I/O error) wait this long before the next
 # attempt, so a full disk is not hammered in a tight loop.
 STORE_RETRY_S = 0.5
+# Write errors that mean "full": the disk alarm (min_free_bytes) holds the
+# producers and the write is tried again once space is back.  Any other
+# (EROFS, EIO, ...) means the disk cannot be trusted to write: after a failed
+# fsync Linux may drop the dirty pages and report the next fsync clean, so
+# retrying proves nothing.  An HA primary steps down on those.
+FULL_ERRNOS = frozenset((errno.ENOSPC, errno.EDQUOT))
 # How often a store_stats line is logged at INFO.
 STATS_INTERVAL_S = 10.0
 # A password check waiting for a worker thread: passcode, stored hash, and
@@ -84,6 +91,7 @@ async def verify_passwords(checks: trio.MemoryReceiveChannel[Check], threads: tr
 async def commit(
     store: Store, server: Server, lot: trio.lowlevel.ParkingLot, log: Any, writes: metrics.Histogram,
     threads: trio.CapacityLimiter, disk: Watch | None = None, replicator: Replicator | None = None,
+    on_broken: Callable[[str], None] | None = None,
 ) -> None:
     """Group commit: write (and fsync) whatever accumulated while the last
     write ran, in a worker thread, then release the receipts it covers.
@@ -91,7 +99,9 @@ async def commit(
     more than ``min_free_bytes`` between two maintenance ticks (seen filling
     a 20 MB tmpfs), and one statvfs per batch is nothing beside its fsync.
     With a ``replicator`` every written batch goes to it, in LSN order, before
-    the receipts are looked at (they may also wait for its confirmations)."""
+    the receipts are looked at (they may also wait for its confirmations).
+    A write that fails for anything but a full disk (:data:`FULL_ERRNOS`)
+    is also told to ``on_broken`` (an HA primary's: it steps down)."""
     while True:
         batch = store.take_batch()
         if batch is None:
@@ -118,6 +128,8 @@ async def commit(
             first, last = store.batch_failed(batch, failed)
             reason = failed.strerror or str(failed)
             log.error("store_write_failed", reason=reason, first_lsn=first, last_lsn=last)
+            if on_broken is not None and failed.errno not in FULL_ERRNOS:
+                on_broken(reason)  # holds every receipt at once, before the ERRORs below
             server.durable_failed(first, last, reason)
             await trio.sleep(STORE_RETRY_S)
 

@@ -51,7 +51,7 @@ SESSIONS = files("gateway/stomp/session.py", "gateway/mqtt/session.py", "gateway
 # replication stream's two sides.
 IO_MODULES = files("gateway/transports/server.py", "gateway/transports/connection.py", "gateway/transports/timers.py", "gateway/admin/server.py", "gateway/app.py", "gateway/tasks.py",
                    "gateway/ha/coordinator.py", "gateway/ha/replicator.py", "gateway/ha/backup.py", "gateway/ha/link.py",
-                   "gateway/ha/runtime.py", "gateway/ha/primary_role.py")
+                   "gateway/ha/runtime.py", "gateway/ha/primary_role.py", "gateway/ha/stepdown.py")
 # Trio stream adapters: they read and write a stream they are given (so they
 # import trio) but open no socket and start no task or thread.
 ADAPTERS = files("gateway/transports/websocket.py")

@@ -76,6 +76,7 @@ class View:
     primary: str | None = None  # who holds the lock, as far as this node knows
     sync_replicas: int = 0
     backups: tuple[Lag, ...] = ()  # on a primary: every connected backup
+    waiting_for: tuple[int, int] | None = None  # a candidate short of nodes: (seen, needed)
 
     @property
     def in_sync(self) -> int:
@@ -144,6 +145,9 @@ def document(view: View, members: Members) -> dict[str, Any]:
     out.update(primary=view.primary, nodes=nodes)
     if view.role == "primary":
         out.update(sync_replicas=view.sync_replicas, in_sync=view.in_sync)
+    if view.waiting_for is not None:
+        seen, needed = view.waiting_for
+        out["waiting_for"] = {"nodes_seen": seen, "nodes_needed": needed}
     out["zookeeper"] = "ok" if members.error is None else members.error
     return out
 

@@ -137,6 +137,7 @@ class Coordinator:
         self.interrupted = False  # SUSPENDED or LOST seen since the last CONNECTED
         self.on_change: Callback | None = None
         self.lock_record: PrimaryRecord | None = None  # what this node wrote into /primary, while it may hold it
+        self.shortfall: tuple[int, int] | None = None  # at the last try_lead: (nodes seen, needed), if too few
         self.refused = election.Refusals(MAX_NODES + 2)  # a corrupt record is read at every look: logged once
         # Monotonic time before sending the last request ZooKeeper answered
         # (written from worker threads; a lost race only makes it older: safe).
@@ -427,6 +428,7 @@ class Coordinator:
             _, my_version = read[self.node_id]
             records = [r for node_id, (r, _v) in read.items() if node_id != self.node_id] + [record]
             vacancy, epoch_stat = self.read_epoch("try_lead")
+            self.shortfall = election.shortfall(records, self.quorum)
             # Decided only on settled records, each final for this vacancy, and enough of them.
             if election.decide(records, vacancy, self.quorum) != self.node_id:
                 return None

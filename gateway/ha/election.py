@@ -246,6 +246,14 @@ def quorum(replicas: int, sync_replicas: int) -> int:
     return max(1, replicas - max(1, sync_replicas))
 
 
+def shortfall(records: Iterable[NodeRecord], needed: int) -> tuple[int, int] | None:
+    """(eligible records seen, ``needed``) while fewer than ``needed`` nodes
+    that may lead are in the group (a lone node of a group waits for
+    ``replicas - sync_replicas`` of them, :func:`quorum`), else None."""
+    seen = sum(1 for r in records if eligible(r))
+    return (seen, needed) if seen < needed else None
+
+
 def decide(records: Iterable[NodeRecord], vacancy: int, needed: int = 1) -> str | None:
     """Who should lead now that the primary of epoch ``vacancy`` (the value in
     /epoch) is gone: the candidate once the records have settled and at least

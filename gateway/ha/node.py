@@ -23,7 +23,10 @@ lost, or it sees another holder of the lock, or a backup refuses it as
 stale, it ends this node's run and the process starts a fresh node, which
 joins as a backup (a new session, the data folder reopened as a follower;
 catch-up sorts out records the new primary never had).  No supervisor is
-needed for a deposed primary to rejoin.  A (pair) not in the table changes
+needed for a deposed primary to rejoin.  A primary whose store fails to
+write or fsync a batch (STORE_FAILED) steps down: it closes its clients,
+releases the lock and ends its run, and the process starts no fresh node
+until its data folder takes a write again (the runtime's).  A (pair) not in the table changes
 nothing (so a FENCE_DUE that comes late, after RECONNECT, is harmless).
 """
 
@@ -41,6 +44,7 @@ class State(enum.StrEnum):
     PRIMARY = "primary"  # serving clients
     SUSPENDED = "suspended"  # primary, its ZooKeeper connection lost, its session maybe alive: receipts held
     FENCED = "fenced"  # was primary, no longer sure: accepts nothing
+    STEPPED_DOWN = "stepped_down"  # was primary, its store cannot write: lock released, accepts nothing
 
 
 class Event(enum.StrEnum):
@@ -58,6 +62,7 @@ class Event(enum.StrEnum):
     LOST = "lost"  # ZooKeeper session expired
     RECONNECT = "reconnect"
     QUIET = "quiet"  # fenced, its broker stopped, and no news for a session timeout
+    STORE_FAILED = "store_failed"  # the store could not write or fsync a batch (not a full disk)
 
 
 class Action(enum.StrEnum):
@@ -73,6 +78,7 @@ class Action(enum.StrEnum):
     STOP_ACCEPTING = "stop_accepting"  # close the client listeners and every client at once
     RESTART_AS_BACKUP = "restart_as_backup"  # end this node's run: the process starts a fresh one, a backup
     REJOIN = "rejoin"  # a new session: create this node's record again
+    STEP_DOWN = "step_down"  # release the lock, end this run; no new one until the data folder writes again
 
 
 class Transition(NamedTuple):
@@ -107,6 +113,8 @@ TABLE: dict[tuple[State, Event], Transition] = {
     (S.FENCED, E.QUIET): Transition(S.FENCED, (A.RESTART_AS_BACKUP,)),  # ZooKeeper away: waiting is bounded
 }
 for _state in (S.PRIMARY, S.SUSPENDED):
+    # A disk that cannot write: a backup with a healthy one should lead.
+    TABLE[(_state, E.STORE_FAILED)] = Transition(S.STEPPED_DOWN, (A.STOP_ACCEPTING, A.STEP_DOWN))
     for _event in (E.LOST, E.PRIMARY_SEEN, E.PRIMARY_GONE, E.REFUSED_STALE):  # deposed, or may be
         TABLE[(_state, _event)] = Transition(S.FENCED, (A.STOP_ACCEPTING, A.RESTART_AS_BACKUP))
 for _state in BACKUPS:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import ssl
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -68,8 +69,10 @@ class PrimaryPart:
     store the broker opened, its receipt hooks set to the broker's server."""
 
     def __init__(self, ha: HaSettings, history: History, log: Any, on_refused: Any, cluster: NodeStatus,
-                 recent: Recent | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
+                 recent: Recent | None = None, ssl_context: ssl.SSLContext | None = None,
+                 on_store_failed: Callable[[str], None] | None = None) -> None:
         self.ha, self.history, self.log, self.on_refused = ha, history, log, on_refused
+        self.on_store_failed = on_store_failed  # the runtime's: it steps down
         self.ssl_context = ssl_context  # [ha] link_tls: the listener's TLS
         self.recent = Recent() if recent is None else recent  # the batches it applied last as a backup: its window's start
         self.replicator: Primary | None = None
@@ -99,6 +102,14 @@ class PrimaryPart:
         ``sync_replicas = 0``, where no backup's confirmation gates it)."""
         if self.replicator is not None and self.held is None:
             self.held = self.replicator.receipt_lsn()
+
+    def store_failed(self, reason: str) -> None:
+        """A batch failed to write or fsync (not for a full disk): hold every
+        receipt from now on (a batch after it that seems to write proves
+        nothing) and have the node step down."""
+        self.hold()
+        if self.on_store_failed is not None:
+            self.on_store_failed(reason)
 
     def release(self) -> None:
         """Unfreeze the gate and wake the writers it held."""

@@ -26,6 +26,9 @@ reopened as a follower, which joins as a backup (catch-up copies it again if
 it holds records the new primary never had).  SIGINT or SIGTERM, at any
 moment of any node's run or of the pause, ends the process with 0.
 
+A primary whose store cannot write (gateway/tasks.py's commit) steps down:
+receipts held, clients closed, lock and session released (gateway/ha/stepdown.py).
+
 kazoo's callbacks reach the Trio loop through ``TrioToken.run_sync_soon``.
 """
 
@@ -50,6 +53,7 @@ from gateway.ha import election
 from gateway.ha.election import NodeRecord, PrimaryRecord, Role
 from gateway.ha.node import Action, Event, State, step
 from gateway.ha.backup import Backup
+from gateway.ha import stepdown
 from gateway.ha.primary_role import PrimaryPart, split_host_port, warn_open_links
 from gateway.ha.status import NodeStatus
 from gateway.ha.window import Recent
@@ -67,6 +71,8 @@ DEPOSED_FLUSH_S = 0.5  # for those ERROR frames to go out; then the connections 
 # lock comes after the old session's end has reached the others, and a node
 # that keeps failing to rejoin (ZooKeeper away) tries at most this often.
 REJOIN_PAUSE_S = 1.0
+# A primary stepped down for a store that cannot write tells its clients so.
+STORE_BROKEN = "this node's store cannot write; it stepped down: reconnect to the group"
 POLL_S = 0.5  # looking at the lock between notices; also the record's update pace
 LEADING = (State.PRIMARY, State.SUSPENDED)
 
@@ -97,6 +103,8 @@ class HaNode:
         self.part: PrimaryPart | None = None
         self.fence_timer = trio.CancelScope()  # the armed FENCE_DUE, while suspended
         self.failovers = 0
+        self.sick: str | None = None  # why its store cannot write, once it failed as the primary
+        self.waiting_told: tuple[int, int] | None = None  # the shortfall last logged (ha_waiting_for_nodes)
         self.recent = Recent()  # the batches applied last (gateway/ha/window.py), kept across links
         # [ha] link_tls: the replication link's (server, client) TLS contexts, from [tls].
         self.link_tls = link_contexts(config.tls) if self.ha.link_tls else None
@@ -162,7 +170,9 @@ class HaNode:
         finally:
             with trio.CancelScope(shield=True):
                 self.follower.close()  # (a no-op once promoted)
-                await trio.to_thread.run_sync(self.coordinator.close)
+                await trio.to_thread.run_sync(self.coordinator.close)  # its session, and any lock, gone
+        if self.sick is not None and not self.stopping:
+            await stepdown.stand_down(self)
         return None if self.ended and not self.stopping else 0
 
     def stop(self) -> None:
@@ -218,6 +228,7 @@ class HaNode:
             epoch = await thread(self.coordinator.try_lead, self.record(Role.BACKUP))
             if epoch is not None:
                 self.epoch = epoch
+            self.tell_waiting()
             self.notice(Event.LEAD_TAKEN if epoch is not None else Event.LEAD_NOT_TAKEN)
         elif action is Action.PROMOTE:
             f = self.follower
@@ -244,7 +255,35 @@ class HaNode:
             self.close_clients()
         elif action is Action.RESTART_AS_BACKUP:
             self.end_run()
+        elif action is Action.STEP_DOWN:
+            self.log.error("ha_stepped_down", epoch=self.epoch, reason=self.sick,
+                           detail="the store cannot write: clients closed, receipts held, lock released so a backup "
+                                  "leads; this node rejoins (as a backup) once its data folder takes a write again")
+            self.ended = True
+            await thread(self.coordinator.step_down)  # at once; closing the session at the run's end releases it too
         # START_PRIMARY: as_backup's loop ends on the PRIMARY state.
+
+    def store_failed(self, reason: str) -> None:
+        """The committer's (through :class:`PrimaryPart`): a write failed, not for a full disk."""
+        if self.sick is None:
+            self.sick = reason
+        self.notice(Event.STORE_FAILED)
+
+    def waiting_for(self) -> tuple[int, int] | None:
+        """(nodes seen, nodes needed) while this candidate cannot lead for too few nodes."""
+        return self.coordinator.shortfall if self.state == State.CANDIDATE else None
+
+    def tell_waiting(self) -> None:
+        """Said once when a candidate starts waiting for nodes, and again when the count changes."""
+        waiting = self.waiting_for()
+        if waiting is not None and waiting != self.waiting_told:
+            seen, needed = waiting
+            self.log.warning("ha_waiting_for_nodes", nodes_seen=seen, nodes_needed=needed, replicas=self.ha.replicas,
+                             sync_replicas=self.ha.sync_replicas,
+                             detail=f"no primary, and an election needs {needed} node(s) that may lead "
+                                    f"(replicas - sync_replicas) in ZooKeeper; this node sees {seen}: start the "
+                                    "others (a node of a confirmed batch may be among the missing)")
+        self.waiting_told = waiting
 
     async def fence_when_due(self, timer: trio.CancelScope, deadline: float) -> None:
         """FENCE_DUE at ``deadline`` (time.monotonic), unless disarmed or re-armed meanwhile."""
@@ -268,7 +307,7 @@ class HaNode:
         if self.part is not None:
             self.part.hold()
         if self.running is not None:
-            self.running.server.stop(DEPOSED, grace_s=DEPOSED_FLUSH_S)
+            self.running.server.stop(STORE_BROKEN if self.sick is not None else DEPOSED, grace_s=DEPOSED_FLUSH_S)
 
     async def follow(self, advertise: str, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         host, port = split_host_port(advertise)
@@ -342,18 +381,23 @@ class HaNode:
                     # server restarted): tried again next round, as in handle.
                     self.log.warning("ha_action_failed", action=Action.PUBLISH_LSN.value, reason=str(exc))
 
-    async def as_backup(self) -> None:
+    async def serve_standby(self, nursery: trio.Nursery, not_ready: Any) -> int:
+        """A non-primary's admin port (and probe port): its port."""
         admin, group = self.config.admin, NodeStatus(self)
         status = StandbyApi(group, users=load_users(admin), metrics=lambda: metrics.render_standby(group.view()),
-                            not_ready=lambda: self.state.value, gate=Gatekeeper(self.config.auth),
+                            not_ready=not_ready, gate=Gatekeeper(self.config.auth),
                             limits=Limits(self.config.max_connections, self.config.max_connections_per_address, 10.0))
+        port: int = await nursery.start(partial(serve_admin, status, admin, self.config.bind, self.config.admin_port,
+                                                self.log, slots=AdminSlots(status, admin.max_connections,
+                                                                           admin.max_connections_per_address),
+                                                passwords=status.gate))
+        if admin.probe_port >= 0:  # a backup's probes answer on the same port as a primary's
+            await nursery.start(serve_probes, status, self.config.bind, admin.probe_port, self.log)
+        return port
+
+    async def as_backup(self) -> None:
         async with trio.open_nursery() as nursery:
-            port = await nursery.start(partial(serve_admin, status, admin, self.config.bind, self.config.admin_port,
-                                               self.log, slots=AdminSlots(status, admin.max_connections,
-                                                                          admin.max_connections_per_address),
-                                               passwords=status.gate))
-            if admin.probe_port >= 0:  # a backup's probes answer on the same port as a primary's
-                await nursery.start(serve_probes, status, self.config.bind, admin.probe_port, self.log)
+            port = await self.serve_standby(nursery, lambda: self.state.value)
             self.log.info("ha_backup_started", admin_port=port, data_dir=self.config.data_dir)
             await self.serve_events(nursery, lambda: self.state == State.PRIMARY or self.ended or self.stopping)
             await self.stop_following()
@@ -363,7 +407,8 @@ class HaNode:
         self.failovers += 1
         self.part = part = PrimaryPart(self.ha, self.history, self.log, lambda _node, reason: self.refused(reason),
                                        NodeStatus(self), self.recent,
-                                       ssl_context=self.link_tls[0] if self.link_tls else None)
+                                       ssl_context=self.link_tls[0] if self.link_tls else None,
+                                       on_store_failed=self.store_failed)
         broker_done = trio.Event()
 
         async def broker(*, task_status: Any) -> None:

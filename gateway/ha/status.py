@@ -20,7 +20,7 @@ from gateway.ha.node import State
 
 STATES = tuple(s.value for s in State)
 FOLLOWING = (State.BACKUP_SYNCING, State.BACKUP_IN_SYNC)  # the lock holder it knows of is current
-ROLES = {State.PRIMARY: "primary", State.SUSPENDED: "primary", State.FENCED: "fenced",
+ROLES = {State.PRIMARY: "primary", State.SUSPENDED: "primary", State.FENCED: "fenced", State.STEPPED_DOWN: "fenced",
          State.BACKUP_SYNCING: "syncing"}  # others: "backup"
 # Batches remembered for lag figures: as many as the replication window may
 # hold, so a backup still served from the window has exact figures (one
@@ -76,7 +76,7 @@ class NodeStatus:
         node, state = self.node, self.node.state
         lock = node.lock
         common = dict(node_id=node.ha.node_id, role=ROLES.get(state, "backup"), state=state.value, states=STATES,
-                      failovers=node.failovers, sync_replicas=node.ha.sync_replicas)
+                      failovers=node.failovers, sync_replicas=node.ha.sync_replicas, waiting_for=node.waiting_for())
         if self.replicator is not None:
             primary = self.replicator
             return cluster.View(**common, epoch=primary.epoch, lsn=primary.last_lsn,

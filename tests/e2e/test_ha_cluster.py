@@ -248,3 +248,36 @@ async def test_the_primary_measures_a_backups_lag_in_lsns_bytes_and_seconds(tmp_
         await b.stop()
         nursery.cancel_scope.cancel()
     node.store.close()
+
+
+def test_a_lone_node_says_how_many_nodes_it_waits_for(tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
+    """A node of a three-node group (sync_replicas 1) started alone may not
+    lead: an election needs replicas - sync_replicas = 2 nodes.  It says so,
+    once in its log and in /api/v1/cluster, and says it again when the count
+    changes; once a second node comes the wait is over and one of them leads."""
+    lone = Node(tmp_path, "gw-0", zookeeper, replicas=3).start()
+    other = Node(tmp_path, "gw-1", zookeeper, replicas=3)
+    nodes = [lone, other]
+    try:
+        def waiting() -> dict[str, Any] | None:
+            if lone.get("/healthz") is None:  # the admin port not open yet
+                return None
+            doc = lone.cluster()
+            return doc if doc.get("waiting_for") else None
+
+        doc = until(waiting, "the lone node's waiting_for", nodes)
+        assert doc["state"] == "candidate" and doc["waiting_for"] == {"nodes_seen": 1, "nodes_needed": 2}, doc
+        until(lambda: "ha_waiting_for_nodes" in lone.log_path.read_text(errors="replace"), "the log line", nodes)
+        time.sleep(2.0)  # some election rounds (one per 0.5 s poll): the line is not repeated
+        lines = [line for line in lone.log_path.read_text(errors="replace").splitlines()
+                 if "ha_waiting_for_nodes" in line]
+        assert len(lines) == 1, lines
+        assert "nodes_seen=1" in lines[0] and "nodes_needed=2" in lines[0], lines[0]
+        assert lone.readyz() == 503
+
+        other.start()
+        primary = failover.wait_ready(nodes)
+        assert "waiting_for" not in primary.cluster()
+    finally:
+        for node in nodes:
+            node.kill()

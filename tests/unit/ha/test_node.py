@@ -88,7 +88,7 @@ def test_a_suspended_primary_never_releases_receipts_except_when_connected_again
             assert (state, event, transition.state) == (State.SUSPENDED, Event.RECONNECT, State.PRIMARY)
     for event in Event:
         if event not in (Event.RECONNECT, Event.FENCE_DUE, Event.LOST, Event.PRIMARY_SEEN, Event.PRIMARY_GONE,
-                         Event.REFUSED_STALE):
+                         Event.REFUSED_STALE, Event.STORE_FAILED):
             assert step(State.SUSPENDED, event) == Transition(State.SUSPENDED, ())
 
 
@@ -103,6 +103,23 @@ def test_a_fenced_node_never_serves_again_in_the_same_run(event: Event) -> None:
     state, actions = step(State.FENCED, event)
     assert state == State.FENCED
     assert not {Action.START_PRIMARY, Action.PROMOTE, Action.TRY_LEAD, Action.FOLLOW} & set(actions)
+
+
+@pytest.mark.parametrize("state", [State.PRIMARY, State.SUSPENDED])
+def test_a_primary_whose_store_cannot_write_steps_down(state: State) -> None:
+    assert step(state, Event.STORE_FAILED) == Transition(State.STEPPED_DOWN, (Action.STOP_ACCEPTING, Action.STEP_DOWN))
+
+
+@pytest.mark.parametrize("event", list(Event))
+def test_a_stepped_down_node_does_nothing_more_in_its_run(event: Event) -> None:
+    # Its run ends (STEP_DOWN); only a fresh node, once the disk writes, joins again.
+    assert step(State.STEPPED_DOWN, event) == Transition(State.STEPPED_DOWN, ())
+
+
+def test_only_a_primary_steps_down_for_its_store() -> None:
+    for state in State:
+        if state not in (State.PRIMARY, State.SUSPENDED):
+            assert step(state, Event.STORE_FAILED) == Transition(state, ())
 
 
 def test_quiet_means_nothing_to_a_node_that_is_not_fenced() -> None:
@@ -132,6 +149,6 @@ def test_only_a_candidate_promotes_and_only_a_primary_or_fenced_node_restarts_or
             assert state == State.CANDIDATE
         if Action.RESTART_AS_BACKUP in transition.actions or Action.STOP_ACCEPTING in transition.actions:
             assert state in (State.PRIMARY, State.SUSPENDED, State.FENCED)
-            assert transition.state == State.FENCED  # never serving while its run ends
+            assert transition.state in (State.FENCED, State.STEPPED_DOWN)  # never serving while its run ends
         if Action.HOLD_RECEIPTS in transition.actions or Action.ARM_FENCE_TIMER in transition.actions:
             assert (state, transition.state) == (State.PRIMARY, State.SUSPENDED)
