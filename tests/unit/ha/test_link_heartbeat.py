@@ -1,7 +1,9 @@
-"""A backup's side of link liveness through its door, a TCP link to a
-scripted primary (the real codec): it pings while its disk is busy, so a
-primary never drops it for a slow write; and a connection attempt nobody
-answers is given up within the link's timeout, not the handshake's 5 s."""
+"""Link liveness through its door, a TCP link to a scripted peer (the real
+codec).  A backup pings while its disk is busy, so a primary never drops it
+for a slow write; a connection attempt nobody answers is given up within the
+link's timeout, not the handshake's 5 s; and so a primary drops a backup gone
+silent even in the middle of a snapshot (it used to wait on it for as long as
+TCP kept the connection)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from gateway.ha.backup import Backup
 from gateway.ha.link import HANDSHAKE_TIMEOUT_S, Link
 from persistence import replication as r
 from persistence.archive import Archive
-from tests.replicator_helpers import Events
+from tests.replicator_helpers import Events, PrimaryNode, wait_for
+from tests.store_helpers import message
 from tests.replication_helpers import SEGMENT, primary
 from tests.unit.ha.test_backup_group import WAIT_S, HeldFollower, frames_of
 
@@ -91,3 +94,29 @@ async def test_an_attempt_nobody_answers_is_given_up_within_the_link_timeout(tmp
     (down,) = [fields for event, fields in log.seen if event == "replication_link_down"][:1]
     assert down["failures"] == 1
     f.close()
+
+
+async def test_a_primary_drops_a_backup_gone_silent_in_the_middle_of_a_snapshot(tmp_path: Path) -> None:
+    # A window too small to tail from LSN 1, and a store far larger than the
+    # socket buffers: the snapshot's sender blocks on a backup that reads nothing.
+    node = PrimaryNode(tmp_path / "p", ping_interval_s=HEARTBEAT_S, idle_timeout_s=TIMEOUT_S, window_bytes=1000)
+    with trio.fail_after(WAIT_S * 2):
+        async with trio.open_nursery() as nursery:
+            await node.start(nursery)
+            for i in range(256):  # batch by batch: the window keeps only the newest
+                node.store.add_message(message(f"m{i}", body=b"x" * 2**16), ["/queue/a"])
+                await node.commit()
+            stream = await trio.open_tcp_stream("127.0.0.1", node.port)
+            link = Link(stream, r.Role.BACKUP)
+            assert await link.authenticate("backup", "b", b"") == "p"
+            await link.send(r.Hello("b", 0, 0, ()))
+            await wait_for(lambda: "b" in node.replicator.peers and node.replicator.peers["b"].snapshotting,
+                           "the snapshot begun")
+            # The backup says nothing more and reads nothing: a frozen or cut-off peer.
+            await wait_for(lambda: "b" not in node.replicator.peers, "the silent backup dropped",
+                           timeout_s=HANDSHAKE_TIMEOUT_S)
+            ended = [fields for event, fields in node.log.seen if event == "backup_link_ended"]
+            assert ended and ended[0]["reason"] == f"nothing from the peer in {TIMEOUT_S:g} s"
+            await stream.aclose()
+            nursery.cancel_scope.cancel()
+    node.store.close()
