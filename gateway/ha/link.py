@@ -1,6 +1,7 @@
 """One replication connection as Trio sees it: a stream and its sans-IO
 codec (persistence/replication.py), with its liveness (gateway/ha/liveness.py):
-both ends ping when idle and drop the link after a bounded silence.  Shared by gateway/ha/replicator.py (the primary) and gateway/ha/backup.py."""
+both ends ping when idle and drop the link after a bounded silence.  Shared
+by gateway/ha/replicator.py (the primary) and gateway/ha/backup.py."""
 
 from __future__ import annotations
 

@@ -7,9 +7,10 @@ heartbeat task of its own, not the task that writes), so a silent link is
 noticed within ``timeout_s`` at each end; before, only the primary pinged and
 a backup that waits on a dead link noticed it only by its own, longer timer
 (issue 30, "flapping links").  A backup that lost its link reconnects after
-:func:`backoff`, never more than ``timeout_s / 4`` apart, and bounds each
-attempt (connect, handshake, Hello) by ``timeout_s``, so that after a cut
-heals it is following again within about ``timeout_s`` of the heal.
+:func:`backoff`, never more than ``timeout_s / 4`` apart, and gives up an
+attempt whose connection and handshake are not done within ``timeout_s``
+(one begun during a cut), so that after a heal it is following again within
+about ``timeout_s`` plus a backoff.
 """
 
 from __future__ import annotations
@@ -59,4 +60,3 @@ def backoff(failures: int, timeout_s: float = TIMEOUT_S) -> float:
     """The pause before a backup's next connection attempt after ``failures``
     failed ones in a row: doubling from 0.1 s, at most ``timeout_s / 4``."""
     return min(FIRST_BACKOFF_S * 2 ** min(max(0, failures - 1), 16), timeout_s / 4)
-

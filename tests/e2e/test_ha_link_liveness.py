@@ -58,7 +58,8 @@ def group_behind_proxies(tmp_path: Path, zookeeper: ZooKeeperServer) -> Iterator
 
 
 def send(client: RawClient, n: int) -> None:
-    client.send_frame("SEND", {"destination": "/queue/flap", "persistent": "true", "receipt": f"r{n}"}, f"m{n}".encode())
+    headers = {"destination": "/queue/flap", "persistent": "true", "receipt": f"r{n}"}
+    client.send_frame("SEND", headers, f"m{n}".encode())
 
 
 def taken_over_with(primary: Node, backup: Node, sent: int) -> None:

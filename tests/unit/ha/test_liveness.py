@@ -50,7 +50,8 @@ def test_the_defaults_leave_several_heartbeats_within_the_timeout() -> None:
 
 
 @pytest.mark.parametrize(("failures", "pause"), [(1, 0.1), (2, 0.2), (3, 0.4), (4, 0.5), (10, 0.5), (1000, 0.5)])
-def test_reconnection_backs_off_from_a_tenth_of_a_second_to_a_quarter_of_the_timeout(failures: int, pause: float) -> None:
+def test_reconnection_backs_off_from_a_tenth_of_a_second_to_a_quarter_of_the_timeout(
+        failures: int, pause: float) -> None:
     assert backoff(failures, timeout_s=2.0) == pytest.approx(pause)
 
 
