@@ -86,6 +86,11 @@ class HaSettings:
     sync_replicas: int = 1  # in-sync backups that must confirm a batch before its receipts
     zookeeper_session_timeout_s: float = 10.0
     sync_timeout_s: float = 10.0
+    # Replication link liveness (gateway/ha/liveness.py): each end pings when
+    # it sent nothing for link_heartbeat_s and drops a link silent for
+    # link_timeout_s; a backup then reconnects at most link_timeout_s / 4 apart.
+    link_heartbeat_s: float = 0.5
+    link_timeout_s: float = 2.0
     # The group's shared secret, which every replication link proves on both
     # ends (persistence/handshake.py): a file holding it (a mounted
     # Kubernetes Secret), else GATEWAY_CLUSTER_SECRET.  Without one the
@@ -126,6 +131,10 @@ class HaSettings:
                               f"{self.replicas} with sync_replicas = {self.sync_replicas}")
         if self.zookeeper_session_timeout_s <= 0 or self.sync_timeout_s <= 0:
             raise ConfigError("ha.zookeeper_session_timeout_s and ha.sync_timeout_s must be > 0")
+        if self.link_heartbeat_s <= 0 or self.link_timeout_s < 3 * self.link_heartbeat_s:
+            # A timeout must cover several heartbeats, or one late ping drops a healthy link.
+            raise ConfigError(f"ha.link_heartbeat_s must be > 0 and ha.link_timeout_s at least 3 times it, not "
+                              f"{self.link_heartbeat_s:g} and {self.link_timeout_s:g}")
         if self.cluster_secret and len(self.cluster_secret) < MIN_SECRET_BYTES:
             raise ConfigError(f"the cluster secret (ha.cluster_secret_file or {CLUSTER_SECRET_ENVIRONMENT}) must be "
                               f"at least {MIN_SECRET_BYTES} bytes, e.g. `openssl rand -hex 32`")

@@ -41,8 +41,11 @@ class Node:
     def __init__(self, tmp_path: Path, node_id: str, zookeeper: ZooKeeperServer | ZooKeeperEnsemble, *,
                  mqtt: bool = False, sync_timeout_s: float = 20, replicas: int = 3,
                  session_timeout_s: float = SESSION_TIMEOUT_S, sync_replicas: int = 1,
-                 secret: str | None = CLUSTER_SECRET, extra_ha: str = "", zookeeper_auth: str = "") -> None:
+                 secret: str | None = CLUSTER_SECRET, extra_ha: str = "", zookeeper_auth: str = "",
+                 advertise: str = "") -> None:
         self.node_id = node_id
+        # advertise: where its backups reach its replication port ("": that port
+        # itself; a proxy's address to cut the link: tests/link_proxy.py).
         self.secret = secret  # None: no secret at all (a laptop trial)
         self.dir = tmp_path / node_id
         self.dir.mkdir()
@@ -67,7 +70,7 @@ shutdown_grace_s = 1.0
 node_id = "{node_id}"
 zookeeper = "{zookeeper.hosts}/gateway"
 replication_listen = "{HOST}:{self.replication_port}"
-advertise = "{HOST}:{self.replication_port}"
+advertise = "{advertise or f'{HOST}:{self.replication_port}'}"
 replicas = {replicas}
 sync_replicas = {sync_replicas}
 zookeeper_session_timeout_s = {session_timeout_s:g}

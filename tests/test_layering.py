@@ -108,7 +108,7 @@ def test_stream_adapters_own_no_sockets_or_threads(path: Path) -> None:
 
 # HA's decisions are pure: stdlib and HA's own modules only.  kazoo stays in
 # the coordinator, so a broker without [ha] never loads it.
-HA_PURE = files("gateway/ha/election.py", "gateway/ha/node.py")
+HA_PURE = files("gateway/ha/election.py", "gateway/ha/node.py", "gateway/ha/liveness.py")
 
 
 @pytest.mark.parametrize("path", HA_PURE, ids=lambda p: str(p.relative_to(ROOT)))

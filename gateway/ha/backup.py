@@ -1,5 +1,6 @@
 """A backup's side of the replication stream (Trio): connects to the
-primary (bounded attempts with backoff), says Hello with its follower's state
+primary (bounded attempts, each within the link's timeout, with a short
+backoff: gateway/ha/liveness.py), says Hello with its follower's state
 (persistence/follower.py), checks the primary's Hello (an older epoch than it
 accepted is refused: the fencing rule), applies Batch frames (the disk part in
 a worker thread, as the committer's write) and acks them, keeping the last
@@ -29,6 +30,7 @@ from typing import Any
 import trio
 
 from gateway.ha.link import IDLE_TIMEOUT_S, LINK_ERRORS, Link, LinkDead, ignore
+from gateway.ha.liveness import HEARTBEAT_S, backoff
 from gateway.ha.window import Recent
 from persistence import replication as r
 from persistence.catchup import Refusal
@@ -36,8 +38,6 @@ from persistence.follower import Follower
 from persistence.handshake import AuthenticationError
 
 CONNECT_ATTEMPTS = 10
-BACKOFF_S = 0.1
-BACKOFF_MAX_S = 2.0
 # Frames read ahead of the writer.  Batch frames are bounded in bytes by the
 # primary's unacked_bytes too, but a snapshot's FileChunks (1 MiB each) are
 # not acked one by one: this bound keeps them to a few MiB here, the rest
@@ -57,7 +57,7 @@ class Backup:
         self, follower: Follower, node_id: str, host: str, port: int, *,
         on_refused: Callable[[str], None] = ignore, on_caught_up: Callable[[], None] = ignore,
         on_behind: Callable[[], None] = ignore, connect_attempts: int = CONNECT_ATTEMPTS,
-        backoff_s: float = BACKOFF_S, idle_timeout_s: float = IDLE_TIMEOUT_S,
+        backoff_s: float | None = None, idle_timeout_s: float = IDLE_TIMEOUT_S, heartbeat_s: float = HEARTBEAT_S,
         threads: trio.CapacityLimiter | None = None, recent: Recent | None = None, log: Any = ignore,
         secret: bytes = b"", ssl_context: ssl.SSLContext | None = None,
     ) -> None:
@@ -73,8 +73,9 @@ class Backup:
         self.on_caught_up = on_caught_up
         self.on_behind = on_behind
         self.connect_attempts = connect_attempts
-        self.backoff_s = backoff_s
+        self.backoff_s = backoff_s  # a fixed pause between attempts (tests); None: liveness.backoff
         self.idle_timeout_s = idle_timeout_s
+        self.heartbeat_s = heartbeat_s
         self.threads = threads
         self.log = log
         self.connected = False
@@ -88,15 +89,25 @@ class Backup:
         """Follow until stopped; returns why it stopped."""
         failures = 0
         while True:
+            # The whole attempt is bounded by the link's timeout: a connection
+            # begun during a cut (a SYN lost, or a handshake nobody answers)
+            # is given up and tried again soon, not waited on for TCP's own
+            # retries, so that a healed link is used within about that bound.
+            deadline = trio.current_time() + self.idle_timeout_s
+            stream: trio.abc.Stream | None = None
             try:
-                stream: trio.abc.Stream = await trio.open_tcp_stream(self.host, self.port)
+                with trio.move_on_at(deadline):
+                    stream = await trio.open_tcp_stream(self.host, self.port)
+                if stream is None:
+                    raise OSError(f"no connection within {self.idle_timeout_s:g} s")
                 if self.ssl_context is not None:
                     stream = trio.SSLStream(stream, self.ssl_context, server_hostname=self.host)
             except OSError as exc:
                 reason = f"primary {self.host}:{self.port} unreachable: {exc.strerror or exc}"
             else:
                 try:
-                    if await self._follow(Link(stream, r.Role.BACKUP)):
+                    link = Link(stream, r.Role.BACKUP, heartbeat_s=self.heartbeat_s, timeout_s=self.idle_timeout_s)
+                    if await self._follow(link, deadline):
                         failures = 0  # it got as far as streaming: a fresh start
                     reason = "the primary closed the link"
                 except Stop as exc:
@@ -116,7 +127,7 @@ class Backup:
             self.log("replication_link_down", primary=f"{self.host}:{self.port}", reason=reason, failures=failures)
             if failures >= self.connect_attempts:
                 return f"gave up after {failures} attempts: {reason}"
-            await trio.sleep(min(self.backoff_s * 2 ** (failures - 1), BACKOFF_MAX_S))
+            await trio.sleep(backoff(failures, self.idle_timeout_s) if self.backoff_s is None else self.backoff_s)
 
     def _behind(self) -> None:
         if self.in_sync:
@@ -133,12 +144,13 @@ class Backup:
         if stop:
             raise Stop(reason)
 
-    async def _follow(self, link: Link) -> bool:
+    async def _follow(self, link: Link, deadline: float) -> bool:
         """One connection; True once it streamed."""
         f = self.follower
-        primary = await link.authenticate("backup", self.node_id, self._secret)
+        primary = await link.authenticate("backup", self.node_id, self._secret,
+                                          timeout_s=max(0.0, deadline - trio.current_time()))
         await link.send(f.hello(self.node_id))
-        hello = await link.receive(self.idle_timeout_s)
+        hello = await link.receive()
         if hello is None:
             return False
         if isinstance(hello, r.Refused):
@@ -157,6 +169,7 @@ class Backup:
         error: Exception | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._read_ahead, link, send)
+            nursery.start_soon(self._keep_alive, link, send.clone())
             try:
                 await self._stream(link, frames)
             except Exception as exc:  # raised here, not as a group from the nursery
@@ -171,12 +184,20 @@ class Backup:
         that ended the link) for :meth:`_stream`."""
         async with send:
             try:
-                while (frame := await link.receive(self.idle_timeout_s)) is not None:
+                while (frame := await link.receive()) is not None:
                     await send.send(frame)
             except LINK_ERRORS as exc:
                 await send.send(exc)
             else:
                 await send.send(None)
+
+    async def _keep_alive(self, link: Link, send: trio.MemorySendChannel[r.Frame | Exception | None]) -> None:
+        """The link's heartbeat; a failed send ends the link through :meth:`_stream`."""
+        async with send:
+            try:
+                await link.keep_alive()
+            except LINK_ERRORS as exc:
+                await send.send(exc)
 
     async def _stream(self, link: Link, frames: trio.MemoryReceiveChannel[r.Frame | Exception | None]) -> None:
         f = self.follower

@@ -1,6 +1,7 @@
 """One replication connection as Trio sees it: a stream and its sans-IO
-codec (persistence/replication.py), with the silence bound both sides use.
-Shared by gateway/ha/replicator.py (the primary) and gateway/ha/backup.py."""
+codec (persistence/replication.py), with its liveness (gateway/ha/liveness.py):
+both ends ping when idle and drop the link after a bounded silence.  Shared
+by gateway/ha/replicator.py (the primary) and gateway/ha/backup.py."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ from typing import Any
 
 import trio
 
+from gateway.ha.liveness import HEARTBEAT_S, TIMEOUT_S, Liveness
 from persistence import replication as r
 from persistence.handshake import AuthenticationError, Handshake
 
 # Bytes read from the socket at once (a Batch frame may be far larger).
 RECEIVE_BYTES = 2**20
-# A side that hears nothing for this long drops the link (an idle primary
-# pings every second, so this is several missed pings).
-IDLE_TIMEOUT_S = 5.0
+# A side that hears nothing for this long drops the link ([ha] link_timeout_s).
+IDLE_TIMEOUT_S = TIMEOUT_S
 # The whole handshake (persistence/handshake.py) must be done within this.
 HANDSHAKE_TIMEOUT_S = 5.0
 
@@ -46,12 +47,17 @@ def peer_address(stream: trio.abc.Stream) -> str:
 
 
 class Link:
-    """One replication connection: a stream and its codec.  Only one task
-    sends and one receives."""
+    """One replication connection: a stream and its codec.  One task
+    receives; sends are whole frames, one at a time (a lock), so that the
+    heartbeat (:meth:`keep_alive`) goes out between the frames of the task
+    that streams."""
 
-    def __init__(self, stream: trio.abc.Stream, role: r.Role) -> None:
+    def __init__(self, stream: trio.abc.Stream, role: r.Role, *, heartbeat_s: float = HEARTBEAT_S,
+                 timeout_s: float = TIMEOUT_S) -> None:
         self.stream = stream
         self.conn = r.ReplicationConnection(role)
+        self.liveness = Liveness.start(trio.current_time(), heartbeat_s, timeout_s)
+        self._sending = trio.Lock()
 
     async def authenticate(self, role: str, node_id: str, secret: bytes,
                            timeout_s: float = HANDSHAKE_TIMEOUT_S) -> str:
@@ -76,24 +82,47 @@ class Link:
         if scope.cancelled_caught:
             raise AuthenticationError(f"no complete handshake within {timeout_s:g} s")
         assert shake.peer_id is not None
+        now = trio.current_time()  # the silence bound counts from here, not from the connection
+        self.liveness.heard(now)
+        self.liveness.sent(now)
         leftover = shake.leftover()
         if leftover:
             self.conn.receive_data(leftover)
         return shake.peer_id
 
-    async def receive(self, timeout_s: float) -> r.Frame | None:
-        """The next frame; None at EOF; LinkDead after ``timeout_s`` of silence."""
+    async def receive(self, timeout_s: float | None = None) -> r.Frame | None:
+        """The next frame; None at EOF; LinkDead once nothing was heard for
+        ``timeout_s`` (by default the link's timeout)."""
+        live = self.liveness
+        bound = live.timeout_s if timeout_s is None else timeout_s
         while True:
             frame = next(self.conn.events(), None)
             if frame is not None:
                 return frame
             if self.conn.their_eof:
                 return None
-            with trio.move_on_after(timeout_s) as scope:
+            with trio.move_on_at(live.heard_at + bound) as scope:
                 data = await self.stream.receive_some(RECEIVE_BYTES)
             if scope.cancelled_caught:
-                raise LinkDead(f"nothing from the peer in {timeout_s:g} s")
+                raise LinkDead(f"nothing from the peer in {bound:g} s")
+            live.heard(trio.current_time())
             self.conn.receive_data(data)
 
     async def send(self, frame: r.Frame) -> None:
-        await self.stream.send_all(self.conn.send(frame))
+        data = self.conn.send(frame)
+        async with self._sending:
+            await self.stream.send_all(data)
+            self.liveness.sent(trio.current_time())
+
+    async def keep_alive(self) -> None:
+        """Send a Ping whenever nothing else was sent for the heartbeat
+        interval, until cancelled (with the link).  Its own task: a send
+        blocked by a full socket delays it, a disk write does not."""
+        live = self.liveness
+        token = 0
+        while True:
+            if live.ping_due(trio.current_time()):
+                token += 1
+                await self.send(r.Ping(token))
+            else:
+                await trio.sleep_until(live.ping_at())

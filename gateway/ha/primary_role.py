@@ -83,7 +83,8 @@ class PrimaryPart:
     def attach(self, store: Store) -> None:
         self.replicator = Primary(store, self.history, node_id=self.ha.node_id, sync_replicas=self.ha.sync_replicas,
                                   sync_timeout_s=self.ha.sync_timeout_s, on_refused=self.on_refused, log=self.log.info,
-                                  secret=self.ha.cluster_secret)
+                                  secret=self.ha.cluster_secret, ping_interval_s=self.ha.link_heartbeat_s,
+                                  idle_timeout_s=self.ha.link_timeout_s)
         self.replicator.seed(self.recent.frames())
         self.recent.clear()  # the window holds them now
         self.cluster.replicator = self.replicator

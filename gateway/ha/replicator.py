@@ -36,8 +36,10 @@ then one task sends frames and one reads Acks.
   written locally is failed: ``on_failed(first, last, reason)``, the path a
   failed disk write takes (``Server.durable_failed``: the receipts waiting on
   those LSNs are withdrawn and the client gets an ERROR naming them).
-- **Liveness.**  An idle sender sends Ping every ``ping_interval_s``; a side
-  that hears nothing for ``idle_timeout_s`` drops the link.
+- **Liveness.**  Each end sends a Ping when it sent nothing for
+  ``ping_interval_s`` ([ha] link_heartbeat_s) and drops the link when it heard
+  nothing for ``idle_timeout_s`` ([ha] link_timeout_s), snapshot or not: the
+  backup's heartbeat does not wait for its disk (gateway/ha/liveness.py).
 
 The backup's side is gateway/ha/backup.py (:class:`Backup`),
 the connection both use gateway/ha/link.py.
@@ -55,6 +57,7 @@ import trio
 
 from gateway.admin.cluster import Lag
 from gateway.ha.link import IDLE_TIMEOUT_S, LINK_ERRORS, Link, LinkDead, ignore, peer_address
+from gateway.ha.liveness import HEARTBEAT_S
 from gateway.ha.status import Marks
 from gateway.ha.window import WINDOW_BATCHES, WINDOW_BYTES, seeding, size_of
 from gateway.transports.server import open_listeners
@@ -73,7 +76,7 @@ __all__ = ["Peer", "Primary"]
 UNACKED_BYTES = 4 * 2**20
 # A group-commit batch larger than this goes out as several frames.
 PIECE_BYTES = 4 * 2**20
-PING_INTERVAL_S = 1.0
+PING_INTERVAL_S = HEARTBEAT_S
 SYNC_TIMEOUT_S = 10.0
 
 
@@ -250,7 +253,7 @@ class Primary:
             task_status.started(first.socket.getsockname()[1])
 
     async def serve_backup(self, stream: trio.abc.Stream) -> None:
-        link = Link(stream, r.Role.PRIMARY)
+        link = Link(stream, r.Role.PRIMARY, heartbeat_s=self.ping_interval_s, timeout_s=self.idle_timeout_s)
         peer: Peer | None = None
         backup = "?"
         try:
@@ -260,7 +263,7 @@ class Primary:
                 # Once per connection; nothing of the journal was sent, nothing it sent was read.
                 self.log("replication_peer_refused", address=peer_address(stream), reason=exc.reason)
                 return
-            hello = await link.receive(self.idle_timeout_s)
+            hello = await link.receive()
             if not isinstance(hello, r.Hello):
                 return
             backup = hello.node_id
@@ -289,6 +292,7 @@ class Primary:
                 nursery.start_soon(self._guarded, nursery.cancel_scope, peer, self._send_loop, peer, link,
                                    decision.answer is Answer.SNAPSHOT)
                 nursery.start_soon(self._guarded, nursery.cancel_scope, peer, self._read_loop, peer, link)
+                nursery.start_soon(self._guarded, nursery.cancel_scope, peer, link.keep_alive)
         except LINK_ERRORS as exc:
             self.log("backup_link_ended", backup=backup, reason=str(exc) or type(exc).__name__)
         finally:
@@ -323,7 +327,6 @@ class Primary:
     async def _send_loop(self, peer: Peer, link: Link, snapshot_first: bool) -> None:
         if snapshot_first:
             await self._send_snapshot(peer, link)
-        token = 0
         while True:
             if peer.pong is not None:
                 await link.send(r.Pong(peer.pong))
@@ -349,11 +352,7 @@ class Primary:
                 self._caught_up(peer, self.last_lsn)  # all sent (a tail at our end, or a snapshot of it)
                 if peer.tell_in_sync is not None:
                     continue
-            with trio.move_on_after(self.ping_interval_s) as idle:
-                await peer.wake.park()
-            if idle.cancelled_caught:
-                token += 1
-                await link.send(r.Ping(token))
+            await peer.wake.park()  # idle: the link's heartbeat task pings meanwhile
 
     async def _snapshot(self) -> SnapshotSource:
         try:
@@ -390,12 +389,8 @@ class Primary:
 
     async def _read_loop(self, peer: Peer, link: Link) -> None:
         while True:
-            try:
-                frame = await link.receive(self.idle_timeout_s)
-            except LinkDead:
-                if peer.snapshotting:
-                    continue  # it installs what we send, and answers when done
-                raise
+            # No exception while it installs a snapshot: its heartbeat does not wait for its disk.
+            frame = await link.receive()
             if frame is None:
                 return
             if isinstance(frame, r.Ack):

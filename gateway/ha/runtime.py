@@ -313,8 +313,8 @@ class HaNode:
         host, port = split_host_port(advertise)
         backup = Backup(self.follower, self.ha.node_id, host, port, on_refused=self.refused, log=self.log.info,
                         on_caught_up=partial(self.notice, Event.CAUGHT_UP), on_behind=partial(self.notice, Event.GAP),
-                        recent=self.recent, secret=self.ha.cluster_secret,
-                        ssl_context=self.link_tls[1] if self.link_tls else None)
+                        recent=self.recent, secret=self.ha.cluster_secret, heartbeat_s=self.ha.link_heartbeat_s,
+                        idle_timeout_s=self.ha.link_timeout_s, ssl_context=self.link_tls[1] if self.link_tls else None)
         done = trio.Event()
         self.following, self.backup_done = advertise, done
         with trio.CancelScope() as self.backup_scope:

@@ -32,6 +32,12 @@ def test_an_ha_table_is_read_with_its_defaults(tmp_path: Path) -> None:
     assert ha == config.HaSettings("gw-0", "zk-0:2181,zk-1:2181/gateway", "0.0.0.0:7000", "gw-0.gw:7000", 3, 1, 10.0, 10.0)
 
 
+def test_the_link_liveness_settings_are_read(tmp_path: Path) -> None:
+    ha = load(tmp_path, GOOD + "link_heartbeat_s = 1\nlink_timeout_s = 3\n").ha
+    assert ha is not None and (ha.link_heartbeat_s, ha.link_timeout_s) == (1.0, 3.0)
+    assert (config.HaSettings().link_heartbeat_s, config.HaSettings().link_timeout_s) == (0.5, 2.0)
+
+
 def test_without_an_ha_table_the_broker_is_single_node(tmp_path: Path) -> None:
     assert load(tmp_path, "").ha is None
 
@@ -48,6 +54,8 @@ def test_without_an_ha_table_the_broker_is_single_node(tmp_path: Path) -> None:
     ("zookeeper_session_timeout_s = 0", "must be > 0"),
     ('sync_replicas = "1"', "ha.sync_replicas: expected int"),
     ("colour = 1", "unknown setting ha.'colour'"),
+    ("link_heartbeat_s = 0", "ha.link_heartbeat_s must be > 0 and ha.link_timeout_s at least 3 times it, not 0 and 2"),
+    ("link_timeout_s = 1", "ha.link_heartbeat_s must be > 0 and ha.link_timeout_s at least 3 times it, not 0.5 and 1"),
 ])
 def test_an_unusable_value_is_refused_naming_it(tmp_path: Path, line: str, message: str) -> None:
     key = line.split(" = ")[0]

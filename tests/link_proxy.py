@@ -1,0 +1,111 @@
+"""A TCP proxy for one replication link, to cut it the way a network does:
+silently.  While cut, the connections it carries are dead for good (what
+either end sends is read and dropped, an end's close is not passed on, its
+sockets stay open: a half-open link nobody is told about, as after a lost
+FIN or a firewall that forgot the connection), and connections made during
+the cut wait unforwarded until the heal (a SYN that gets through once the
+network is back).  Threads, loopback only; closed with the test."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+from tests.processes import HOST, free_port
+
+
+class _Pair:
+    def __init__(self, client: socket.socket) -> None:
+        self.client = client
+        self.upstream: socket.socket | None = None
+        self.dead = False
+
+
+class LinkProxy:
+    """Listens on ``port`` (a free one) and forwards to ``HOST:target``, set before the first connection."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.target = 0
+        self.connections = 0  # forwarded upstream
+        self._lock = threading.Lock()
+        self._cut = False
+        self._pairs: list[_Pair] = []
+        self._pending: list[_Pair] = []
+        self._sockets: list[socket.socket] = []
+        self._listener = socket.create_server((HOST, self.port))
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    def cut(self) -> None:
+        with self._lock:
+            self._cut = True
+            for pair in self._pairs:
+                pair.dead = True
+
+    def heal(self) -> None:
+        with self._lock:
+            self._cut = False
+            pending, self._pending = self._pending, []
+        for pair in pending:
+            self._start(pair)
+
+    def close(self) -> None:
+        self._closed = True
+        for sock in [self._listener, *self._sockets]:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            self._sockets.append(client)
+            pair = _Pair(client)
+            with self._lock:
+                if self._cut:
+                    self._pending.append(pair)
+                    continue
+            self._start(pair)
+
+    def _start(self, pair: _Pair) -> None:
+        try:
+            upstream = socket.create_connection((HOST, self.target))
+        except OSError:
+            pair.client.close()
+            return
+        self._sockets.append(upstream)
+        pair.upstream = upstream
+        with self._lock:
+            self._pairs.append(pair)
+            self.connections += 1
+        threading.Thread(target=self._pump, args=(pair, pair.client, upstream), daemon=True).start()
+        threading.Thread(target=self._pump, args=(pair, upstream, pair.client), daemon=True).start()
+
+    @staticmethod
+    def _pump(pair: _Pair, src: socket.socket, dst: socket.socket) -> None:
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                data = b""
+            if pair.dead:
+                if not data:
+                    return  # a close nobody hears of: the other end's socket stays open
+                continue  # dropped
+            try:
+                if data:
+                    dst.sendall(data)
+                else:
+                    dst.shutdown(socket.SHUT_WR)
+                    return
+            except OSError:
+                return
