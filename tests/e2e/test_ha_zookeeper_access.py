@@ -82,13 +82,25 @@ def wait_logged(node: Node, event: str, timeout: float = WAIT_S) -> None:
         time.sleep(0.1)
 
 
-def test_a_stranger_can_neither_read_nor_write_the_group_s_znodes(tmp_path: Path, zookeeper: ZooKeeperServer,
-                                                                  stranger: KazooClient, insider: KazooClient) -> None:
+def pair_in_sync(tmp_path: Path, zookeeper: ZooKeeperServer) -> tuple[list[Node], Node, Node]:
+    """Two nodes with the group's credentials, one leading and the other in
+    sync (both killed if they never get there): the nodes, the primary, the backup."""
     nodes = [Node(tmp_path, name, zookeeper, replicas=2, zookeeper_auth=AUTH).start() for name in ("gw-0", "gw-1")]
     try:
         primary = wait_ready(nodes)
         backup = next(n for n in nodes if n is not primary)
         wait_role(backup, "backup_in_sync")
+    except BaseException:
+        for node in nodes:
+            node.kill()
+        raise
+    return nodes, primary, backup
+
+
+def test_a_stranger_can_neither_read_nor_write_the_group_s_znodes(tmp_path: Path, zookeeper: ZooKeeperServer,
+                                                                  stranger: KazooClient, insider: KazooClient) -> None:
+    nodes, primary, backup = pair_in_sync(tmp_path, zookeeper)
+    try:
         receipted(primary, "before")
         lock_before = insider.get(f"{ROOT}/primary")[0]
         epoch_before = insider.get(f"{ROOT}/epoch")
@@ -135,11 +147,8 @@ def test_a_stranger_can_neither_read_nor_write_the_group_s_znodes(tmp_path: Path
 
 def test_a_corrupt_lock_record_is_written_again_and_a_corrupt_epoch_does_not_stop_the_takeover(
         tmp_path: Path, zookeeper: ZooKeeperServer, insider: KazooClient) -> None:
-    nodes = [Node(tmp_path, name, zookeeper, replicas=2, zookeeper_auth=AUTH).start() for name in ("gw-0", "gw-1")]
+    nodes, primary, backup = pair_in_sync(tmp_path, zookeeper)
     try:
-        primary = wait_ready(nodes)
-        backup = next(n for n in nodes if n is not primary)
-        wait_role(backup, "backup_in_sync")
         receipted(primary, "m0")
         lock = insider.get(f"{ROOT}/primary")[0]
 
