@@ -13,11 +13,15 @@ clients); a producer sends its unreceipted messages again after a reconnect.
 
 1. Steady: once the cluster is up (one primary, two backups in sync), the
    receipted msgs/s over ``--steady-seconds`` (sync_replicas = 1).
-2. Rounds: after a random pause (seeded), SIGKILL the primary; the failover
-   time runs from the kill to the first receipt on a connection made after
-   it (the new primary's, confirmed by its backup); then the killed node is
-   restarted (as a supervisor would) and the round ends once it is a backup
-   in sync again.  A node that exits on its own is restarted too (counted).
+2. Rounds: after a random pause (seeded), SIGKILL the primary (``--faults
+   kill``), or cut its backups' links to it silently while every node keeps
+   ZooKeeper (``cut``: each node's replication port sits behind a proxy,
+   benchmarks/link_proxy.py; the primary must step down); ``kill,cut``
+   alternates.  The failover time runs from the fault to the first receipt
+   on a connection made after it (the new primary's, confirmed by its
+   backup); then the killed node is restarted (as a supervisor would), or
+   the cut heals, and the round ends once the old primary is a backup in
+   sync again.  A node that exits on its own is restarted too (counted).
 3. Drain: producers stop and wait for their receipts; the consumer reads on
    until it has every receipted message (bounded), so "lost" is exact.
 4. Single node: the same load against a plain ``gateway serve`` (no [ha]) on
@@ -50,12 +54,17 @@ from failover_clients import Consumer, Producer, first_receipt_after, receipted_
 from failover_cluster import Cluster, HaNode, SingleNode, zookeeper_unavailable
 
 WAIT_S = 120.0  # any wait for the cluster to settle (a loaded two-core machine)
+FAULTS = ("kill", "cut")
+FAULT_NAMES = {"kill": "primary SIGKILLed", "cut": "primary cut from its backups"}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenario", choices=("failover",), default="failover", help=argparse.SUPPRESS)
-    parser.add_argument("--rounds", type=int, default=20, help="primary kills (default 20)")
+    parser.add_argument("--rounds", type=int, default=20, help="primary kills or cuts (default 20)")
+    parser.add_argument("--faults", default="kill", metavar="LIST",
+                        help="what each round does to the primary, in turn: kill (SIGKILL), cut (its backups' links "
+                             "to it cut silently, ZooKeeper still reached), e.g. kill,cut (default kill)")
     parser.add_argument("--seed", type=int, default=None, help="for the pauses before each kill (default: random)")
     parser.add_argument("--producers", type=int, default=8, help="producer connections (default 8)")
     parser.add_argument("--window", type=int, default=32, help="outstanding receipts per producer (default 32)")
@@ -73,6 +82,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.rounds < 0 or args.producers <= 0 or args.window <= 0 or args.steady_seconds <= 0:
         parser.error("--rounds must be >= 0; --producers, --window, --steady-seconds > 0")
+    args.faults = args.faults.split(",")
+    if not args.faults or set(args.faults) - set(FAULTS):
+        parser.error(f"--faults takes a comma-separated list of {', '.join(FAULTS)}")
     if args.seed is None:
         args.seed = random.randrange(1 << 31)
     return args
@@ -191,6 +203,20 @@ def fail_over(cluster: Cluster, load: Load, primary: HaNode, session_timeout_s: 
             cluster.restart_node(primary)
 
 
+def cut_off(cluster: Cluster, load: Load, primary: HaNode) -> float:
+    """Cut ``primary``'s backups' links to it (its proxy), leaving its
+    ZooKeeper session alone; seconds until the first receipt on a link made
+    after the cut.  It must step down for a backup to lead
+    (gateway/ha/isolation.py).  The cut heals once another node is ready,
+    and the old primary follows it (only links to it were cut)."""
+    cut_at = time.monotonic()
+    primary.proxy.cut()
+    try:
+        return load.wait_flowing(cut_at, WAIT_S, cluster.supervise) - cut_at
+    finally:
+        primary.proxy.heal()
+
+
 def run_cluster(args: argparse.Namespace, folder: Path) -> dict:
     rng = random.Random(args.seed)
     cluster = Cluster(folder / "cluster", 3, args.session_timeout)
@@ -209,14 +235,19 @@ def run_cluster(args: argparse.Namespace, folder: Path) -> dict:
         for index in range(args.rounds):
             time.sleep(rng.uniform(*args.pause))
             primary = cluster.wait_steady(WAIT_S)
-            killed_at = time.monotonic()
-            round_: dict = {"round": index + 1, "killed": primary.node_id, "killed_at": round(killed_at - load.began, 2)}
-            round_["failover_s"] = fail_over(cluster, load, primary, args.session_timeout)
+            fault = args.faults[index % len(args.faults)]
+            began = time.monotonic()
+            round_: dict = {"round": index + 1, "fault": fault, "primary": primary.node_id,
+                            "at": round(began - load.began, 2)}
+            if fault == "kill":
+                round_["failover_s"] = fail_over(cluster, load, primary, args.session_timeout)
+            else:
+                round_["failover_s"] = cut_off(cluster, load, primary)
             new = cluster.wait_steady(WAIT_S)
-            round_["steady_s"] = time.monotonic() - killed_at
+            round_["steady_s"] = time.monotonic() - began
             round_["new_primary"] = new.node_id
             result["rounds"].append(round_)
-            print(f"round {index + 1:>3}: killed {primary.node_id}, {new.node_id} primary, first receipt after "
+            print(f"round {index + 1:>3}: {fault} {primary.node_id}, {new.node_id} primary, first receipt after "
                   f"{round_['failover_s']:.2f} s, steady again after {round_['steady_s']:.1f} s", flush=True)
     except ScenarioFailed as exc:
         result["error"] = str(exc).splitlines()[0]
@@ -263,8 +294,11 @@ def run_single(args: argparse.Namespace, folder: Path) -> dict:
 def summary(result: dict) -> list[tuple[str, str]]:
     times = [r["failover_s"] for r in result["cluster"]["rounds"] if "failover_s" in r]
     cluster, single = result["cluster"], result.get("single", {})
+    by_fault = {fault: [r["failover_s"] for r in cluster["rounds"] if r.get("fault") == fault and "failover_s" in r]
+                for fault in FAULTS}
+    done = ", ".join(f"{len(t)} {FAULT_NAMES[f]}" for f, t in by_fault.items() if t)
     rows = [
-        ("rounds (primary SIGKILLed)", f"{len(times)} of {result['rounds_asked']}"),
+        ("rounds done", f"{len(times)} of {result['rounds_asked']}" + (f" ({done})" if done else "")),
         ("ZooKeeper session timeout", f"{cluster['session_timeout_s']:g} s"),
         ("messages receipted", f"{cluster.get('receipted', 0):,}"),
         ("lost (must be 0)", f"{cluster.get('lost', '?')}" + ("" if cluster.get("drained") else
@@ -272,7 +306,8 @@ def summary(result: dict) -> list[tuple[str, str]]:
         ("acked then redelivered (must be 0)", f"{cluster.get('acked_then_redelivered', '?')}"),
         ("redelivered, ACK not receipted", f"{cluster.get('redelivered_unacked', 0):,}"),
         ("resent copies delivered", f"{cluster.get('resent_copies_delivered', 0):,}"),
-        ("failover p50 / max", f"{statistics.median(times):.2f} s / {max(times):.2f} s" if times else "-"),
+        *((f"failover p50 / max, {FAULT_NAMES[f]}", f"{statistics.median(t):.2f} s / {max(t):.2f} s")
+          for f, t in by_fault.items() if t),
         ("throughput, 3 nodes, sync_replicas=1", f"{cluster.get('throughput', 0):,.0f} msgs/s"),
     ]
     if single:

@@ -132,7 +132,8 @@ class Client(threading.Thread):
         return link
 
     def failed(self, exc: Exception) -> None:
-        self.errors[str(exc).split(" b'")[0][:120]] += 1
+        # Counted by reason: what names the connection's own receipts is cut off.
+        self.errors[str(exc).split(" b'")[0].split(" (receipts ")[0][:120]] += 1
 
 
 class Producer(Client):

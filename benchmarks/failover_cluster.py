@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from broker_process import EXEC_SHIM, HOST, ROOT, ScenarioFailed, free_port
+from link_proxy import LinkProxy
 
 GATEWAY = [sys.executable, "-m", "gateway"]  # the checkout's own code (run from ROOT)
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")  # Debian's zookeeper package
@@ -122,6 +123,11 @@ class HaNode(Child):
         super().__init__(folder / node_id, node_id)
         self.node_id = node_id
         self.stomp_port, self.admin_port, replication = free_port(), free_port(), free_port()
+        # The others reach its replication port through this proxy, which a
+        # "cut" round cuts (silently: benchmarks/link_proxy.py): the node is
+        # then cut off from its backups, not from ZooKeeper.
+        self.proxy = LinkProxy()
+        self.proxy.target = replication
         self.config = self.folder / "gateway.toml"
         self.config.write_text(f"""
 bind = "{HOST}"
@@ -135,7 +141,7 @@ shutdown_grace_s = 1.0
 node_id = "{node_id}"
 zookeeper = "{zookeeper}/gateway"
 replication_listen = "{HOST}:{replication}"
-advertise = "{HOST}:{replication}"
+advertise = "{self.proxy.address}"
 sync_replicas = {sync_replicas}
 zookeeper_session_timeout_s = {session_timeout_s}
 sync_timeout_s = {sync_timeout_s}
@@ -222,6 +228,7 @@ class Cluster:
     def kill(self) -> None:
         for node in self.nodes:
             node.kill()
+            node.proxy.close()
         self.zookeeper.kill()
 
 

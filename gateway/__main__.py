@@ -103,9 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.ha is None:
             app.run(cfg, log, reread)
         else:
-            from gateway.ha import runtime  # kazoo and the HA package: only for an [ha] node
+            from gateway.ha import process  # kazoo and the HA package: only for an [ha] node
 
-            code = runtime.run(cfg, log)
+            code = process.run(cfg, log)
     except* OSError as group:
         # Trio's nurseries wrap it; a port in use or an unreadable data folder
         # is an operator's mistake, worth one clear line rather than a traceback.

@@ -51,7 +51,7 @@ SESSIONS = files("gateway/stomp/session.py", "gateway/mqtt/session.py", "gateway
 # replication stream's two sides.
 IO_MODULES = files("gateway/transports/server.py", "gateway/transports/connection.py", "gateway/transports/timers.py", "gateway/admin/server.py", "gateway/app.py", "gateway/tasks.py",
                    "gateway/ha/coordinator.py", "gateway/ha/replicator.py", "gateway/ha/backup.py", "gateway/ha/link.py",
-                   "gateway/ha/runtime.py", "gateway/ha/primary_role.py", "gateway/ha/stepdown.py")
+                   "gateway/ha/runtime.py", "gateway/ha/process.py", "gateway/ha/primary_role.py", "gateway/ha/stepdown.py")
 # Trio stream adapters: they read and write a stream they are given (so they
 # import trio) but open no socket and start no task or thread.
 ADAPTERS = files("gateway/transports/websocket.py")
@@ -108,7 +108,7 @@ def test_stream_adapters_own_no_sockets_or_threads(path: Path) -> None:
 
 # HA's decisions are pure: stdlib and HA's own modules only.  kazoo stays in
 # the coordinator, so a broker without [ha] never loads it.
-HA_PURE = files("gateway/ha/election.py", "gateway/ha/node.py", "gateway/ha/liveness.py")
+HA_PURE = files("gateway/ha/election.py", "gateway/ha/node.py", "gateway/ha/liveness.py", "gateway/ha/isolation.py")
 
 
 @pytest.mark.parametrize("path", HA_PURE, ids=lambda p: str(p.relative_to(ROOT)))

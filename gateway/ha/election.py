@@ -70,6 +70,11 @@ class Role(enum.StrEnum):
     # Still copying a snapshot: its (epoch, lsn) says nothing about what it
     # holds contiguously yet, so it may not lead.
     SYNCING = "syncing"
+    # A primary that stepped down because it was cut off from its backups
+    # (gateway/ha/isolation.py), for a while after: the most advanced node,
+    # it would win again and be cut off again, while the backups that
+    # ZooKeeper still sees wait for it.  It may not lead, nor count.
+    STANDING_ASIDE = "standing_aside"
 
 
 def check_node_id(node_id: object) -> str:
@@ -206,8 +211,9 @@ class PrimaryRecord:
 
 
 def eligible(record: NodeRecord) -> bool:
-    """May this node lead?  Not while it is still copying a snapshot."""
-    return record.role is not Role.SYNCING
+    """May this node lead?  Not while it is still copying a snapshot, nor
+    while it stands aside."""
+    return record.role not in (Role.SYNCING, Role.STANDING_ASIDE)
 
 
 def candidate(records: Iterable[NodeRecord]) -> str | None:

@@ -26,7 +26,10 @@ catch-up sorts out records the new primary never had).  No supervisor is
 needed for a deposed primary to rejoin.  A primary whose store fails to
 write or fsync a batch (STORE_FAILED) steps down: it closes its clients,
 releases the lock and ends its run, and the process starts no fresh node
-until its data folder takes a write again (the runtime's).  A (pair) not in the table changes
+until its data folder takes a write again (the runtime's).  So does a primary
+cut off from its backups while ZooKeeper still sees enough of them to elect
+one (ISOLATED, gateway/ha/isolation.py), whose fresh node then stands aside
+for a while.  A (pair) not in the table changes
 nothing (so a FENCE_DUE that comes late, after RECONNECT, is harmless).
 """
 
@@ -44,7 +47,7 @@ class State(enum.StrEnum):
     PRIMARY = "primary"  # serving clients
     SUSPENDED = "suspended"  # primary, its ZooKeeper connection lost, its session maybe alive: receipts held
     FENCED = "fenced"  # was primary, no longer sure: accepts nothing
-    STEPPED_DOWN = "stepped_down"  # was primary, its store cannot write: lock released, accepts nothing
+    STEPPED_DOWN = "stepped_down"  # was primary, its store cannot write or its backups are cut off: lock released
 
 
 class Event(enum.StrEnum):
@@ -63,6 +66,7 @@ class Event(enum.StrEnum):
     RECONNECT = "reconnect"
     QUIET = "quiet"  # fenced, its broker stopped, and no news for a session timeout
     STORE_FAILED = "store_failed"  # the store could not write or fsync a batch (not a full disk)
+    ISOLATED = "isolated"  # too few backups linked for a while, and enough others in ZooKeeper to lead (isolation.py)
 
 
 class Action(enum.StrEnum):
@@ -78,7 +82,9 @@ class Action(enum.StrEnum):
     STOP_ACCEPTING = "stop_accepting"  # close the client listeners and every client at once
     RESTART_AS_BACKUP = "restart_as_backup"  # end this node's run: the process starts a fresh one, a backup
     REJOIN = "rejoin"  # a new session: create this node's record again
-    STEP_DOWN = "step_down"  # release the lock, end this run; no new one until the data folder writes again
+    # Release the lock, end this run; the next one waits for the data folder
+    # to write again (a store failure) or stands aside for a while (isolated).
+    STEP_DOWN = "step_down"
 
 
 class Transition(NamedTuple):
@@ -126,6 +132,9 @@ for _state in BACKUPS:
 for _state in NOT_PRIMARY:
     # A lost session took this node's record with it: rejoin once back.
     TABLE[(_state, E.LOST)] = Transition(S.STARTING, (A.STOP_FOLLOWING,) if _state != S.STARTING else ())
+# Cut off from its backups, not from ZooKeeper: backups that ZooKeeper sees
+# should lead.  (Suspended, it fences on its own timer anyway.)
+TABLE[(S.PRIMARY, E.ISOLATED)] = Transition(S.STEPPED_DOWN, (A.STOP_ACCEPTING, A.STEP_DOWN))
 del _state, _event
 
 

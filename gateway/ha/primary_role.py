@@ -2,7 +2,9 @@
 gateway/app.py's ``PrimaryRole`` asks for, a :class:`Primary` (the
 replication stream's primary side, gateway/ha/replicator.py) over the store
 the broker opened, with the receipt gate the server asks and the hold a
-suspended primary puts on it (gateway/ha/runtime.py decides when)."""
+suspended primary puts on it (gateway/ha/runtime.py decides when), and the
+watch on how many backups it has linked (:meth:`PrimaryPart.watch_isolation`:
+gateway/ha/isolation.py says when a primary cut off from them steps down)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ from typing import Any
 import trio
 
 from gateway.config import HaSettings
+from gateway.ha.coordinator import CoordinationError
+from gateway.ha.election import NodeRecord
+from gateway.ha.isolation import Isolation, electable_without
 from gateway.ha.replicator import Primary
 from gateway.ha.status import NodeStatus
 from gateway.ha.window import Recent
@@ -22,6 +27,8 @@ from gateway.transports.server import Server
 from persistence.epochs import History
 from persistence.journal import Batch
 from persistence.store import Store
+
+ISOLATION_CHECK_S = 0.5  # how often a primary counts its linked backups
 
 
 def split_host_port(address: str) -> tuple[str, int]:
@@ -112,6 +119,17 @@ class PrimaryPart:
         if self.on_store_failed is not None:
             self.on_store_failed(reason)
 
+    def withdraw(self, reason: str) -> None:
+        """Its run ends (deposed, fenced, stepping down): every receipt still
+        held, on a batch written here but not confirmed, is withdrawn with an
+        ERROR (a PUBACK withheld) naming it, as when its confirmation times
+        out, rather than left behind the gate while the connection is cut."""
+        if self.replicator is None or self.server is None:
+            return
+        first, last = self.receipt_lsn() + 1, self.replicator.store.appended_lsn
+        if first <= last:
+            self.server.durable_failed(first, last, reason, stored=True)
+
     def release(self) -> None:
         """Unfreeze the gate and wake the writers it held."""
         self.held = None
@@ -129,3 +147,33 @@ class PrimaryPart:
         assert self.replicator is not None
         host, port = replication_bind(self.ha)
         await self.replicator.run(host, port, ssl_context=self.ssl_context, task_status=task_status)
+
+    async def watch_isolation(self, read_nodes: Callable[[], dict[str, NodeRecord]], quorum: int,
+                              on_isolated: Callable[[str], None]) -> None:
+        """Count the linked backups every :data:`ISOLATION_CHECK_S`; once too
+        few have been for a ZooKeeper session timeout and ``read_nodes`` (the
+        coordinator's, blocking) lists ``quorum`` other nodes that may lead,
+        tell ``on_isolated`` why, once.  Said once, too, when the others are
+        not there either: it stays the primary, its receipts waiting."""
+        after_s = self.ha.zookeeper_session_timeout_s
+        isolation, told = Isolation(self.ha.sync_replicas, after_s), False
+        while True:
+            await trio.sleep(ISOLATION_CHECK_S)
+            linked = len(self.replicator.peers) if self.replicator is not None else 0
+            if not isolation.linked(linked, trio.current_time()):
+                told = False
+                continue
+            try:
+                records = await trio.to_thread.run_sync(read_nodes, abandon_on_cancel=True)
+            except CoordinationError:
+                continue  # ZooKeeper did not answer: the suspension path is the one for that
+            if electable_without(records.values(), self.ha.node_id, quorum):
+                on_isolated(f"{linked} of sync_replicas = {self.ha.sync_replicas} backups linked for "
+                            f"{after_s:g} s, while ZooKeeper lists enough other nodes to elect one")
+                return
+            if not told:
+                self.log.warning("ha_backups_unlinked", linked=linked, sync_replicas=self.ha.sync_replicas,
+                                 detail="too few backups linked to confirm a batch, and too few other nodes in "
+                                        "ZooKeeper to elect one without this node: it stays the primary, receipts "
+                                        "waiting for a backup to link")
+                told = True

@@ -20,21 +20,21 @@ gateway/ha/coordinator.py's): then it stops accepting and closes its
 clients.  Once the session is lost (or back: either way another
 node may lead meanwhile), or another node holds the lock, or a backup
 refuses it as stale, its node's run ends (the broker and its store closed,
-the session closed) and :func:`run` starts a fresh :class:`HaNode` in the
-same process after :data:`REJOIN_PAUSE_S`: a new session, the data folder
+the session closed) and the process (gateway/ha/process.py) starts a fresh
+:class:`HaNode` after :data:`REJOIN_PAUSE_S`: a new session, the data folder
 reopened as a follower, which joins as a backup (catch-up copies it again if
-it holds records the new primary never had).  SIGINT or SIGTERM, at any
-moment of any node's run or of the pause, ends the process with 0.
+it holds records the new primary never had).
 
 A primary whose store cannot write (gateway/tasks.py's commit) steps down:
 receipts held, clients closed, lock and session released (gateway/ha/stepdown.py).
+So does one cut off from its backups while ZooKeeper still sees enough of
+them to elect one (gateway/ha/isolation.py); its fresh node stands aside.
 
 kazoo's callbacks reach the Trio loop through ``TrioToken.run_sync_soon``.
 """
 
 from __future__ import annotations
 
-import signal
 import time
 from functools import partial
 from typing import Any
@@ -53,8 +53,8 @@ from gateway.ha import election
 from gateway.ha.election import NodeRecord, PrimaryRecord, Role
 from gateway.ha.node import Action, Event, State, step
 from gateway.ha.backup import Backup
-from gateway.ha import stepdown
-from gateway.ha.primary_role import PrimaryPart, split_host_port, warn_open_links
+from gateway.ha import isolation, stepdown
+from gateway.ha.primary_role import PrimaryPart, split_host_port
 from gateway.ha.status import NodeStatus
 from gateway.ha.window import Recent
 from gateway.transports.server import Limits
@@ -80,7 +80,7 @@ LEADING = (State.PRIMARY, State.SUSPENDED)
 class HaNode:
     """One node: its coordinator, its follower while a backup, the broker once primary."""
 
-    def __init__(self, config: Config, log: Any, *, incarnation: int = 1) -> None:
+    def __init__(self, config: Config, log: Any, *, incarnation: int = 1, stand_aside_until: float | None = None) -> None:
         assert config.ha is not None
         self.config, self.ha = config, config.ha
         self.incarnation = incarnation  # this process's how-many-th node (a deposal starts the next)
@@ -104,6 +104,8 @@ class HaNode:
         self.fence_timer = trio.CancelScope()  # the armed FENCE_DUE, while suspended
         self.failovers = 0
         self.sick: str | None = None  # why its store cannot write, once it failed as the primary
+        self.isolated: str | None = None  # why it stepped down, cut off from its backups (gateway/ha/isolation.py)
+        self.stand_aside_until = stand_aside_until  # (trio's clock) set by the process after such a step-down
         self.waiting_told: tuple[int, int] | None = None  # the shortfall last logged (ha_waiting_for_nodes)
         self.recent = Recent()  # the batches applied last (gateway/ha/window.py), kept across links
         # [ha] link_tls: the replication link's (server, client) TLS contexts, from [tls].
@@ -185,8 +187,12 @@ class HaNode:
 
     def record(self, role: Role) -> NodeRecord:
         f = self.follower
+        if self.state == State.BACKUP_IN_SYNC:
+            self.stand_aside_until = None  # caught up with a new primary: an ordinary backup
         if role is Role.BACKUP and f.copying:
             role = Role.SYNCING  # a folder being replaced by a snapshot may not lead
+        elif role is Role.BACKUP and isolation.standing_aside(self.stand_aside_until, trio.current_time()):
+            role = Role.STANDING_ASIDE
         return NodeRecord(self.ha.node_id, self.ha.advertise, epochs.epoch_of(f.history, f.last_lsn), f.last_lsn, role,
                           self.vacancy)
 
@@ -256,9 +262,18 @@ class HaNode:
         elif action is Action.RESTART_AS_BACKUP:
             self.end_run()
         elif action is Action.STEP_DOWN:
-            self.log.error("ha_stepped_down", epoch=self.epoch, reason=self.sick,
-                           detail="the store cannot write: clients closed, receipts held, lock released so a backup "
-                                  "leads; this node rejoins (as a backup) once its data folder takes a write again")
+            if self.sick is not None:
+                self.log.error("ha_stepped_down", epoch=self.epoch, reason=self.sick,
+                               detail="the store cannot write: clients closed, receipts held, lock released so a "
+                                      "backup leads; this node rejoins (as a backup) once its data folder takes a "
+                                      "write again")
+            else:
+                self.log.error("ha_stepped_down", epoch=self.epoch, reason=self.isolated,
+                               stand_aside_s=isolation.stand_aside_s(self.ha.zookeeper_session_timeout_s),
+                               detail="cut off from its backups: clients closed, receipts held, lock released so a "
+                                      "backup that ZooKeeper sees leads; this node rejoins as a backup and stands "
+                                      "aside (may not lead) until it caught up with the new primary, or for "
+                                      "stand_aside_s")
             self.ended = True
             await thread(self.coordinator.step_down)  # at once; closing the session at the run's end releases it too
         # START_PRIMARY: as_backup's loop ends on the PRIMARY state.
@@ -268,6 +283,11 @@ class HaNode:
         if self.sick is None:
             self.sick = reason
         self.notice(Event.STORE_FAILED)
+
+    def cut_off(self, reason: str) -> None:
+        """The primary part's isolation watch: too few backups linked, enough others to lead."""
+        self.isolated = reason
+        self.notice(Event.ISOLATED)
 
     def waiting_for(self) -> tuple[int, int] | None:
         """(nodes seen, nodes needed) while this candidate cannot lead for too few nodes."""
@@ -304,10 +324,12 @@ class HaNode:
         """Stop accepting and close every client, telling it why.  Receipts are
         held first, so the moment its ERROR frames take to go out (not a drain)
         releases none."""
+        reason = STORE_BROKEN if self.sick is not None else DEPOSED
         if self.part is not None:
             self.part.hold()
+            self.part.withdraw(reason)
         if self.running is not None:
-            self.running.server.stop(STORE_BROKEN if self.sick is not None else DEPOSED, grace_s=DEPOSED_FLUSH_S)
+            self.running.server.stop(reason, grace_s=DEPOSED_FLUSH_S)
 
     async def follow(self, advertise: str, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         host, port = split_host_port(advertise)
@@ -419,6 +441,8 @@ class HaNode:
 
         async with trio.open_nursery() as nursery:
             self.running = await nursery.start(broker)
+            nursery.start_soon(part.watch_isolation, self.coordinator.nodes,
+                               election.quorum(self.ha.replicas, self.ha.sync_replicas), self.cut_off)
             if self.stopping:  # a signal while the broker was starting
                 self.running.stop()
             await self.serve_events(nursery, lambda: self.ended or broker_done.is_set())
@@ -432,68 +456,3 @@ class HaNode:
                 if not (self.ended or self.stopping):
                     await self.handle(Event.QUIET, nursery)
             nursery.cancel_scope.cancel()
-
-
-class Process:
-    """An [ha] node's process: node after node (a deposed one's run ends and
-    a fresh one rejoins), until SIGINT or SIGTERM."""
-
-    def __init__(self, config: Config, log: Any) -> None:
-        self.config, self.log = config, log
-        self.node: HaNode | None = None
-        self.stopped = trio.Event()
-
-    async def run(self) -> int:
-        assert self.config.ha is not None
-        if not self.config.ha.zookeeper_auth:
-            # Once per process (not per node run): a laptop trial works, but
-            # anyone who reaches ZooKeeper can take the group over.
-            self.log.warning("ha_zookeeper_open", zookeeper=self.config.ha.zookeeper,
-                             detail="no ZooKeeper credentials: the group's znodes are open to anyone who reaches "
-                                    "ZooKeeper (world:anyone, all permissions), who can redirect the backups or stop "
-                                    "the election; set [ha] zookeeper_auth_file (a file holding user:password) or "
-                                    "GATEWAY_ZOOKEEPER_AUTH")
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self.stop_on_signal)
-            code = await self.nodes()
-            nursery.cancel_scope.cancel()
-        return code
-
-    async def nodes(self) -> int:
-        incarnation = 1
-        while True:
-            self.node = HaNode(self.config, self.log, incarnation=incarnation)
-            if self.stopped.is_set():
-                return 0
-            code = await self.node.run()
-            if code is not None:
-                return code
-            incarnation += 1
-            self.log.warning("ha_rejoining", node_id=self.node.ha.node_id, incarnation=incarnation,
-                             pause_s=REJOIN_PAUSE_S)
-            with trio.move_on_after(REJOIN_PAUSE_S):
-                await self.stopped.wait()
-
-    async def stop_on_signal(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        # Open for the whole process, not per node: a signal between two
-        # nodes, or while one joins, still ends the process with 0.
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
-            task_status.started()
-            async for signum in signals:
-                if signum == signal.SIGHUP:
-                    # Every node of a group must run one configuration; a reload
-                    # here would last until the next failover. Said, not done.
-                    self.log.warning("config_reload_failed", trigger="SIGHUP", reason="an HA node does not reload "
-                                     "its configuration: restart its pods (deploy/README.md, \"Rolling upgrade\")")
-                    continue
-                self.log.info("shutdown_requested", signal=signal.Signals(signum).name)
-                self.stopped.set()
-                if self.node is not None:
-                    self.node.stop()
-
-
-def run(config: Config, log: Any) -> int:
-    """Run an HA node's process in this (main) thread; its exit code."""
-    assert config.ha is not None
-    warn_open_links(config.ha, log)
-    return trio.run(Process(config, log).run)

@@ -152,3 +152,10 @@ def test_only_a_candidate_promotes_and_only_a_primary_or_fenced_node_restarts_or
             assert transition.state in (State.FENCED, State.STEPPED_DOWN)  # never serving while its run ends
         if Action.HOLD_RECEIPTS in transition.actions or Action.ARM_FENCE_TIMER in transition.actions:
             assert (state, transition.state) == (State.PRIMARY, State.SUSPENDED)
+
+
+def test_only_a_serving_primary_steps_down_when_cut_off_from_its_backups() -> None:
+    assert step(State.PRIMARY, Event.ISOLATED) == Transition(State.STEPPED_DOWN, (Action.STOP_ACCEPTING, Action.STEP_DOWN))
+    for state in State:
+        if state != State.PRIMARY:  # a suspended one fences on its own timer
+            assert step(state, Event.ISOLATED) == Transition(state, ())

@@ -4,14 +4,17 @@ either end sends is read and dropped, an end's close is not passed on, its
 sockets stay open: a half-open link nobody is told about, as after a lost
 FIN or a firewall that forgot the connection), and connections made during
 the cut wait unforwarded until the heal (a SYN that gets through once the
-network is back).  Threads, loopback only; closed with the test."""
+network is back).  Threads, loopback only, stdlib only; closed with its
+user: the HA end-to-end tests (tests/e2e/test_ha_link_liveness.py,
+test_ha_isolated_primary.py) and the failover benchmark's cut rounds
+(benchmarks/failover.py --faults)."""
 
 from __future__ import annotations
 
 import socket
 import threading
 
-from tests.processes import HOST, free_port
+HOST = "127.0.0.1"
 
 
 class _Pair:
@@ -25,7 +28,6 @@ class LinkProxy:
     """Listens on ``port`` (a free one) and forwards to ``HOST:target``, set before the first connection."""
 
     def __init__(self) -> None:
-        self.port = free_port()
         self.target = 0
         self.connections = 0  # forwarded upstream
         self._lock = threading.Lock()
@@ -33,7 +35,8 @@ class LinkProxy:
         self._pairs: list[_Pair] = []
         self._pending: list[_Pair] = []
         self._sockets: list[socket.socket] = []
-        self._listener = socket.create_server((HOST, self.port))
+        self._listener = socket.create_server((HOST, 0))
+        self.port: int = self._listener.getsockname()[1]
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
