@@ -19,8 +19,8 @@ code; one process, loopback only).
    the same on every version).
 3. Promote: what gateway/ha/runtime.py's PROMOTE action and the broker's
    start run until the core is restored: :meth:`Follower.promote` (and the new
-   epoch saved), then gateway/app.py's store open and recovery of the core
-   (``_open_and_recover``).  Reported: its wall time and the records the
+   epoch saved), then what gateway/app.py's serve runs first: the store's open
+   and the core's recovery.  Reported: its wall time and the records the
    store replayed.
 """
 
@@ -45,7 +45,10 @@ sys.path.insert(0, str(ROOT))
 import trio  # noqa: E402
 
 from core.storage import StoredMessage  # noqa: E402
-from gateway import app  # noqa: E402
+from core import recovery as core_recovery  # noqa: E402
+from core.broker import Broker  # noqa: E402
+from gateway import startup  # noqa: E402
+from gateway.transports.server import TrioClock  # noqa: E402
 from gateway.config import Config  # noqa: E402
 from gateway.ha.backup import Backup  # noqa: E402
 from gateway.ha.link import Link  # noqa: E402
@@ -159,15 +162,18 @@ async def promote(follower: Follower, data_dir: Path) -> tuple[float, object]:
         await trio.to_thread.run_sync(follower.promote)
         history = epochs.extended(follower.history, 2, follower.last_lsn + 1)
         await trio.to_thread.run_sync(epochs.save, follower.directory, history)
+    # What gateway/app.py's serve runs first (its _open_and_recover).
     config = Config(data_dir=str(data_dir))
+    await trio.to_thread.run_sync(startup.prepare_data_dir, config, Quiet())
+    store = Store.in_data_dir(config.data_dir, config.store)
     seed = getattr(follower, "seed", None)
-    if "seed" in inspect.signature(app._open_and_recover).parameters:
-        wiring = await app._open_and_recover(config, Quiet(), seed)
-    else:
-        wiring = await app._open_and_recover(config, Quiet())
+    recovered = await trio.to_thread.run_sync(store.open, *([] if seed is None else [seed]))
+    broker = Broker(TrioClock(), config.broker, store=store)
+    core_recovery.restore(broker, recovered)
+    store.forget_redeliveries()
     seconds = time.perf_counter() - started
-    wiring.store.abandon()
-    return seconds, wiring.recovered
+    store.abandon()
+    return seconds, recovered
 
 
 def main(argv: list[str] | None = None) -> int:
