@@ -31,6 +31,7 @@ from gateway.stomp.session import StompSession
 from gateway.transports.websocket import Upgrades
 from gateway.transports.tls import CertificateUsers, server_context
 from persistence.journal import Batch
+from persistence.recovery import Seed
 from persistence.store import Store
 
 # Worker threads by purpose, each with its own bound, so no one of them can
@@ -144,7 +145,7 @@ class Running:
 
 async def serve(
     config: Config, log: Any, *, handle_signals: bool = True, task_status: Any = trio.TASK_STATUS_IGNORED,
-    primary: PrimaryRole | None = None, reread: Callable[[Config], Config] | None = None,
+    primary: PrimaryRole | None = None, reread: Callable[[Config], Config] | None = None, seed: Seed | None = None,
 ) -> None:
     """Recover the store, run the broker until SIGINT/SIGTERM (or
     :meth:`Running.stop`), then drain, close the store and return.  Startup
@@ -152,8 +153,10 @@ async def serve(
     With ``primary`` (an HA primary) batches replicate and receipts wait for
     the backups' confirmations.  ``reread(running)`` loads the configuration
     again for a reload (SIGHUP, POST /api/v1/reload); without it (an HA
-    node, a broker run in-process) a reload is refused and says so."""
-    wiring = await _open_and_recover(config, log)  # the core as the store left it, before anyone can reach it
+    node, a broker run in-process) a reload is refused and says so.
+    ``seed``: a promoted backup's index, which the store opens from
+    (persistence/recovery.py's :class:`Seed`)."""
+    wiring = await _open_and_recover(config, log, seed)  # the core as the store left it, before anyone can reach it
     wiring.reread = reread
     if primary is not None:
         primary.attach(wiring.store)
@@ -184,7 +187,7 @@ async def serve(
     log.info("broker_stopped")
 
 
-async def _open_and_recover(config: Config, log: Any) -> _Wiring:
+async def _open_and_recover(config: Config, log: Any, seed: Seed | None = None) -> _Wiring:
     """Open the store, replay it (in a worker thread: recovery reads every
     segment) and restore the core from it, before any listener exists, so
     no client ever sees a half-restored broker."""
@@ -193,7 +196,7 @@ async def _open_and_recover(config: Config, log: Any) -> _Wiring:
     store = Store.in_data_dir(config.data_dir, config.store, partial(_report, log))
     started = time.monotonic()
     store_threads = trio.CapacityLimiter(STORE_THREADS)
-    recovered = await trio.to_thread.run_sync(store.open, limiter=store_threads)
+    recovered = await trio.to_thread.run_sync(partial(store.open, seed), limiter=store_threads)
     if config.store.sync == "never":
         log.warning("store_sync_never", detail="persistent messages are NOT safe from a crash; for tests only")
     clock = TrioClock()

@@ -23,16 +23,17 @@ the bookkeeping stays on the main thread:
 - :meth:`Follower.written` (main thread) accounts for the bytes and returns
   the Ack to send.
 
-The records are not replayed into an index while following: the journal is
-the truth, and the folder is a valid store without it (recovery replays the
-journal after the last checkpoint, and puts topic-archive records back into
-their segments).  Promotion reopens the folder as a Store, a restart's
-recovery, which builds its own index; the follower's would only be thrown
-away.  Replaying every record as it came cost a backup as much CPU per
-message as the primary's whole work, CPU it took from the primary on a
-shared machine.  The index is rebuilt from the folder (the same recovery,
-:meth:`Follower.reload`) when one is needed: a checkpoint, garbage
-collection, stats.
+The index follows the journal a little behind it, between steps and never
+while a write is in flight: :meth:`Follower.catch_up` reads back what was
+written and acked since the index last caught up and applies it as
+recovery's replay does (topic-archive records back into their segments), a
+bounded amount per call (the Backup runs it in a worker thread after each
+Ack, and while the link is idle).  The journal stays the truth: the folder
+is a valid store whatever the index holds.  A checkpoint is the caught-up
+index, and so is what :meth:`Follower.promote` hands over (:attr:`seed`):
+the new primary's :meth:`Store.open` takes it in place of the checkpoint on
+disk and replays only what follows it, normally nothing, so that promotion
+does not grow with what the backup took since its last checkpoint.
 
 It never appends records of its own and never compacts (compaction's copies
 come from the primary as ordinary records); it checkpoints and deletes its own
@@ -103,6 +104,9 @@ class Follower(Maintenance):
         self._log = log
         self._lock_fd: int | None = None
         self._receiver: SnapshotReceiver | None = None
+        # Once promoted: the caught-up index, for Store.open (None: the store
+        # recovers from the disk's checkpoint, as after a crash).
+        self.seed: recovery.Seed | None = None
         self._reset()
 
     @classmethod
@@ -123,7 +127,7 @@ class Follower(Maintenance):
         self._want_checkpoint = False
         self._compacting: list[int] | None = None
         self._compacted: set[int] = set()
-        self.index_behind = False  # records were written since the index was built
+        self._applied = 0  # the journal location the index has applied up to
         self.appended_lsn = self.durable_lsn = 0
 
     # -- opening and closing ---------------------------------------------------
@@ -147,6 +151,7 @@ class Follower(Maintenance):
             self._ckpt_position = loaded.snapshot.position
             self._ckpt_live = loaded.snapshot.seg_live
         self._ckpt_bytes_at = self._journal.appended_bytes
+        self._applied = self._journal.end_location
         self.last_lsn = self.appended_lsn = self.durable_lsn = loaded.lsn
 
     def close(self) -> None:
@@ -158,10 +163,32 @@ class Follower(Maintenance):
         self.flush()
         self._release()
 
-    def promote(self) -> Path:
-        """Close, so the folder can be opened as the new primary's Store;
-        returns the folder."""
+    def promote(self, epoch: int | None = None) -> Path:
+        """Catch the index up and close, so the folder can be opened as the
+        new primary's Store, then save ``epoch`` (the new primary's, first
+        numbering the LSN after ours) in its history; returns the folder.
+        The index goes to :attr:`seed` for that Store's open (none while a
+        snapshot is awaited or copied, or when reading the journal back
+        failed: the store then recovers from disk, as after a crash)."""
+        seed = None
+        if self._lock_fd is not None and not self.copying:
+            try:
+                self.catch_up()
+            except OSError as exc:
+                if self._log is not None:
+                    self._log("promotion_index_unusable", reason=exc.strerror or str(exc))
+            else:
+                index = self._index
+                snapshot = checkpoints.Snapshot(self._journal.end_location, self._journal.lsn, index.messages,
+                                                index.subscriptions, index.kv, index.seg_records, index.seg_live)
+                seed = snapshot
         self.close()
+        if seed is not None:  # after close: its flush may write a prepared checkpoint
+            self.seed = recovery.Seed(seed, self._ckpt_position, self._ckpt_live)
+            self._index = Index()  # the store's from now on
+        if epoch is not None:
+            self.history = epochs.extended(self.history, epoch, self.last_lsn + 1)
+            epochs.save(self.directory, self.history)
         return self.directory
 
     def abandon(self) -> None:
@@ -318,50 +345,58 @@ class Follower(Maintenance):
         frame = step.frame
         if frame.runs:
             self._journal.extend(frame.runs, frame.last_lsn)
-            self.index_behind = True
             self.last_lsn = self.appended_lsn = self.durable_lsn = frame.last_lsn
         return Ack(self.epoch, self.last_lsn)
 
-    def reload(self) -> None:
-        """Main thread, between steps (blocking): rebuild the index from the
-        folder as a restart does (the last checkpoint, the journal after it;
-        topic-archive records back into their segments)."""
+    # -- the index -----------------------------------------------------------------
+
+    @property
+    def index_behind(self) -> bool:
+        """Records were written that the index has not applied yet."""
+        return self._receiver is None and self._lock_fd is not None and self._applied < self._journal.end_location
+
+    def catch_up(self, max_bytes: int | None = None) -> int:
+        """Between steps (blocking; any one thread): apply to the index what
+        was written since it last caught up, about ``max_bytes`` of journal
+        (None: all of it), as recovery's replay does; topic-archive records
+        go back into their segments.  How many records it applied."""
         if self._inflight is not None:
-            raise RuntimeError("reload while a batch is being written")
-        if not self.index_behind:
-            return
-        lsn, syncs = self.last_lsn, self._journal.syncs
-        self._journal.close()
-        if self.archive is not None:
-            self.archive.close()
-            self.archive = Archive(self.archive.directory, segment_bytes=self.archive.segment_bytes, log=self._log)
-        self._reset()
-        self._load()
-        self._journal.syncs = syncs  # a count of this process's, as the store's
-        self.index_behind = False
-        if self.last_lsn != lsn:  # what it wrote and acked is on disk: recovery must find it all
-            raise RuntimeError(f"the folder recovers to lsn {self.last_lsn}, {lsn} was written")
+            raise RuntimeError("catch_up while a batch is being written")
+        applied = 0
+        if self.index_behind:
+            applied, self._applied = recovery.replay_written(self._journal, self._index, self.archive, self._applied,
+                                                             max_bytes, self._on_corrupt, self._on_unknown)
+        if self.archive is not None:  # also what an earlier call failed to write
+            writes = self.archive.take_writes()
+            if writes is not None:
+                try:
+                    self.archive.write(writes)
+                except OSError:
+                    self.archive.requeue(writes)  # tried again by the next call; no checkpoint before
+                    raise
+                self.archive.written(writes)
+        return applied
 
     def checkpoint(self) -> None:
-        self.reload()
+        """Prepare a checkpoint of the caught-up index (see :meth:`Maintenance.checkpoint`)."""
+        self.catch_up()
         super().checkpoint()
 
     def stats(self) -> dict[str, Any]:
-        self.reload()
+        self.catch_up()
         return super().stats()
 
-    def collect_garbage(self) -> list[str]:
-        self.reload()
-        return super().collect_garbage()
+    # collect_garbage needs no catch-up: an index behind the journal only
+    # counts more messages live (the acks it has not applied), never fewer,
+    # and the checkpoint it goes by was taken from a caught-up one.
 
     def upkeep(self) -> list[str]:
         """Between steps (blocking; the Backup runs it in a worker thread, as
-        it does a write): when a checkpoint is due, rebuild the index, write
+        it does a write): when a checkpoint is due, catch the index up, write
         the checkpoint at once and delete the segments it leaves dead; the
-        names deleted.  Without it a backup's journal would grow for ever and
-        a promotion's recovery would replay all of it.  Readers on the main
-        thread meanwhile see ``last_lsn`` and ``history`` unchanged (a reload
-        keeps both)."""
+        names deleted.  Without it a backup's journal would grow for ever
+        (and a crash's recovery would replay all of it).  Readers on the
+        main thread meanwhile see ``last_lsn`` and ``history`` unchanged."""
         if not self.checkpoint_due():
             return []
         self.checkpoint()

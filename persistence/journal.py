@@ -335,6 +335,37 @@ class Journal:
             p = start + length
         return frames, offset + p, eof and p >= n
 
+    def read_span(self, location: int, end: int, max_bytes: int,
+                  on_corrupt: OnCorrupt | None = None) -> tuple[list[tuple[int, int, memoryview]], int]:
+        """The whole frames from ``location`` to offset ``end`` of its segment
+        (where what is written there ends), about ``max_bytes`` of them (one
+        at least): ``([(location, type, payload)], the location after them)``.
+        A frame that fails validation is reported and skipped, as by scan."""
+        seg, start = split_location(location)
+        fd = self._rfds.get(seg)
+        if fd is None:
+            fd = self._rfds[seg] = os.open(self.path(seg), os.O_RDONLY)
+        want = min(end - start, max(max_bytes, HEADER_BYTES))
+        data = os.pread(fd, want, start)
+        if len(data) == want < end - start and want < (need := HEADER_BYTES + HEADER.unpack_from(data)[4]):
+            data = os.pread(fd, min(need, end - start), start)  # one frame bigger than max_bytes
+        n, view, frames, p = len(data), memoryview(data), [], 0
+        while p < n:
+            try:
+                rtype, length = records.parse_frame(data, p, n)
+            except CorruptRecord as exc:
+                if p and start + n < end:
+                    break  # cut off where the read ends: the next call starts here
+                self.corrupt_records += 1
+                if on_corrupt is not None:
+                    on_corrupt(str(self.path(seg)), start + p, exc.reason)
+                found = _resync(data, p + 1, n)
+                p = n if found is None else found
+                continue
+            frames.append(((seg << OFFSET_BITS) | (start + p), rtype, view[p + HEADER_BYTES : p + HEADER_BYTES + length]))
+            p += HEADER_BYTES + length
+        return frames, make_location(seg, start + p)
+
     # -- writing (worker thread) ---------------------------------------------
 
     def write_batch(self, batch: Batch) -> None:

@@ -18,13 +18,16 @@ from persistence import records
 from persistence.files import FILE_MODE
 from persistence.archive import Archive
 from persistence.index import Index, ref_list
-from persistence.journal import OFFSET_BITS, OFFSET_MASK, Journal, OnCorrupt
+from persistence.journal import OFFSET_BITS, OFFSET_MASK, Journal, OnCorrupt, make_location, split_location
 from persistence.records import COMMIT_KEYS, REDELIVERIES, RETAINED, CorruptRecord
 
 OnUnknown = Callable[[int, int], None]
 # A clean stop leaves this file: the next open trusts the checkpoint (and
 # knows nothing was on its way to a consumer).
 CLEAN_NAME = "CLEAN"
+# What one read of a live journal takes (replay_written's budget is read in
+# pieces of this size).
+REPLAY_CHUNK = 256 * 2**10
 # Held (flock) by whoever has the folder open: one broker, or one tool.
 LOCK_NAME = "LOCK"
 # Present while a backup copies the folder from its primary (a snapshot): the
@@ -61,12 +64,32 @@ def load_snapshot(directory: Path, index: Index) -> checkpoints.Snapshot | None:
     leaving ``index`` as it was: the journal is then replayed from its start."""
     snapshot = checkpoints.load(directory)
     if snapshot is not None:
-        index.messages = snapshot.messages
-        index.subscriptions = snapshot.subscriptions
-        index.kv = snapshot.kv
-        index.seg_records = snapshot.seg_records
-        index.seg_live = dict(snapshot.seg_live)
+        install(index, snapshot)
     return snapshot
+
+
+def install(index: Index, snapshot: checkpoints.Snapshot) -> None:
+    """``snapshot``'s state becomes ``index``'s (its dicts, not copies)."""
+    index.messages = snapshot.messages
+    index.subscriptions = snapshot.subscriptions
+    index.kv = snapshot.kv
+    index.seg_records = snapshot.seg_records
+    index.seg_live = dict(snapshot.seg_live)
+
+
+@dataclass(slots=True)
+class Seed:
+    """A promoted backup's live index (persistence/follower.py's
+    :meth:`Follower.promote`), which :meth:`Store.open` takes in place of
+    the checkpoint on disk, so that a promotion replays nothing it already
+    applied.  It describes the folder exactly as the follower left it."""
+
+    snapshot: checkpoints.Snapshot  # what a checkpoint at the journal's end would hold (never serialised)
+    # The checkpoint ON DISK (-1: none usable) and its live messages per
+    # segment: what garbage collection keeps segments for, as the store's own
+    # bookkeeping of the checkpoints it wrote would be.
+    ckpt_position: int
+    ckpt_live: dict[int, int]
 
 
 def replay(
@@ -92,12 +115,12 @@ def replay(
             scanned(location)
         if location < start:
             continue
-        _apply(journal, index, location, rtype, payload, on_corrupt, on_unknown)
+        apply_record(journal, index, location, rtype, payload, on_corrupt, on_unknown)
         replayed += 1
     return replayed
 
 
-def _apply(journal: Journal, index: Index, location: int, rtype: int, payload: memoryview, on_corrupt: OnCorrupt,
+def apply_record(journal: Journal, index: Index, location: int, rtype: int, payload: memoryview, on_corrupt: OnCorrupt,
            on_unknown: OnUnknown) -> None:
     """One record into the index.  A record that passes its checksum but does
     not decode is a writer's bug: reported as corrupt and skipped."""
@@ -106,6 +129,45 @@ def _apply(journal: Journal, index: Index, location: int, rtype: int, payload: m
     except records.DECODE_ERRORS as exc:
         journal.corrupt_records += 1
         on_corrupt(str(journal.path(location >> OFFSET_BITS)), location & OFFSET_MASK, f"undecodable payload: {exc}")
+
+
+def replay_written(journal: Journal, index: Index, archive: Archive | None, start: int, max_bytes: int | None,
+                   on_corrupt: OnCorrupt, on_unknown: OnUnknown) -> tuple[int, int]:
+    """Apply to a live ``index`` the records ``journal`` holds from location
+    ``start`` to its end (a backup's index catching up with what it wrote:
+    another journal's records, at their positions), about ``max_bytes`` of
+    them (None: all); archive records go to ``archive``'s buffers, as in
+    :func:`load`.  ``(how many, the location reached)``."""
+    end_seg, end_offset = split_location(journal.end_location)
+    budget = max_bytes
+    applied = 0
+    if archive is not None:
+        index.on_archive = archive.recover
+    try:
+        while start < journal.end_location and (budget is None or budget > 0):
+            seg, offset = split_location(start)
+            end = end_offset if seg == end_seg else journal.sizes.get(seg, 0)
+            if offset >= end:  # the primary's next segment follows on
+                start = make_location(seg + 1, 0)
+                continue
+            chunk = REPLAY_CHUNK if budget is None else min(budget, REPLAY_CHUNK)
+            frames, after = journal.read_span(start, end, chunk, on_corrupt)
+            for location, rtype, payload in frames:
+                apply_record(journal, index, location, rtype, payload, on_corrupt, on_unknown)
+            applied += len(frames)
+            if after == start:  # the segment is shorter than what was written to it
+                journal.corrupt_records += 1
+                on_corrupt(str(journal.path(seg)), offset, f"segment ends before offset {end}, where it was written")
+                after = make_location(seg, end)
+            if budget is not None:
+                budget -= split_location(after)[1] - offset
+            start = after
+    finally:
+        index.on_archive = None
+        # Compaction's moves: nobody here holds the old locations.
+        index.forward.clear()
+        index.origin.clear()
+    return applied, start
 
 
 @dataclass(slots=True)
@@ -121,18 +183,22 @@ class Loaded:
 
 
 def load(directory: Path, journal: Journal, index: Index, archive: Archive | None, on_corrupt: OnCorrupt,
-         on_unknown: OnUnknown) -> Loaded:
-    """Open a store folder into ``index``: the checkpoint, then the journal
-    after it (cutting a torn tail), archive records after it back into their
+         on_unknown: OnUnknown, *, seed: checkpoints.Snapshot | None = None) -> Loaded:
+    """Open a store folder into ``index``: the checkpoint (or ``seed``, a
+    promoted backup's live index, in its place), then the journal after it
+    (cutting a torn tail), archive records after it back into their
     segments; the journal numbers on from the last LSN.  Shared by the store
     and a backup's follower, so both recover alike."""
     start = 0
     error = None
-    snapshot = None
-    try:
-        snapshot = load_snapshot(directory, index)
-    except CorruptRecord as exc:
-        error = exc.reason
+    snapshot = seed
+    if seed is not None:
+        install(index, seed)
+    else:
+        try:
+            snapshot = load_snapshot(directory, index)
+        except CorruptRecord as exc:
+            error = exc.reason
     if snapshot is not None:
         start = snapshot.position
     index.tracking = False

@@ -120,8 +120,13 @@ class Store(Maintenance):
 
     # -- opening and closing -------------------------------------------------
 
-    def open(self) -> Recovered:
-        """Load the checkpoint, replay the journal after it, cut a torn tail."""
+    def open(self, seed: recovery.Seed | None = None) -> Recovered:
+        """Load the checkpoint, replay the journal after it, cut a torn tail.
+        With ``seed`` (a promoted backup's live index: it describes this
+        folder up to its position) the checkpoint on disk is not read, only
+        the journal after the seed is replayed (normally nothing), and a
+        checkpoint is due at once, so that a crash soon after does not
+        replay what the disk's older checkpoint leaves behind it."""
         started = time.monotonic()
         make_dirs(self.directory)
         if (self.directory / recovery.INCOMPLETE_NAME).exists():
@@ -130,9 +135,14 @@ class Store(Maintenance):
         clean = (self.directory / CLEAN_NAME).exists()
         index = self._index
         journal = self._journal
-        loaded = recovery.load(self.directory, journal, index, self.archive, self._on_corrupt, self._on_unknown)
+        loaded = recovery.load(self.directory, journal, index, self.archive, self._on_corrupt, self._on_unknown,
+                               seed=None if seed is None else seed.snapshot)
         corrupt = 0
-        if loaded.checkpoint_error is not None:
+        if seed is not None:
+            # What garbage collection goes by is the checkpoint on disk, not the seed.
+            self._ckpt_position, self._ckpt_live = seed.ckpt_position, seed.ckpt_live
+            self._want_checkpoint = seed.ckpt_position != journal.end_location
+        elif loaded.checkpoint_error is not None:
             corrupt += 1
             self._emit("checkpoint_corrupt", path=str(self.directory / checkpoints.CHECKPOINT_NAME), reason=loaded.checkpoint_error)
         elif loaded.snapshot is not None:

@@ -5,7 +5,10 @@ backoff: gateway/ha/liveness.py), says Hello with its follower's state
 accepted is refused: the fencing rule), applies Batch frames (the disk part in
 a worker thread, as the committer's write) and acks them, keeping the last
 ones applied (:class:`Recent`: a promoted backup's first window), installs snapshots
-(persistence/catchup.py) and answers Pings.
+(persistence/catchup.py) and answers Pings.  Between writes, after each Ack
+and whenever the link is idle, the follower's index catches up with what was
+written (bounded per call, in a worker thread), so that a promotion finds it
+ready.
 
 Group commit, as the primary's committer does: a task reads frames ahead
 while a write runs, and the Batch frames that arrived meanwhile go to disk
@@ -43,6 +46,10 @@ CONNECT_ATTEMPTS = 10
 # not acked one by one: this bound keeps them to a few MiB here, the rest
 # waiting in TCP's buffers as before.
 READ_AHEAD_FRAMES = 8
+# The journal the follower's index applies beyond what a write brought, after
+# its Ack (and per call while the link is idle): enough to drain a lag soon,
+# little enough that the next write never waits long (a few ms of replay).
+CATCH_UP_BYTES = 256 * 2**10
 
 
 class Stop(Exception):
@@ -84,6 +91,7 @@ class Backup:
         # The batches applied last, for this node's window should it lead
         # (gateway/ha/window.py); the node's own, kept across its links.
         self.recent = Recent() if recent is None else recent
+        self._catch_up_failed = False  # the last catch-up raised: not tried while idle until the next write
 
     async def run(self) -> str:
         """Follow until stopped; returns why it stopped."""
@@ -205,7 +213,16 @@ class Backup:
         # (None is the stream's end, so "nothing held" is a list of none.)
         held: list[r.Frame | Exception | None] = []
         while True:
-            frame = held.pop() if held else await frames.receive()
+            if held:
+                frame = held.pop()
+            else:
+                try:
+                    frame = frames.receive_nowait()
+                except trio.WouldBlock:
+                    if f.index_behind and not self._catch_up_failed:  # idle: the index's turn
+                        await self._catch_up(CATCH_UP_BYTES)
+                        continue
+                    frame = await frames.receive()
             if isinstance(frame, Exception):
                 raise frame
             if frame is None:
@@ -264,10 +281,11 @@ class Backup:
         for frame in group:
             self.recent.add(frame)
         await link.send(ack)
+        self._catch_up_failed = False
         if f.checkpoint_due():
             # Its own checkpoint and dead segments, between writes (the
             # read-ahead goes on meanwhile): what bounds its disk and a
-            # promotion's replay.
+            # crash's recovery.
             try:
                 deleted = await self._thread(f.upkeep)
             except OSError as exc:  # tried again once due again; the batches go on
@@ -275,7 +293,18 @@ class Backup:
             else:
                 if deleted:
                     self.log("store_segments_deleted", segments=len(deleted))
+        else:
+            # What this write brought and a little more: the index keeps pace
+            # with a busy link and a lag drains, without starving the next write.
+            await self._catch_up(CATCH_UP_BYTES + sum(len(data) for _seg, _offset, data in step.frame.runs))
         return True
+
+    async def _catch_up(self, max_bytes: int) -> None:
+        try:
+            await self._thread(self.follower.catch_up, max_bytes)
+        except OSError as exc:  # tried again after the next write; a promotion then recovers from disk
+            self._catch_up_failed = True
+            self.log("index_catch_up_failed", reason=exc.strerror or str(exc))
 
     async def _snapshot_frame(self, link: Link, frame: r.SnapshotBegin | r.FileChunk | r.SnapshotEnd) -> None:
         f = self.follower

@@ -238,10 +238,9 @@ class HaNode:
             self.notice(Event.LEAD_TAKEN if epoch is not None else Event.LEAD_NOT_TAKEN)
         elif action is Action.PROMOTE:
             f = self.follower
-            await thread(f.promote)
-            self.history = epochs.extended(f.history, self.epoch, f.last_lsn + 1)
-            await thread(epochs.save, f.directory, self.history)
-            self.log.info("ha_promoted", epoch=self.epoch, lsn=f.last_lsn)
+            await thread(f.promote, self.epoch)  # the epoch saved, the index kept for the store's open (f.seed)
+            self.history = f.history
+            self.log.info("ha_promoted", epoch=self.epoch, lsn=f.last_lsn, index_handed_over=f.seed is not None)
             self.notice(Event.PROMOTED)
         elif action is Action.REJOIN:
             await thread(self.coordinator.join, self.record(Role.BACKUP))
@@ -435,7 +434,8 @@ class HaNode:
 
         async def broker(*, task_status: Any) -> None:
             try:
-                await app.serve(self.config, self.log, handle_signals=False, primary=part, task_status=task_status)
+                await app.serve(self.config, self.log, handle_signals=False, primary=part, task_status=task_status,
+                                seed=self.follower.seed)  # the promoted backup's index: nothing replayed twice
             finally:
                 broker_done.set()
 
