@@ -22,8 +22,59 @@ IDLE_TIMEOUT_S = TIMEOUT_S
 HANDSHAKE_TIMEOUT_S = 5.0
 
 
+# Connections to a primary's replication port still proving membership (a
+# member needs one at a time): at most this many from one address, and in all.
+HANDSHAKES_PER_ADDRESS = 4
+HANDSHAKES_TOTAL = 64
+FULL = ""  # Handshakes.told's key for "the whole pool was full"
+
+
 def ignore(*args: Any, **kwargs: Any) -> None:
     pass
+
+
+class Handshakes:
+    """The pool a stranger can fill on a primary's replication port: the
+    connections that have not yet proved membership, each holding a task and
+    a socket for up to :data:`HANDSHAKE_TIMEOUT_S`.  Bounded in all and per
+    source address, so a flood from one address cannot keep the members
+    out, nor one from many exhaust the process's descriptors."""
+
+    def __init__(self, total: int = HANDSHAKES_TOTAL, per_address: int = HANDSHAKES_PER_ADDRESS) -> None:
+        self.total, self.per_address = total, per_address
+        self.by_address: dict[str, int] = {}
+        self.count = 0
+        self.told: set[str] = set()  # addresses whose refusal was logged, until their count drops to 0
+
+    def enter(self, address: str) -> str | None:
+        """Count a new connection from ``address``; else the reason it is refused."""
+        held = self.by_address.get(address, 0)
+        if held >= self.per_address:
+            return f"{held} connections from this address are still authenticating (at most {self.per_address})"
+        if self.count >= self.total:
+            return f"{self.count} connections are still authenticating (at most {self.total}, from all addresses)"
+        self.by_address[address] = held + 1
+        self.count += 1
+        return None
+
+    def leave(self, address: str) -> None:
+        held = self.by_address.pop(address) - 1
+        self.count -= 1
+        if held:
+            self.by_address[address] = held
+        else:
+            self.told.discard(address)
+        self.told.discard(FULL)
+
+    def first_refusal(self, address: str) -> bool:
+        """Is this refusal news, to be logged?  Once per flood: from one
+        address while it holds its share, or into a full pool (any address)
+        until a place frees.  So the set holds counted addresses only."""
+        key = address if self.by_address.get(address, 0) >= self.per_address else FULL
+        if key in self.told:
+            return False
+        self.told.add(key)
+        return True
 
 
 class LinkDead(Exception):
@@ -33,6 +84,12 @@ class LinkDead(Exception):
 # The errors that end one link (and nothing else).
 LINK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError, r.ProtocolError, LinkDead,
                AuthenticationError)
+
+
+def peer_host(stream: trio.abc.Stream) -> str:
+    """The other end's address without its port (what :class:`Handshakes` counts by)."""
+    address = peer_address(stream)
+    return address.rpartition(":")[0] or address
 
 
 def peer_address(stream: trio.abc.Stream) -> str:

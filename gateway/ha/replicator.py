@@ -56,7 +56,7 @@ from typing import Any
 import trio
 
 from gateway.admin.cluster import Lag
-from gateway.ha.link import IDLE_TIMEOUT_S, LINK_ERRORS, Link, LinkDead, ignore, peer_address
+from gateway.ha.link import IDLE_TIMEOUT_S, LINK_ERRORS, Handshakes, Link, LinkDead, ignore, peer_address, peer_host
 from gateway.ha.liveness import HEARTBEAT_S
 from gateway.ha.status import Marks
 from gateway.ha.window import WINDOW_BATCHES, WINDOW_BYTES, seeding, size_of
@@ -146,6 +146,7 @@ class Primary:
         self.log = log
         self.last_lsn = store.durable_lsn  # the last LSN published
         self.peers: dict[str, Peer] = {}
+        self.handshakes = Handshakes()  # the links still proving membership
         self.window_held = 0  # bytes of records in the window
         self.window_peak = 0
         self._window: collections.deque[r.Batch] = collections.deque()
@@ -256,6 +257,13 @@ class Primary:
         link = Link(stream, r.Role.PRIMARY, heartbeat_s=self.ping_interval_s, timeout_s=self.idle_timeout_s)
         peer: Peer | None = None
         backup = "?"
+        host = peer_host(stream)
+        refusal = self.handshakes.enter(host)
+        if refusal is not None:
+            if self.handshakes.first_refusal(host):
+                self.log("replication_peer_refused", address=peer_address(stream), reason=refusal)
+            await trio.aclose_forcefully(stream)
+            return
         try:
             try:
                 member = await link.authenticate("primary", self.node_id, self._secret)
@@ -263,6 +271,8 @@ class Primary:
                 # Once per connection; nothing of the journal was sent, nothing it sent was read.
                 self.log("replication_peer_refused", address=peer_address(stream), reason=exc.reason)
                 return
+            finally:
+                self.handshakes.leave(host)
             hello = await link.receive()
             if not isinstance(hello, r.Hello):
                 return

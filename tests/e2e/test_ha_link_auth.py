@@ -12,11 +12,14 @@ through the same doors an attacker uses.
   issue's attacker did) refuses it and keeps its store byte for byte.
 - Without any secret the replication listener binds loopback only, and the
   node says so once at start.
+- Connections that never finish the handshake are bounded per address (and
+  in all): a flood from one address is closed at once, a member still follows.
 """
 
 from __future__ import annotations
 
 import json
+import select
 import signal
 import socket
 import threading
@@ -26,6 +29,7 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
+from gateway.ha import link
 from persistence import handshake
 from persistence import replication as r
 from tests.ha_nodes import WAIT_S, Node, wait_ready, wait_role
@@ -447,3 +451,49 @@ async def test_a_member_cannot_speak_for_another_nor_displace_it_and_a_wrong_sec
         wrong.follower.close()
         nursery.cancel_scope.cancel()
     node.store.close()
+
+
+def test_a_flood_of_connections_that_never_authenticate_is_bounded_per_address_and_a_member_still_follows(
+        tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
+    primary, backup, nodes = pair(tmp_path, zookeeper)
+    flood: list[socket.socket] = []
+    try:
+        # A stranger on another loopback address opens many links and never
+        # says a word: each would hold a task and a socket for the handshake's
+        # whole time bound.  All but the per-address share are closed at once.
+        started = time.monotonic()
+        for _ in range(100):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.2", 0))
+            sock.connect((HOST, primary.replication_port))
+            sock.setblocking(False)
+            flood.append(sock)
+        closed: set[socket.socket] = set()
+        # Before the handshake's bound (5 s) could have closed any of them.
+        deadline = started + link.HANDSHAKE_TIMEOUT_S - 1.5
+        while len(closed) < 100 - link.HANDSHAKES_PER_ADDRESS and time.monotonic() < deadline:
+            readable, _, _ = select.select([s for s in flood if s not in closed], [], [], 0.1)
+            for sock in readable:
+                try:
+                    if sock.recv(4096) == b"":
+                        closed.add(sock)
+                except OSError:
+                    closed.add(sock)
+        assert len(closed) == 100 - link.HANDSHAKES_PER_ADDRESS
+        refused = wait_log(primary, "still authenticating")
+        assert len(refused) == 1 and "127.0.0.2:" in refused[0], refused  # said once for the flood
+
+        # A member, from its own address, still follows and confirms.
+        backup.kill()
+        backup.start()
+        wait_role(backup, "backup_in_sync")
+        client = RawClient((HOST, primary.stomp_port), timeout=30)
+        client.connect()
+        send_receipted(client, "member", b"after the flood")
+        client.receipt("member", timeout=30)
+        client.close()
+    finally:
+        for sock in flood:
+            sock.close()
+        for node in nodes:
+            node.kill()
