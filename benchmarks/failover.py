@@ -17,7 +17,10 @@ clients); a producer sends its unreceipted messages again after a reconnect.
    kill``), or cut its backups' links to it silently while every node keeps
    ZooKeeper (``cut``: each node's replication port sits behind a proxy,
    benchmarks/link_proxy.py; the primary must step down); ``kill,cut``
-   alternates.  The failover time runs from the fault to the first receipt
+   alternates; ``stop`` SIGSTOPs the primary past its session timeout and
+   then wakes it (it must fence itself); ``flap`` cuts and heals its links
+   every second for 12 s (reported: the longest time without a receipt).
+   The failover time runs from the fault to the first receipt
    on a connection made after it (the new primary's, confirmed by its
    backup); then the killed node is restarted (as a supervisor would), or
    the cut heals, and the round ends once the old primary is a backup in
@@ -54,8 +57,10 @@ from failover_clients import Consumer, Producer, first_receipt_after, receipted_
 from failover_cluster import Cluster, HaNode, SingleNode, zookeeper_unavailable
 
 WAIT_S = 120.0  # any wait for the cluster to settle (a loaded two-core machine)
-FAULTS = ("kill", "cut")
-FAULT_NAMES = {"kill": "primary SIGKILLed", "cut": "primary cut from its backups"}
+FAULTS = ("kill", "cut", "stop", "flap")
+FAULT_NAMES = {"kill": "primary SIGKILLed", "cut": "primary cut from its backups",
+               "stop": "primary SIGSTOPped past its session", "flap": "links flapping (longest stall)"}
+FLAP_CYCLES = 6  # a flap round: the primary's links cut for 1 s, healed for 1 s, this many times
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -64,7 +69,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=20, help="primary kills or cuts (default 20)")
     parser.add_argument("--faults", default="kill", metavar="LIST",
                         help="what each round does to the primary, in turn: kill (SIGKILL), cut (its backups' links "
-                             "to it cut silently, ZooKeeper still reached), e.g. kill,cut (default kill)")
+                             "to it cut silently, ZooKeeper still reached), stop (SIGSTOP past its session timeout, "
+                             "then SIGCONT), flap (its links cut 1 s / healed 1 s, 6 times), e.g. kill,cut "
+                             "(default kill)")
     parser.add_argument("--seed", type=int, default=None, help="for the pauses before each kill (default: random)")
     parser.add_argument("--producers", type=int, default=8, help="producer connections (default 8)")
     parser.add_argument("--window", type=int, default=32, help="outstanding receipts per producer (default 32)")
@@ -217,6 +224,40 @@ def cut_off(cluster: Cluster, load: Load, primary: HaNode) -> float:
         primary.proxy.heal()
 
 
+def freeze(cluster: Cluster, load: Load, primary: HaNode, session_timeout_s: float) -> float:
+    """SIGSTOP ``primary`` past its session timeout, then SIGCONT it (it must
+    fence itself and rejoin as a backup, releasing no receipt on waking);
+    seconds until the first receipt on a link made after the stop."""
+    assert primary.proc is not None
+    stopped_at = time.monotonic()
+    primary.proc.send_signal(signal.SIGSTOP)
+    try:
+        first = load.wait_flowing(stopped_at, WAIT_S, cluster.supervise) - stopped_at
+        time.sleep(max(0.0, stopped_at + 2 * session_timeout_s - time.monotonic()))
+        return first
+    finally:
+        primary.proc.send_signal(signal.SIGCONT)
+
+
+def flap(cluster: Cluster, load: Load, primary: HaNode) -> float:
+    """Cut the primary's links for 1 s and heal them for 1 s, :data:`FLAP_CYCLES`
+    times; the longest time without any receipt from the first cut until
+    5 s after the last heal (a failover, should one happen, included)."""
+    began = time.monotonic()
+    for _ in range(FLAP_CYCLES):
+        primary.proxy.cut()
+        time.sleep(1.0)
+        primary.proxy.heal()
+        time.sleep(1.0)
+    end = time.monotonic() + 5.0
+    while time.monotonic() < end:
+        cluster.supervise()
+        time.sleep(0.1)
+    times = sorted(t for p in load.producers for t in list(p.receipt_times) if began <= t <= end)
+    marks = [began, *times, end]
+    return max(b - a for a, b in zip(marks, marks[1:]))
+
+
 def run_cluster(args: argparse.Namespace, folder: Path) -> dict:
     rng = random.Random(args.seed)
     cluster = Cluster(folder / "cluster", 3, args.session_timeout)
@@ -241,13 +282,18 @@ def run_cluster(args: argparse.Namespace, folder: Path) -> dict:
                             "at": round(began - load.began, 2)}
             if fault == "kill":
                 round_["failover_s"] = fail_over(cluster, load, primary, args.session_timeout)
-            else:
+            elif fault == "cut":
                 round_["failover_s"] = cut_off(cluster, load, primary)
+            elif fault == "stop":
+                round_["failover_s"] = freeze(cluster, load, primary, args.session_timeout)
+            else:
+                round_["failover_s"] = flap(cluster, load, primary)
             new = cluster.wait_steady(WAIT_S)
             round_["steady_s"] = time.monotonic() - began
             round_["new_primary"] = new.node_id
             result["rounds"].append(round_)
-            print(f"round {index + 1:>3}: {fault} {primary.node_id}, {new.node_id} primary, first receipt after "
+            what = "longest stall" if fault == "flap" else "first receipt after"
+            print(f"round {index + 1:>3}: {fault} {primary.node_id}, {new.node_id} primary, {what} "
                   f"{round_['failover_s']:.2f} s, steady again after {round_['steady_s']:.1f} s", flush=True)
     except ScenarioFailed as exc:
         result["error"] = str(exc).splitlines()[0]
@@ -306,7 +352,8 @@ def summary(result: dict) -> list[tuple[str, str]]:
         ("acked then redelivered (must be 0)", f"{cluster.get('acked_then_redelivered', '?')}"),
         ("redelivered, ACK not receipted", f"{cluster.get('redelivered_unacked', 0):,}"),
         ("resent copies delivered", f"{cluster.get('resent_copies_delivered', 0):,}"),
-        *((f"failover p50 / max, {FAULT_NAMES[f]}", f"{statistics.median(t):.2f} s / {max(t):.2f} s")
+        *((f"{'receipts stalled' if f == 'flap' else 'failover'} p50 / max, {FAULT_NAMES[f]}",
+           f"{statistics.median(t):.2f} s / {max(t):.2f} s")
           for f, t in by_fault.items() if t),
         ("throughput, 3 nodes, sync_replicas=1", f"{cluster.get('throughput', 0):,.0f} msgs/s"),
     ]

@@ -21,7 +21,6 @@ import threading
 import time
 from collections import Counter
 
-import stompwire as sw
 from broker_process import HOST
 
 QUEUE = "/queue/failover"
@@ -31,6 +30,11 @@ ACK_RE = re.compile(rb"\nack:([^\n]*)")
 RECEIPT_RE = re.compile(rb"\nreceipt-id:[ra](\d+)")
 CONNECT_WAIT_S = 3.0  # per node: CONNECT to CONNECTED
 IO_TIMEOUT_S = 0.2  # a recv's wait, so that a stop is seen soon
+# As a real client does (stomp.py's heartbeats): the broker is asked to send a
+# heart-beat every second, and a link that hears nothing for 3 s is given up
+# (a primary frozen by SIGSTOP keeps its sockets open but says nothing).
+CONNECT = b"CONNECT\naccept-version:1.2\nhost:localhost\nheart-beat:0,1000\n\n\x00"
+SILENCE_S = 3.0
 
 
 def body(producer: int, seq: int, attempt: int) -> bytes:
@@ -46,11 +50,11 @@ class Link:
         self.sock = socket.create_connection((HOST, port), timeout=1.0)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.rest = b""
-        self.connected_at = time.monotonic()
+        self.connected_at = self.heard_at = time.monotonic()
         self.first_receipt_at: float | None = None
 
     def handshake(self) -> None:
-        self.sock.sendall(sw.CONNECT)
+        self.sock.sendall(CONNECT)
         deadline = time.monotonic() + CONNECT_WAIT_S
         while time.monotonic() < deadline:
             for frame in self.read():
@@ -68,9 +72,12 @@ class Link:
         try:
             data = self.sock.recv(1 << 18)
         except TimeoutError:
+            if time.monotonic() - self.heard_at > SILENCE_S:
+                raise OSError(f"no heart-beat from the broker for {SILENCE_S:g} s") from None
             return []
         if not data:
             raise OSError("connection closed by the broker")
+        self.heard_at = time.monotonic()
         frames = (self.rest + data).split(b"\x00")
         self.rest = frames.pop()
         frames = [f.lstrip(b"\r\n") for f in frames]
