@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: run test bench clean system-packages js-bundles fast unfast test-fast
+.PHONY: run test bench clean system-packages js-bundles fast unfast test-fast typecheck
 
 # Two stamps in one .venv: the broker's own dependencies (all `make run`
 # needs, about 200 MB), then the test extras on top (pyspark, pandas,
@@ -51,6 +51,12 @@ system-packages:
 
 bench: $(BIN)/.installed  ## throughput and latency benchmarks (prints msgs/s, percentiles, RSS)
 	$(BIN)/python benchmarks/run.py $(ARGS)
+
+# mypy in strict mode over what pyproject.toml's [tool.mypy] names (the
+# codecs, the core, persistence); CI runs it.
+typecheck: $(BIN)/.installed
+	$(BIN)/pip install --quiet 'mypy==$(MYPY_VERSION)'
+	$(BIN)/mypy
 
 # Optional: the sans-IO hot path compiled with mypyc into extension modules
 # next to their .py files, which the same imports then load; `make run` and
