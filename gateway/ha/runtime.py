@@ -14,7 +14,7 @@ listener, receipts gated on the backups' confirmations, the client
 listeners, ready.
 
 A primary whose ZooKeeper connection is suspended keeps its clients but
-releases no receipt (:meth:`PrimaryPart.hold`, gateway/ha/primary_role.py) until it is connected again
+releases no receipt (:meth:`PrimaryRole.hold`, gateway/ha/primary_role.py) until it is connected again
 (the same session: it releases them) or its fence is due (the timing is
 gateway/ha/coordinator.py's): then it stops accepting and closes its
 clients.  Once the session is lost (or back: either way another
@@ -54,7 +54,7 @@ from gateway.ha.election import NodeRecord, PrimaryRecord, Role
 from gateway.ha.node import Action, Event, State, step
 from gateway.ha.backup import Backup
 from gateway.ha import isolation, stepdown
-from gateway.ha.primary_role import PrimaryPart, split_host_port
+from gateway.ha.primary_role import PrimaryRole, split_host_port
 from gateway.ha.status import NodeStatus
 from gateway.ha.window import Recent
 from gateway.transports.server import Limits
@@ -100,7 +100,7 @@ class HaNode:
         self.backup_scope: trio.CancelScope | None = None
         self.backup_done: trio.Event | None = None
         self.running: app.Running | None = None
-        self.part: PrimaryPart | None = None
+        self.primary: PrimaryRole | None = None
         self.fence_timer = trio.CancelScope()  # the armed FENCE_DUE, while suspended
         self.failovers = 0
         self.sick: str | None = None  # why its store cannot write, once it failed as the primary
@@ -245,16 +245,16 @@ class HaNode:
         elif action is Action.REJOIN:
             await thread(self.coordinator.join, self.record(Role.BACKUP))
         elif action is Action.HOLD_RECEIPTS:
-            if self.part is not None:
-                self.part.hold()
+            if self.primary is not None:
+                self.primary.hold()
         elif action is Action.ARM_FENCE_TIMER:
             self.fence_timer.cancel()
             self.fence_timer = trio.CancelScope()
             nursery.start_soon(self.fence_when_due, self.fence_timer, self.coordinator.fence_deadline())
         elif action is Action.RELEASE_RECEIPTS:
             self.fence_timer.cancel()
-            if self.part is not None:
-                self.part.release()
+            if self.primary is not None:
+                self.primary.release()
             self.log.info("ha_resumed", detail="ZooKeeper connected again, same session: held receipts released")
         elif action is Action.STOP_ACCEPTING:
             self.close_clients()
@@ -278,13 +278,14 @@ class HaNode:
         # START_PRIMARY: as_backup's loop ends on the PRIMARY state.
 
     def store_failed(self, reason: str) -> None:
-        """The committer's (through :class:`PrimaryPart`): a write failed, not for a full disk."""
+        """The committer's (through :class:`PrimaryRole`): a write failed, not for a full disk."""
         if self.sick is None:
             self.sick = reason
         self.notice(Event.STORE_FAILED)
 
     def cut_off(self, reason: str) -> None:
-        """The primary part's isolation watch: too few backups linked, enough others to lead."""
+        """The primary role's isolation watch (:meth:`PrimaryRole.watch_isolation`):
+        too few backups linked, enough others to lead."""
         self.isolated = reason
         self.notice(Event.ISOLATED)
 
@@ -324,9 +325,9 @@ class HaNode:
         held first, so the moment its ERROR frames take to go out (not a drain)
         releases none."""
         reason = STORE_BROKEN if self.sick is not None else DEPOSED
-        if self.part is not None:
-            self.part.hold()
-            self.part.withdraw(reason)
+        if self.primary is not None:
+            self.primary.hold()
+            self.primary.withdraw(reason)
         if self.running is not None:
             self.running.server.stop(reason, grace_s=DEPOSED_FLUSH_S)
 
@@ -426,7 +427,7 @@ class HaNode:
 
     async def as_primary(self) -> None:
         self.failovers += 1
-        self.part = part = PrimaryPart(self.ha, self.history, self.log, lambda _node, reason: self.refused(reason),
+        self.primary = role = PrimaryRole(self.ha, self.history, self.log, lambda _node, reason: self.refused(reason),
                                        NodeStatus(self), self.recent,
                                        ssl_context=self.link_tls[0] if self.link_tls else None,
                                        on_store_failed=self.store_failed)
@@ -434,14 +435,14 @@ class HaNode:
 
         async def broker(*, task_status: Any) -> None:
             try:
-                await app.serve(self.config, self.log, handle_signals=False, primary=part, task_status=task_status,
+                await app.serve(self.config, self.log, handle_signals=False, primary=role, task_status=task_status,
                                 seed=self.follower.seed)  # the promoted backup's index: nothing replayed twice
             finally:
                 broker_done.set()
 
         async with trio.open_nursery() as nursery:
             self.running = await nursery.start(broker)
-            nursery.start_soon(part.watch_isolation, self.coordinator.nodes,
+            nursery.start_soon(role.watch_isolation, self.coordinator.nodes,
                                election.quorum(self.ha.replicas, self.ha.sync_replicas), self.cut_off)
             if self.stopping:  # a signal while the broker was starting
                 self.running.stop()
