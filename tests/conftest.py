@@ -235,7 +235,7 @@ def raw_mqtt(broker_factory: Callable[..., BrokerHandle]) -> Iterator[Callable[.
 
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[Callable[..., Any]]:
-    """`gateway serve ...` as child processes (tests/test_07_cli.Process), killed in teardown."""
+    """`gateway serve ...` as child processes (tests/processes.py's Process), killed in teardown."""
     from tests.processes import Process
 
     made: list[Process] = []
