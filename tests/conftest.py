@@ -141,7 +141,7 @@ def broker(broker_factory: Callable[..., BrokerHandle]) -> BrokerHandle:
     return broker_factory()
 
 
-# -- clients for the end-to-end tests (tests/test_0*.py) ---------------------
+# -- clients for the end-to-end tests (tests/e2e/) ---------------------
 # Both factories depend on broker_factory so that their teardown (closing every
 # client and joining stomp.py's threads) runs before the brokers stop.
 
