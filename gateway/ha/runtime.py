@@ -1,4 +1,5 @@
-"""An HA node's process (the broker with an ``[ha]`` table).
+"""One HA node's run (:class:`HaNode`; the process, node after node, is
+gateway/ha/process.py).
 
 It joins the group in ZooKeeper (gateway/ha/coordinator.py) with what its
 data folder holds, and plays the role gateway/ha/node.py's table gives it.
