@@ -9,7 +9,7 @@ in this process, N idle connections held by the native load generator
 * under tracemalloc (``--depth 0`` turns it off, for timing), the
   allocations made between "ready" and "N connected", per connection, by the
   allocating line's owner (Trio, stdlib, structlog, gateway, core), by the
-  innermost gateway/core line on the traceback (so a Trio object made for
+  innermost line of gateway or core on the traceback (so a Trio object made for
   one of our calls is charged to that call), and by Trio file.
 
     PYTHONPATH=. python benchmarks/idle_memory.py --conns 2000 --mqtt-port 62301

@@ -109,10 +109,11 @@ class DiskWatch:
             )
 
 
-class PrimaryRole(Protocol):
-    """What an HA primary adds to a broker (gateway/ha/runtime.py; absent
-    single-node): the replicator the committer hands batches to, whose
-    receipt gate the server waits on, and the replication listener."""
+class Replication(Protocol):
+    """What the broker asks of an HA primary's replication (its
+    :class:`PrimaryRole`, gateway/ha/primary_role.py; absent single-node):
+    the committer hands it batches, the server waits on its receipt gate,
+    and it runs the replication listener."""
 
     def attach(self, store: Store) -> None: ...
 
@@ -145,7 +146,7 @@ class Running:
 
 async def serve(
     config: Config, log: Any, *, handle_signals: bool = True, task_status: Any = trio.TASK_STATUS_IGNORED,
-    primary: PrimaryRole | None = None, reread: Callable[[Config], Config] | None = None, seed: Seed | None = None,
+    primary: Replication | None = None, reread: Callable[[Config], Config] | None = None, seed: Seed | None = None,
 ) -> None:
     """Recover the store, run the broker until SIGINT/SIGTERM (or
     :meth:`Running.stop`), then drain, close the store and return.  Startup
@@ -234,7 +235,7 @@ class _Wiring:
         self.store, self.store_threads, self.recovered = store, store_threads, recovered
         self.finished = trio.Event()  # set when the listeners have stopped
         self.listening = False  # readiness: true from broker_started until shutdown
-        self.replicator: PrimaryRole | None = None
+        self.replicator: Replication | None = None
         self.reread: Callable[[Config], Config] | None = None  # None: a reload is refused
 
     def build_server(self) -> None:

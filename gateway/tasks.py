@@ -51,8 +51,9 @@ class Watch(Protocol):
 
 
 class Replicator(Protocol):
-    """Where the committer hands each written batch (gateway/ha/replicator.py's
-    Primary streams it to the backups)."""
+    """Where the committer hands each written batch: an HA primary's
+    :class:`app.Replication`, whose replicator (gateway/ha/replicator.py)
+    streams it to the backups."""
 
     def publish(self, batch: Batch) -> None: ...
 

@@ -141,7 +141,7 @@ def broker(broker_factory: Callable[..., BrokerHandle]) -> BrokerHandle:
     return broker_factory()
 
 
-# -- clients for the end-to-end tests (tests/test_0*.py) ---------------------
+# -- clients for the end-to-end tests (tests/e2e/) ---------------------
 # Both factories depend on broker_factory so that their teardown (closing every
 # client and joining stomp.py's threads) runs before the brokers stop.
 
@@ -235,7 +235,7 @@ def raw_mqtt(broker_factory: Callable[..., BrokerHandle]) -> Iterator[Callable[.
 
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[Callable[..., Any]]:
-    """`gateway serve ...` as child processes (tests/test_07_cli.Process), killed in teardown."""
+    """`gateway serve ...` as child processes (tests/processes.py's Process), killed in teardown."""
     from tests.processes import Process
 
     made: list[Process] = []

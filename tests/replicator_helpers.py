@@ -1,5 +1,5 @@
 """What the replication stream's tests share: a primary node in one Trio
-process (a Store, the broker's own committer task, a Primary serving on
+process (a Store, the broker's own committer task, a Replicator serving on
 127.0.0.1), backups (a Follower and a Backup) started and killed at will, a
 stand-in for the server's receipt hooks, and bounded real waits."""
 
@@ -14,7 +14,7 @@ import trio
 from gateway import tasks
 from gateway.admin import metrics
 from gateway.ha.backup import Backup
-from gateway.ha.replicator import Primary
+from gateway.ha.replicator import Replicator
 from persistence import epochs
 from persistence.follower import Follower
 from persistence.store import Store
@@ -72,7 +72,7 @@ async def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 
 
 class PrimaryNode:
     """A primary: its Store in ``data_dir``, the committer (gateway/tasks.py's
-    commit, with the replicator) and the Primary listening on a free port."""
+    commit, with the replicator) and the Replicator listening on a free port."""
 
     def __init__(self, data_dir: Path, history: epochs.History = H1, **options: Any) -> None:
         self.store: Store = primary(data_dir)
@@ -80,7 +80,7 @@ class PrimaryNode:
         self.receipts = Receipts()
         self.log = Events()
         self.lot = trio.lowlevel.ParkingLot()
-        self.replicator = Primary(self.store, history, node_id="p", on_confirmed=self.receipts.confirmed,
+        self.replicator = Replicator(self.store, history, node_id="p", on_confirmed=self.receipts.confirmed,
                                   on_failed=self.receipts.durable_failed, log=self.log, **options)
         self.port = 0
 

@@ -23,7 +23,7 @@ def fast_modules() -> list[Path]:
 
 
 def compiled_files() -> list[Path]:
-    """The modules' extensions (not the library they share, gateway/_fast__mypyc)."""
+    """The modules' extensions (not the library they share, the one named *__mypyc*)."""
     paths = (path for package in ("core", "gateway", "persistence") for path in (ROOT / package).rglob("*.so"))
     return sorted(path for path in paths if "__mypyc" not in path.name)
 

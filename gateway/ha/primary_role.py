@@ -1,9 +1,9 @@
-"""An HA primary's part in the broker: :class:`PrimaryPart` is what
-gateway/app.py's ``PrimaryRole`` asks for, a :class:`Primary` (the
-replication stream's primary side, gateway/ha/replicator.py) over the store
+"""An HA primary's role in the broker: :class:`PrimaryRole`, what
+gateway/app.py's ``Replication`` asks of it.  A :class:`Replicator` (the
+replication stream's primary end, gateway/ha/replicator.py) over the store
 the broker opened, with the receipt gate the server asks and the hold a
 suspended primary puts on it (gateway/ha/runtime.py decides when), and the
-watch on how many backups it has linked (:meth:`PrimaryPart.watch_isolation`:
+watch on how many backups it has linked (:meth:`PrimaryRole.watch_isolation`:
 gateway/ha/isolation.py says when a primary cut off from them steps down)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from gateway.config import HaSettings
 from gateway.ha.coordinator import CoordinationError
 from gateway.ha.election import NodeRecord
 from gateway.ha.isolation import Isolation, electable_without
-from gateway.ha.replicator import Primary
+from gateway.ha.replicator import Replicator
 from gateway.ha.status import NodeStatus
 from gateway.ha.window import Recent
 from gateway.transports.server import Server
@@ -71,8 +71,8 @@ def warn_open_links(ha: HaSettings, log: Any) -> None:
                            f"nodes cannot follow this one; {how} (or open_links = true to accept anyone)")
 
 
-class PrimaryPart:
-    """The broker's :class:`app.PrimaryRole`: a :class:`Primary` over the
+class PrimaryRole:
+    """The broker's :class:`app.Replication`: a :class:`Replicator` over the
     store the broker opened, its receipt hooks set to the broker's server."""
 
     def __init__(self, ha: HaSettings, history: History, log: Any, on_refused: Any, cluster: NodeStatus,
@@ -82,13 +82,13 @@ class PrimaryPart:
         self.on_store_failed = on_store_failed  # the runtime's: it steps down
         self.ssl_context = ssl_context  # [ha] link_tls: the listener's TLS
         self.recent = Recent() if recent is None else recent  # the batches it applied last as a backup: its window's start
-        self.replicator: Primary | None = None
+        self.replicator: Replicator | None = None
         self.cluster = cluster  # what its admin port shows of the group
         self.held: int | None = None  # the receipt gate, frozen while the ZooKeeper connection is suspended
         self.server: Server | None = None
 
     def attach(self, store: Store) -> None:
-        self.replicator = Primary(store, self.history, node_id=self.ha.node_id, sync_replicas=self.ha.sync_replicas,
+        self.replicator = Replicator(store, self.history, node_id=self.ha.node_id, sync_replicas=self.ha.sync_replicas,
                                   sync_timeout_s=self.ha.sync_timeout_s, on_refused=self.on_refused, log=self.log.info,
                                   secret=self.ha.cluster_secret, ping_interval_s=self.ha.link_heartbeat_s,
                                   idle_timeout_s=self.ha.link_timeout_s)

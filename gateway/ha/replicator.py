@@ -1,15 +1,14 @@
-"""The replication stream's Trio side: a primary's :class:`Primary` serves
-its backups, a backup's :class:`Backup` follows a primary.  Roles are given
-(the coordinator decides them); the frames are persistence/replication.py's,
-the catch-up rule persistence/catchup.py's, the backup's store
-persistence/follower.py's.
+"""The replication stream's primary end (Trio): a primary's :class:`Replicator`
+serves its backups.  Roles are given (the coordinator decides them); the
+frames are persistence/replication.py's, the catch-up rule
+persistence/catchup.py's, the backup's store persistence/follower.py's.
 
-Primary, per backup connection: the backup's Hello is answered by
+Replicator, per backup connection: the backup's Hello is answered by
 :func:`catchup.plan` (the tail from its next LSN, a snapshot, or Refused);
 then one task sends frames and one reads Acks.
 
 - **The window.**  The committer hands every written batch to
-  :meth:`Primary.publish`, which keeps it (as Batch frames of at most
+  :meth:`Replicator.publish`, which keeps it (as Batch frames of at most
   ``piece_bytes`` of records) in one window shared by every backup, bounded by
   ``window_bytes`` and ``window_batches``.  Each backup has only a cursor into
   it (the next LSN to send), so memory does not grow with the number of
@@ -17,7 +16,7 @@ then one task sends frames and one reads Acks.
   window (too slow, or away too long) is cut to a snapshot, read from disk in
   chunks; a briefly disconnected one resumes by tail from the window.  A
   new primary's window starts with the batches it applied last as a backup
-  (:meth:`Primary.seed`, gateway/ha/window.py), so a failover too leaves the
+  (:meth:`Replicator.seed`, gateway/ha/window.py), so a failover too leaves the
   backups a little behind on the tail.
 - **Flow control.**  At most ``unacked_bytes`` of Batch frames are sent and
   not yet acked per backup; past that the sender waits for Acks.  So a slow
@@ -28,9 +27,9 @@ then one task sends frames and one reads Acks.
   being in sync when its link ends or it is cut to a snapshot.  It is told
   with an InSync frame, so that its role (backup_in_sync) says what the
   primary counts.
-  :meth:`Primary.confirmed_lsn` is the ``sync_replicas``-th highest LSN acked
+  :meth:`Replicator.confirmed_lsn` is the ``sync_replicas``-th highest LSN acked
   by in-sync backups, a watermark that only rises (the local durable LSN when
-  ``sync_replicas`` is 0).  The receipt gate is :meth:`Primary.receipt_lsn`,
+  ``sync_replicas`` is 0).  The receipt gate is :meth:`Replicator.receipt_lsn`,
   ``min(local durable, confirmed)``.
 - **Sync timeout.**  A batch not confirmed ``sync_timeout_s`` after it was
   written locally is failed: ``on_failed(first, last, reason)``, the path a
@@ -41,8 +40,8 @@ then one task sends frames and one reads Acks.
   nothing for ``idle_timeout_s`` ([ha] link_timeout_s), snapshot or not: the
   backup's heartbeat does not wait for its disk (gateway/ha/liveness.py).
 
-The backup's side is gateway/ha/backup.py (:class:`Backup`),
-the connection both use gateway/ha/link.py.
+The other end, a backup's :class:`Backup`, is gateway/ha/backup.py; the
+connection both use gateway/ha/link.py.
 """
 
 from __future__ import annotations
@@ -69,7 +68,7 @@ from persistence.handshake import AuthenticationError
 from persistence.journal import Batch
 from persistence.store import Store
 
-__all__ = ["Peer", "Primary"]
+__all__ = ["Peer", "Replicator"]
 
 # Batch frames sent to one backup and not yet acked: enough to keep a fast
 # link busy while the backup fsyncs the previous batches.
@@ -111,7 +110,7 @@ class SnapshotRequest:
         self.done = trio.Event()
 
 
-class Primary:
+class Replicator:
     """Streams the batches of ``store`` (whose epoch history is ``history``;
     its last entry is this primary's epoch) to the backups that connect."""
 

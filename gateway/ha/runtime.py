@@ -1,4 +1,5 @@
-"""An HA node's process (the broker with an ``[ha]`` table).
+"""One HA node's run (:class:`HaNode`; the process, node after node, is
+gateway/ha/process.py).
 
 It joins the group in ZooKeeper (gateway/ha/coordinator.py) with what its
 data folder holds, and plays the role gateway/ha/node.py's table gives it.
@@ -14,7 +15,7 @@ listener, receipts gated on the backups' confirmations, the client
 listeners, ready.
 
 A primary whose ZooKeeper connection is suspended keeps its clients but
-releases no receipt (:meth:`PrimaryPart.hold`, gateway/ha/primary_role.py) until it is connected again
+releases no receipt (:meth:`PrimaryRole.hold`, gateway/ha/primary_role.py) until it is connected again
 (the same session: it releases them) or its fence is due (the timing is
 gateway/ha/coordinator.py's): then it stops accepting and closes its
 clients.  Once the session is lost (or back: either way another
@@ -36,6 +37,7 @@ kazoo's callbacks reach the Trio loop through ``TrioToken.run_sync_soon``.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
@@ -54,7 +56,7 @@ from gateway.ha.election import NodeRecord, PrimaryRecord, Role
 from gateway.ha.node import Action, Event, State, step
 from gateway.ha.backup import Backup
 from gateway.ha import isolation, stepdown
-from gateway.ha.primary_role import PrimaryPart, split_host_port
+from gateway.ha.primary_role import PrimaryRole, split_host_port
 from gateway.ha.status import NodeStatus
 from gateway.ha.window import Recent
 from gateway.transports.server import Limits
@@ -100,7 +102,7 @@ class HaNode:
         self.backup_scope: trio.CancelScope | None = None
         self.backup_done: trio.Event | None = None
         self.running: app.Running | None = None
-        self.part: PrimaryPart | None = None
+        self.primary: PrimaryRole | None = None
         self.fence_timer = trio.CancelScope()  # the armed FENCE_DUE, while suspended
         self.failovers = 0
         self.sick: str | None = None  # why its store cannot write, once it failed as the primary
@@ -110,6 +112,15 @@ class HaNode:
         self.recent = Recent()  # the batches applied last (gateway/ha/window.py), kept across links
         # [ha] link_tls: the replication link's (server, client) TLS contexts, from [tls].
         self.link_tls = link_contexts(config.tls) if self.ha.link_tls else None
+        # What each of the table's actions does (:meth:`act`): one method each.
+        self.acts: dict[Action, Callable[[trio.Nursery], Awaitable[None]]] = {
+            Action.FOLLOW: self.follow_holder, Action.STOP_FOLLOWING: self.stop_following,
+            Action.PUBLISH_LSN: self.publish_lsn, Action.TRY_LEAD: self.try_lead, Action.PROMOTE: self.promote,
+            Action.START_PRIMARY: self.start_primary, Action.REJOIN: self.rejoin,
+            Action.HOLD_RECEIPTS: self.hold_receipts, Action.ARM_FENCE_TIMER: self.arm_fence_timer,
+            Action.RELEASE_RECEIPTS: self.release_receipts, Action.STOP_ACCEPTING: self.stop_accepting,
+            Action.RESTART_AS_BACKUP: self.restart_as_backup, Action.STEP_DOWN: self.step_down,
+        }
 
     # -- news from kazoo and the stream, onto the loop -------------------------------
 
@@ -212,79 +223,96 @@ class HaNode:
                 break
 
     async def act(self, action: Action, nursery: trio.Nursery) -> None:
-        thread = trio.to_thread.run_sync
-        if action is Action.FOLLOW:
-            assert self.lock is not None
-            if self.following != self.lock.advertise or self.backup_done is None or self.backup_done.is_set():
-                await self.stop_following()
-                await nursery.start(self.follow, self.lock.advertise)
-        elif action is Action.STOP_FOLLOWING:
+        """Carry out one of the table's actions (gateway/ha/node.py) through
+        :attr:`acts`; ``nursery`` holds what an action starts."""
+        await self.acts[action](nursery)
+
+    # -- the actions, one method each (:attr:`acts` maps them) ---------------------------
+
+    async def follow_holder(self, nursery: trio.Nursery) -> None:
+        assert self.lock is not None
+        if self.following != self.lock.advertise or self.backup_done is None or self.backup_done.is_set():
             await self.stop_following()
-        elif action is Action.PUBLISH_LSN:
-            if self.state == State.CANDIDATE:
-                # Nobody leads and this node follows nobody (the table stopped
-                # its following first): its LSN is final for the vacancy /epoch names.
-                assert self.backup_scope is None
-                self.vacancy = await thread(self.coordinator.epoch)
-            record = self.record(Role.BACKUP)
-            if record != self.published:
-                await thread(self.coordinator.update, record)
-                self.published, self.published_at = record, trio.current_time()
-        elif action is Action.TRY_LEAD:
-            epoch = await thread(self.coordinator.try_lead, self.record(Role.BACKUP))
-            if epoch is not None:
-                self.epoch = epoch
-            self.tell_waiting()
-            self.notice(Event.LEAD_TAKEN if epoch is not None else Event.LEAD_NOT_TAKEN)
-        elif action is Action.PROMOTE:
-            f = self.follower
-            await thread(f.promote, self.epoch)  # the epoch saved, the index kept for the store's open (f.seed)
-            self.history = f.history
-            self.log.info("ha_promoted", epoch=self.epoch, lsn=f.last_lsn, index_handed_over=f.seed is not None)
-            self.notice(Event.PROMOTED)
-        elif action is Action.REJOIN:
-            await thread(self.coordinator.join, self.record(Role.BACKUP))
-        elif action is Action.HOLD_RECEIPTS:
-            if self.part is not None:
-                self.part.hold()
-        elif action is Action.ARM_FENCE_TIMER:
-            self.fence_timer.cancel()
-            self.fence_timer = trio.CancelScope()
-            nursery.start_soon(self.fence_when_due, self.fence_timer, self.coordinator.fence_deadline())
-        elif action is Action.RELEASE_RECEIPTS:
-            self.fence_timer.cancel()
-            if self.part is not None:
-                self.part.release()
-            self.log.info("ha_resumed", detail="ZooKeeper connected again, same session: held receipts released")
-        elif action is Action.STOP_ACCEPTING:
-            self.close_clients()
-        elif action is Action.RESTART_AS_BACKUP:
-            self.end_run()
-        elif action is Action.STEP_DOWN:
-            if self.sick is not None:
-                self.log.error("ha_stepped_down", epoch=self.epoch, reason=self.sick,
-                               detail="the store cannot write: clients closed, receipts held, lock released so a "
-                                      "backup leads; this node rejoins (as a backup) once its data folder takes a "
-                                      "write again")
-            else:
-                self.log.error("ha_stepped_down", epoch=self.epoch, reason=self.isolated,
-                               stand_aside_s=isolation.stand_aside_s(self.ha.zookeeper_session_timeout_s),
-                               detail="cut off from its backups: clients closed, receipts held, lock released so a "
-                                      "backup that ZooKeeper sees leads; this node rejoins as a backup and stands "
-                                      "aside (may not lead) until it caught up with the new primary, or for "
-                                      "stand_aside_s")
-            self.ended = True
-            await thread(self.coordinator.step_down)  # at once; closing the session at the run's end releases it too
-        # START_PRIMARY: as_backup's loop ends on the PRIMARY state.
+            await nursery.start(self.follow, self.lock.advertise)
+
+    async def publish_lsn(self, _nursery: trio.Nursery) -> None:
+        if self.state == State.CANDIDATE:
+            # Nobody leads and this node follows nobody (the table stopped
+            # its following first): its LSN is final for the vacancy /epoch names.
+            assert self.backup_scope is None
+            self.vacancy = await trio.to_thread.run_sync(self.coordinator.epoch)
+        record = self.record(Role.BACKUP)
+        if record != self.published:
+            await trio.to_thread.run_sync(self.coordinator.update, record)
+            self.published, self.published_at = record, trio.current_time()
+
+    async def try_lead(self, _nursery: trio.Nursery) -> None:
+        epoch = await trio.to_thread.run_sync(self.coordinator.try_lead, self.record(Role.BACKUP))
+        if epoch is not None:
+            self.epoch = epoch
+        self.tell_waiting()
+        self.notice(Event.LEAD_TAKEN if epoch is not None else Event.LEAD_NOT_TAKEN)
+
+    async def promote(self, _nursery: trio.Nursery) -> None:
+        f = self.follower
+        await trio.to_thread.run_sync(f.promote, self.epoch)  # the epoch saved, the index kept for the store's open (f.seed)
+        self.history = f.history
+        self.log.info("ha_promoted", epoch=self.epoch, lsn=f.last_lsn, index_handed_over=f.seed is not None)
+        self.notice(Event.PROMOTED)
+
+    async def start_primary(self, _nursery: trio.Nursery) -> None:
+        """Nothing here: as_backup's loop ends on the PRIMARY state and
+        :meth:`run` goes on to :meth:`as_primary`."""
+
+    async def rejoin(self, _nursery: trio.Nursery) -> None:
+        await trio.to_thread.run_sync(self.coordinator.join, self.record(Role.BACKUP))
+
+    async def hold_receipts(self, _nursery: trio.Nursery) -> None:
+        if self.primary is not None:
+            self.primary.hold()
+
+    async def arm_fence_timer(self, nursery: trio.Nursery) -> None:
+        self.fence_timer.cancel()
+        self.fence_timer = trio.CancelScope()
+        nursery.start_soon(self.fence_when_due, self.fence_timer, self.coordinator.fence_deadline())
+
+    async def release_receipts(self, _nursery: trio.Nursery) -> None:
+        self.fence_timer.cancel()
+        if self.primary is not None:
+            self.primary.release()
+        self.log.info("ha_resumed", detail="ZooKeeper connected again, same session: held receipts released")
+
+    async def stop_accepting(self, _nursery: trio.Nursery) -> None:
+        self.close_clients()
+
+    async def restart_as_backup(self, _nursery: trio.Nursery) -> None:
+        self.end_run()
+
+    async def step_down(self, _nursery: trio.Nursery) -> None:
+        if self.sick is not None:
+            self.log.error("ha_stepped_down", epoch=self.epoch, reason=self.sick,
+                           detail="the store cannot write: clients closed, receipts held, lock released so a "
+                                  "backup leads; this node rejoins (as a backup) once its data folder takes a "
+                                  "write again")
+        else:
+            self.log.error("ha_stepped_down", epoch=self.epoch, reason=self.isolated,
+                           stand_aside_s=isolation.stand_aside_s(self.ha.zookeeper_session_timeout_s),
+                           detail="cut off from its backups: clients closed, receipts held, lock released so a "
+                                  "backup that ZooKeeper sees leads; this node rejoins as a backup and stands "
+                                  "aside (may not lead) until it caught up with the new primary, or for "
+                                  "stand_aside_s")
+        self.ended = True
+        await trio.to_thread.run_sync(self.coordinator.step_down)  # at once; closing the session at the run's end releases it too
 
     def store_failed(self, reason: str) -> None:
-        """The committer's (through :class:`PrimaryPart`): a write failed, not for a full disk."""
+        """The committer's (through :class:`PrimaryRole`): a write failed, not for a full disk."""
         if self.sick is None:
             self.sick = reason
         self.notice(Event.STORE_FAILED)
 
     def cut_off(self, reason: str) -> None:
-        """The primary part's isolation watch: too few backups linked, enough others to lead."""
+        """The primary role's isolation watch (:meth:`PrimaryRole.watch_isolation`):
+        too few backups linked, enough others to lead."""
         self.isolated = reason
         self.notice(Event.ISOLATED)
 
@@ -324,9 +352,9 @@ class HaNode:
         held first, so the moment its ERROR frames take to go out (not a drain)
         releases none."""
         reason = STORE_BROKEN if self.sick is not None else DEPOSED
-        if self.part is not None:
-            self.part.hold()
-            self.part.withdraw(reason)
+        if self.primary is not None:
+            self.primary.hold()
+            self.primary.withdraw(reason)
         if self.running is not None:
             self.running.server.stop(reason, grace_s=DEPOSED_FLUSH_S)
 
@@ -347,7 +375,7 @@ class HaNode:
             finally:
                 done.set()
 
-    async def stop_following(self) -> None:
+    async def stop_following(self, _nursery: trio.Nursery | None = None) -> None:
         if self.backup_scope is not None and self.backup_done is not None:
             self.backup_scope.cancel()
             await self.backup_done.wait()
@@ -426,7 +454,7 @@ class HaNode:
 
     async def as_primary(self) -> None:
         self.failovers += 1
-        self.part = part = PrimaryPart(self.ha, self.history, self.log, lambda _node, reason: self.refused(reason),
+        self.primary = role = PrimaryRole(self.ha, self.history, self.log, lambda _node, reason: self.refused(reason),
                                        NodeStatus(self), self.recent,
                                        ssl_context=self.link_tls[0] if self.link_tls else None,
                                        on_store_failed=self.store_failed)
@@ -434,14 +462,14 @@ class HaNode:
 
         async def broker(*, task_status: Any) -> None:
             try:
-                await app.serve(self.config, self.log, handle_signals=False, primary=part, task_status=task_status,
+                await app.serve(self.config, self.log, handle_signals=False, primary=role, task_status=task_status,
                                 seed=self.follower.seed)  # the promoted backup's index: nothing replayed twice
             finally:
                 broker_done.set()
 
         async with trio.open_nursery() as nursery:
             self.running = await nursery.start(broker)
-            nursery.start_soon(part.watch_isolation, self.coordinator.nodes,
+            nursery.start_soon(role.watch_isolation, self.coordinator.nodes,
                                election.quorum(self.ha.replicas, self.ha.sync_replicas), self.cut_off)
             if self.stopping:  # a signal while the broker was starting
                 self.running.stop()

@@ -66,7 +66,7 @@ class Marks:
 
 class NodeStatus:
     """A node's :class:`cluster.Source`: ``node`` is the runtime's HaNode,
-    ``replicator`` its :class:`Primary` once it serves as the primary."""
+    ``replicator`` its :class:`Replicator` once it serves as the primary."""
 
     def __init__(self, node: Any, replicator: Any = None) -> None:
         self.node = node

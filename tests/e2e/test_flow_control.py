@@ -1,6 +1,6 @@
 """Producer flow control on topics, end to end: a subscriber that reads slowly
 slows the producer down instead of losing messages; one that stops reading is
-cut loose so the others keep flowing (tests/test_06_errors.py)."""
+cut loose so the others keep flowing (tests/e2e/test_errors.py)."""
 
 from __future__ import annotations
 

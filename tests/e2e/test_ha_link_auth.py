@@ -395,7 +395,7 @@ def test_link_tls_encrypts_the_link_and_requires_a_certificate_of_the_ca_both_wa
             node.kill()
 
 
-# -- in one Trio process: a Primary and Backups (gateway/ha/replicator.py, backup.py) on 127.0.0.1 --
+# -- in one Trio process: a Replicator and Backups (gateway/ha/replicator.py, backup.py) on 127.0.0.1 --
 
 
 async def test_a_member_cannot_speak_for_another_nor_displace_it_and_a_wrong_secret_never_syncs(

@@ -1,7 +1,7 @@
 """A backup says when it is at the live edge, and a lost backup disk is
 recovered without losing a receipt.
 
-In one Trio process (a Primary and Backups over real sockets): a backup is
+In one Trio process (a Replicator and Backups over real sockets): a backup is
 told it is in sync exactly when the primary counts it toward sync_replicas,
 after a tail and after a snapshot, and stops being so when its link ends.
 

@@ -1,6 +1,6 @@
 """The replication stream over real sockets on 127.0.0.1, in one Trio
 process: a primary Store written through the broker's own committer with a
-Primary (gateway/ha/replicator.py) and Backups (gateway/ha/backup.py) into
+Replicator (gateway/ha/replicator.py) and Backups (gateway/ha/backup.py) into
 Followers in other folders.  Receipts are gated on confirmations; each
 backup's folder opens as a plain Store holding the primary's state; a killed
 backup resumes by tail, a wiped one by snapshot while the primary writes, a

@@ -1,8 +1,9 @@
-"""MQTT 3.1.1 end to end, the cases tests/test_14 and test_15 leave out:
-CONNECT edges, hand-made malformed packets (each closing only its own
-connection), the default in-flight window, outbound QoS 2 with PUBREL resent,
-wills on keep-alive timeout and protocol error, persistent sessions across
-restart and take-over, the overflow log, `.` and QoS across the STOMP bridge."""
+"""MQTT 3.1.1 end to end, the cases tests/e2e/test_mqtt_paho.py and
+test_mqtt_interop.py leave out: CONNECT edges, hand-made malformed packets
+(each closing only its own connection), the default in-flight window,
+outbound QoS 2 with PUBREL resent, wills on keep-alive timeout and protocol
+error, persistent sessions across restart and take-over, the overflow log,
+`.` and QoS across the STOMP bridge."""
 
 from __future__ import annotations
 

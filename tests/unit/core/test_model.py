@@ -62,7 +62,7 @@ class QueueMachine(RuleBasedStateMachine):
         super().__init__()
         self.log: list[tuple[RecordingSink, Any, Message]] = []
         # The model tracks every message within one queue; dead-lettering (a
-        # policy proven in test_04_acks) would move one out of its sight.
+        # policy proven in tests/e2e/test_acks.py) would move one out of its sight.
         self.broker = Broker(FakeClock(), BrokerSettings(max_redeliveries=10**9), node="model")
         self.producer = self.broker.open_client(RecordingSink())
         self.consumers = []

@@ -159,3 +159,17 @@ def test_only_a_serving_primary_steps_down_when_cut_off_from_its_backups() -> No
     for state in State:
         if state != State.PRIMARY:  # a suspended one fences on its own timer
             assert step(state, Event.ISOLATED) == Transition(state, ())
+
+
+def test_the_runtime_carries_out_every_action_of_the_table_with_a_method_of_its_own() -> None:
+    """HaNode.act dispatches through a table (gateway/ha/runtime.py): none of
+    the actions the role table can return is missing from it."""
+    import structlog
+
+    from gateway.config import Config, HaSettings
+    from gateway.ha.runtime import HaNode
+
+    node = HaNode(Config(ha=HaSettings(node_id="n")), structlog.get_logger("test"))
+    assert set(node.acts) == set(Action)
+    assert {a for t in TABLE.values() for a in t.actions} <= set(node.acts)
+    assert len({method.__name__ for method in node.acts.values()}) == len(Action)

@@ -10,14 +10,14 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from gateway.ha.replicator import Primary
+from gateway.ha.replicator import Replicator
 from persistence.store import Store
 from tests.replicator_helpers import H1, Receipts
 from tests.replication_helpers import primary
 from tests.store_helpers import message
 
 
-def write(store: Store, replicator: Primary, count: int = 1, size: int = 50) -> int:
+def write(store: Store, replicator: Replicator, count: int = 1, size: int = 50) -> int:
     """Append ``count`` messages and commit them as one batch, as the committer does."""
     for _ in range(count):
         store.add_message(message(f"m{store.appended_lsn}", body=b"x" * size), ["/queue/a"])
@@ -34,7 +34,7 @@ async def test_receipts_waiting_longer_than_sync_timeout_fail_with_the_reason(
 ) -> None:
     store = primary(tmp_path)
     receipts = Receipts()
-    p = Primary(store, H1, node_id="p", sync_replicas=2, sync_timeout_s=10, on_failed=receipts.durable_failed)
+    p = Replicator(store, H1, node_id="p", sync_replicas=2, sync_timeout_s=10, on_failed=receipts.durable_failed)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(p.watch_sync)
         first = write(store, p, 3)
@@ -58,7 +58,7 @@ async def test_without_required_backups_the_local_disk_alone_releases(
 ) -> None:
     store = primary(tmp_path)
     receipts = Receipts()
-    p = Primary(store, H1, node_id="p", sync_replicas=0, sync_timeout_s=1, on_failed=receipts.durable_failed)
+    p = Replicator(store, H1, node_id="p", sync_replicas=0, sync_timeout_s=1, on_failed=receipts.durable_failed)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(p.watch_sync)
         lsn = write(store, p, 4)
@@ -71,7 +71,7 @@ async def test_without_required_backups_the_local_disk_alone_releases(
 
 async def test_the_window_of_recent_batches_is_bounded_but_keeps_the_newest(tmp_path: Path) -> None:
     store = primary(tmp_path)
-    p = Primary(store, H1, node_id="p", window_bytes=2000, window_batches=5)
+    p = Replicator(store, H1, node_id="p", window_bytes=2000, window_batches=5)
     for _ in range(50):
         write(store, p, 2)
         assert p.window_held <= 2000
@@ -85,18 +85,18 @@ async def test_the_window_of_recent_batches_is_bounded_but_keeps_the_newest(tmp_
 
 
 async def test_a_suspended_primarys_receipt_gate_holds_where_it_was_until_released(tmp_path: Path) -> None:
-    """PrimaryPart.hold freezes the gate (with sync_replicas = 0 nothing else
+    """PrimaryRole.hold freezes the gate (with sync_replicas = 0 nothing else
     would: the local disk alone releases); release unfreezes it and wakes the
     server's held writers."""
     import structlog
 
     from gateway.config import HaSettings
-    from gateway.ha.primary_role import PrimaryPart
+    from gateway.ha.primary_role import PrimaryRole
 
     store = primary(tmp_path)
     receipts = Receipts()
     ha = HaSettings(node_id="p", sync_replicas=0)
-    part = PrimaryPart(ha, H1, structlog.get_logger("test"), on_refused=None, cluster=type("Status", (), {})())
+    part = PrimaryRole(ha, H1, structlog.get_logger("test"), on_refused=None, cluster=type("Status", (), {})())
     part.attach(store)
     part.serving(receipts)  # type: ignore[arg-type]  # the server's durable_advanced / durable_failed
     assert part.replicator is not None

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.ha.replicator import Primary
+from gateway.ha.replicator import Replicator
 from gateway.ha.window import Recent, seeding
 from persistence import epochs
 from persistence import replication as r
@@ -86,7 +86,7 @@ async def test_a_promoted_backup_serves_a_lagging_peer_by_tail_and_the_old_prima
     history = epochs.extended(epochs.load(store_dir), 2, last + 1)
     epochs.save(store_dir, history)
     log = Events()
-    p = Primary(nb, history, node_id="b", log=log)
+    p = Replicator(nb, history, node_id="b", log=log)
     p.seed(kept.frames())
     assert log.named("replication_window_seeded") == [
         {"first_lsn": 1, "last_lsn": last, "batches": len(frames), "bytes": p.window_held}]
