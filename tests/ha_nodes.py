@@ -45,7 +45,7 @@ class Node:
                  advertise: str = "") -> None:
         self.node_id = node_id
         # advertise: where its backups reach its replication port ("": that port
-        # itself; a proxy's address to cut the link: benchmarks/link_proxy.py).
+        # itself; a proxy's address to cut the link: benchmarks/harness/link_proxy.py).
         self.secret = secret  # None: no secret at all (a laptop trial)
         self.dir = tmp_path / node_id
         self.dir.mkdir()

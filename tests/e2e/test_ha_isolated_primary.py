@@ -4,7 +4,7 @@ ZooKeeper, steps down so that a backup ZooKeeper still sees leads
 backups are dead, not cut, stays the primary.
 
 The cut is a TCP proxy in front of the primary's replication port
-(benchmarks/link_proxy.py): every node advertises its own proxy, so cutting the
+(benchmarks/harness/link_proxy.py): every node advertises its own proxy, so cutting the
 primary's cuts both backups' links to it, silently, while every node keeps
 its ZooKeeper session.  Before issue 30 the primary kept the lock for the
 whole cut: every receipt an ERROR, the backups waiting behind the lock."""
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tests.ha_nodes import WAIT_S, Node, wait_ready, wait_role
 from tests.helpers import RawClient
-from benchmarks.link_proxy import LinkProxy
+from benchmarks.harness.link_proxy import LinkProxy
 from tests.processes import HOST
 from tests.zookeeper_helpers import ZooKeeperServer
 

@@ -1,5 +1,5 @@
 """HA end to end: a replication link that goes silent without closing (a cut
-network: benchmarks/link_proxy.py) is noticed by the backup itself, which follows
+network: benchmarks/harness/link_proxy.py) is noticed by the backup itself, which follows
 again soon after the heal ([ha] link_heartbeat_s, link_timeout_s:
 gateway/ha/liveness.py), and nothing receipted is lost.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tests.ha_nodes import Node, wait_ready, wait_role
 from tests.helpers import RawClient
-from benchmarks.link_proxy import LinkProxy
+from benchmarks.harness.link_proxy import LinkProxy
 from tests.processes import HOST
 from tests.zookeeper_helpers import ZooKeeperServer
 
