@@ -29,11 +29,13 @@ def print_scenario(r: dict) -> None:
 
 
 def print_summary(results: list[dict]) -> None:
+    persistence = bool(results) and results[0]["scenario"] in PERSISTENCE
+    head, row = (_PERSISTENCE_HEAD, _persistence_row) if persistence else (_THROUGHPUT_HEAD, _throughput_row)
     print("\n== summary")
-    if results and results[0]["scenario"] in PERSISTENCE:
-        _print_persistence_summary(results)
-    else:
-        _print_throughput_summary(results)
+    print(head)
+    print("-" * len(head))
+    for r in results:
+        print(row(r))
 
 
 def _print_end(r: dict, b: dict) -> None:
@@ -100,20 +102,20 @@ def _print_throughput_scenario(r: dict) -> None:
     _print_end(r, b)
 
 
-def _print_throughput_summary(results: list[dict]) -> None:
-    head = (f"{'scenario':<9} {'result':<7} {'msgs/s':>9} {'publish/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
-            f"{'p99.9 ms':>8} {'max ms':>7} {'RSS MiB':>8} {'peak MiB':>8} {'broker s':>8} {'prod s':>6} {'cons s':>6}")
-    print(head)
-    print("-" * len(head))
-    for r in results:
-        lat = r.get("latency_ms") or {}
-        b = r.get("broker", {})
-        cons = sum(c.get("cpu_s") or 0 for c in r.get("consumers", [])) if r.get("consumers") else None
-        rate = r.get("msgs_per_s") if r["scenario"] != "latency" else r.get("receive_rate")
-        print(f"{r['scenario']:<9} {'OK' if r['ok'] else 'FAILED':<7} {fmt(rate):>9} {fmt(r.get('publish_msgs_per_s')):>9} "
-              f"{fmt(lat.get('p50_ms'), '.2f'):>7} {fmt(lat.get('p99_ms'), '.2f'):>7} {fmt(lat.get('p999_ms'), '.2f'):>8} "
-              f"{fmt(lat.get('max_ms'), '.2f'):>7} {fmt(b.get('rss_mib'), '.1f'):>8} {fmt(b.get('peak_rss_mib'), '.1f'):>8} "
-              f"{fmt(b.get('cpu_s'), '.2f'):>8} {fmt(r.get('producer', {}).get('cpu_s'), '.2f'):>6} {fmt(cons, '.2f'):>6}")
+_THROUGHPUT_HEAD = (
+    f"{'scenario':<9} {'result':<7} {'msgs/s':>9} {'publish/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
+    f"{'p99.9 ms':>8} {'max ms':>7} {'RSS MiB':>8} {'peak MiB':>8} {'broker s':>8} {'prod s':>6} {'cons s':>6}")
+
+
+def _throughput_row(r: dict) -> str:
+    lat = r.get("latency_ms") or {}
+    b = r.get("broker", {})
+    cons = sum(c.get("cpu_s") or 0 for c in r.get("consumers", [])) if r.get("consumers") else None
+    rate = r.get("msgs_per_s") if r["scenario"] != "latency" else r.get("receive_rate")
+    return (f"{r['scenario']:<9} {'OK' if r['ok'] else 'FAILED':<7} {fmt(rate):>9} {fmt(r.get('publish_msgs_per_s')):>9} "
+            f"{fmt(lat.get('p50_ms'), '.2f'):>7} {fmt(lat.get('p99_ms'), '.2f'):>7} {fmt(lat.get('p999_ms'), '.2f'):>8} "
+            f"{fmt(lat.get('max_ms'), '.2f'):>7} {fmt(b.get('rss_mib'), '.1f'):>8} {fmt(b.get('peak_rss_mib'), '.1f'):>8} "
+            f"{fmt(b.get('cpu_s'), '.2f'):>8} {fmt(r.get('producer', {}).get('cpu_s'), '.2f'):>6} {fmt(cons, '.2f'):>6}")
 
 
 def _print_persistence_scenario(r: dict) -> None:
@@ -167,18 +169,18 @@ def _print_persistence_scenario(r: dict) -> None:
     _print_end(r, b)
 
 
-def _print_persistence_summary(results: list[dict]) -> None:
-    head = (f"{'scenario':<10} {'result':<7} {'rcpt/s':>9} {'acked/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'fsync/s':>8} "
-            f"{'RSS MiB':>8} {'kill->1st':>9} {'term->1st':>9} {'RSS kill':>8}")
-    print(head)
-    print("-" * len(head))
-    for r in results:
-        lat = r.get("latency_ms") or {}
-        rs = {x["after"]: x for x in r.get("restarts", [])}
-        rss = r.get("broker", {}).get("rss_mib") if r["scenario"] == "persistent" else rs.get("SIGTERM", {}).get("rss_mib")
-        print(f"{r['scenario']:<10} {'OK' if r['ok'] else 'FAILED':<7} {fmt(r.get('receipted_per_s')):>9} "
-              f"{fmt(r.get('acked_per_s')):>9} {fmt(lat.get('p50_ms'), '.2f'):>7} {fmt(lat.get('p99_ms'), '.2f'):>7} "
-              f"{fmt(r.get('fsyncs_per_s')):>8} {fmt(rss, '.1f'):>8} "
-              f"{fmt(rs.get('SIGKILL', {}).get('first_message_s'), '.2f'):>9} "
-              f"{fmt(rs.get('SIGTERM', {}).get('first_message_s'), '.2f'):>9} "
-              f"{fmt(rs.get('SIGKILL', {}).get('rss_mib'), '.1f'):>8}")
+_PERSISTENCE_HEAD = (
+    f"{'scenario':<10} {'result':<7} {'rcpt/s':>9} {'acked/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'fsync/s':>8} "
+    f"{'RSS MiB':>8} {'kill->1st':>9} {'term->1st':>9} {'RSS kill':>8}")
+
+
+def _persistence_row(r: dict) -> str:
+    lat = r.get("latency_ms") or {}
+    rs = {x["after"]: x for x in r.get("restarts", [])}
+    rss = r.get("broker", {}).get("rss_mib") if r["scenario"] == "persistent" else rs.get("SIGTERM", {}).get("rss_mib")
+    return (f"{r['scenario']:<10} {'OK' if r['ok'] else 'FAILED':<7} {fmt(r.get('receipted_per_s')):>9} "
+            f"{fmt(r.get('acked_per_s')):>9} {fmt(lat.get('p50_ms'), '.2f'):>7} {fmt(lat.get('p99_ms'), '.2f'):>7} "
+            f"{fmt(r.get('fsyncs_per_s')):>8} {fmt(rss, '.1f'):>8} "
+            f"{fmt(rs.get('SIGKILL', {}).get('first_message_s'), '.2f'):>9} "
+            f"{fmt(rs.get('SIGTERM', {}).get('first_message_s'), '.2f'):>9} "
+            f"{fmt(rs.get('SIGKILL', {}).get('rss_mib'), '.1f'):>8}")
