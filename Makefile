@@ -27,10 +27,10 @@ test: $(BIN)/.installed system-packages js-bundles  ## the whole test suite
 	$(BIN)/python -X dev -bb -m pytest $(PYTEST_ARGS)
 
 # The WebSocket browser tests load stomp.js and MQTT.js from the npm registry at
-# pinned versions, checked against their sha512 (tests/npm_bundles.py), into
+# pinned versions, checked against their sha512 (tests/support/npm_bundles.py), into
 # build/npm; when that is impossible (offline) those tests skip and say why.
 js-bundles: $(BIN)/.installed
-	@$(BIN)/python tests/npm_bundles.py >/dev/null || echo "npm bundles could not be fetched: the WebSocket browser tests will be skipped"
+	@$(BIN)/python tests/support/npm_bundles.py >/dev/null || echo "npm bundles could not be fetched: the WebSocket browser tests will be skipped"
 
 # The interop tests drive Debian's mosquitto_pub/mosquitto_sub, the console
 # test Debian's chromium through chromedriver, the HA tests a real ZooKeeper

@@ -51,10 +51,10 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from broker_process import free_port, loadavg, on_sigterm  # noqa: E402
-from persistent_broker import Broker, Failed, default_broker_cmd  # noqa: E402
-import persistent_load  # noqa: E402  (the producers, the durable subscriber, the fill)
-from report import fmt  # noqa: E402
+from benchmarks.harness.broker import (  # noqa: E402
+    Broker, ScenarioFailed, default_broker_cmd, free_port, loadavg, on_sigterm)
+from benchmarks.load import persistent_load  # noqa: E402  (the producers, the durable subscriber, the fill)
+from benchmarks.harness.report import fmt  # noqa: E402
 
 SCENARIOS = ("archive-read", "archive-publish")
 ARCHIVED = "/topic/bench.a"
@@ -93,7 +93,7 @@ def _read(admin_port: int, topic: str, n: int, deadline: float) -> dict:
     conn.request("GET", f"/api/v1/archive/{topic}/messages?from=0&to={n}", headers={"Authorization": "Basic " + token})
     response = conn.getresponse()
     if response.status != 200:
-        raise Failed(f"read: HTTP {response.status}: {response.read()[:300]!r}")
+        raise ScenarioFailed(f"read: HTTP {response.status}: {response.read()[:300]!r}")
     # Buffered: pyarrow reads a message as several small reads; http.client
     # pays per read call when it decodes the chunked encoding.
     reader = pa.ipc.open_stream(io.BufferedReader(response, 1 << 20))  # type: ignore[arg-type]
@@ -104,17 +104,17 @@ def _read(admin_port: int, topic: str, n: int, deadline: float) -> dict:
     for batch in reader:
         offsets = batch.column("offset")
         if offsets[0].as_py() != expected or offsets[-1].as_py() != expected + batch.num_rows - 1:
-            raise Failed(f"read: batch {batches} starts at {offsets[0]}, expected {expected}")
+            raise ScenarioFailed(f"read: batch {batches} starts at {offsets[0]}, expected {expected}")
         expected += batch.num_rows
         rows += batch.num_rows
         batches += 1
         body_bytes += batch.column("body").nbytes
         if time.monotonic() > deadline:
-            raise Failed(f"read: timed out after {rows:,} rows")
+            raise ScenarioFailed(f"read: timed out after {rows:,} rows")
     elapsed = time.monotonic() - t0
     conn.close()
     if rows != n:
-        raise Failed(f"read: {rows:,} rows of {n:,}")
+        raise ScenarioFailed(f"read: {rows:,} rows of {n:,}")
     return {"rows": rows, "batches": batches, "read_s": elapsed, "rows_per_s": rows / elapsed,
             "arrow_mib": body_bytes / 2**20, "mib_per_s": body_bytes / 2**20 / elapsed}
 
@@ -147,12 +147,12 @@ def _publish(args: argparse.Namespace, broker: Broker, dest: str, deadline: floa
         pipe.send("GO")
         p = persistent_load.expect(pipe, "RESULT", deadline + 5, broker, "producers")
         if p.get("error"):
-            raise Failed(f"producers to {dest}: {p['error']}")
+            raise ScenarioFailed(f"producers to {dest}: {p['error']}")
         if durable:
             cons_pipe.send(p["receipted"])
             c = persistent_load.expect(cons_pipe, "RESULT", deadline + 10, broker, "consumer")
             if c.get("error") or c["received"] != p["receipted"]:
-                raise Failed(f"durable subscriber of {dest}: {c.get('error')} ({c['received']:,} received)")
+                raise ScenarioFailed(f"durable subscriber of {dest}: {c.get('error')} ({c['received']:,} received)")
     finally:
         for child in children:
             child.join(2)
@@ -192,7 +192,7 @@ def run_scenario(name: str, args: argparse.Namespace, body: Callable[..., None] 
         broker, admin = _broker(args, Path(tmp))
         try:
             body(args, broker, admin, r, deadline)
-        except Failed as exc:
+        except ScenarioFailed as exc:
             r["problems"].append(str(exc))
         except Exception as exc:  # a bug in the runner: still clean up and report
             r["problems"].append(f"runner error: {type(exc).__name__}: {exc}")
@@ -234,7 +234,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--messages", type=int, metavar="N", help="archive-read: messages (default 1000000)")
     parser.add_argument("--seconds", type=float, default=10.0, metavar="S", help="archive-publish: seconds per run")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    parser.add_argument("--broker-cmd", default=default_broker_cmd(), metavar="CMD",
+    parser.add_argument("--broker-cmd", default=default_broker_cmd(json_log=True), metavar="CMD",
                         help="broker command; {port} and {data_dir} are substituted (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="S", help="hard limit per scenario (default 600)")
     return parser.parse_args(argv)

@@ -16,7 +16,7 @@ clients); a producer sends its unreceipted messages again after a reconnect.
 2. Rounds: after a random pause (seeded), SIGKILL the primary (``--faults
    kill``), or cut its backups' links to it silently while every node keeps
    ZooKeeper (``cut``: each node's replication port sits behind a proxy,
-   benchmarks/link_proxy.py; the primary must step down); ``kill,cut``
+   benchmarks/harness/link_proxy.py; the primary must step down); ``kill,cut``
    alternates; ``stop`` SIGSTOPs the primary past its session timeout and
    then wakes it (it must fence itself); ``flap`` cuts and heals its links
    every second for 12 s (reported: the longest time without a receipt).
@@ -52,9 +52,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from broker_process import ScenarioFailed, loadavg, on_sigterm
-from failover_clients import Consumer, Producer, first_receipt_after, receipted_between
-from failover_cluster import Cluster, HaNode, SingleNode, zookeeper_unavailable
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # the checkout, for benchmarks.harness, .load and .scenarios
+
+from benchmarks.harness.broker import ScenarioFailed, loadavg, on_sigterm  # noqa: E402
+from benchmarks.harness.ha_cluster import Cluster, HaNode, SingleNode, zookeeper_unavailable  # noqa: E402
+from benchmarks.load.failover_clients import (  # noqa: E402
+    Consumer, Producer, first_receipt_after, receipted_between)
 
 WAIT_S = 120.0  # any wait for the cluster to settle (a loaded two-core machine)
 FAULTS = ("kill", "cut", "stop", "flap")

@@ -34,7 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from benchmarks.broker_process import Broker, ScenarioFailed, free_port, loadavg  # noqa: E402
+from benchmarks.harness.broker import Broker, ScenarioFailed, free_port, loadavg  # noqa: E402
 from gateway.auth import hash_password  # noqa: E402
 
 HOST = "127.0.0.1"

@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from broker_process import free_port  # noqa: E402  (benchmarks/broker_process.py)
+from benchmarks.harness.broker import free_port  # noqa: E402
 from gateway.mqtt import packets as p  # noqa: E402
 from gateway.mqtt.codec import MqttConnection, Role  # noqa: E402
 

@@ -53,8 +53,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.broker_process import Broker as BrokerProcess  # noqa: E402
-from benchmarks.broker_process import loadavg  # noqa: E402
+from benchmarks.harness.broker import Broker as BrokerProcess, loadavg  # noqa: E402
 from core.broker import Broker  # noqa: E402
 from gateway.mqtt import packets as p  # noqa: E402
 from gateway.mqtt.codec import MqttConnection, RemoteProtocolError, Role  # noqa: E402

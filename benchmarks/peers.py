@@ -44,8 +44,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from broker_process import ROOT, ScenarioFailed, loadavg, on_sigterm
-from peers_brokers import ActiveMQ, Gateway, Mosquitto, PeerBroker, RabbitMQ
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # the checkout, for benchmarks.harness, .load and .scenarios
+
+from benchmarks.harness.broker import ROOT, ScenarioFailed, loadavg, on_sigterm  # noqa: E402
+from benchmarks.harness.peer_brokers import ActiveMQ, Gateway, Mosquitto, PeerBroker, RabbitMQ  # noqa: E402
 
 # name -> (label, brokerbench arguments, protocols it needs, kind)
 SCENARIOS: dict[str, tuple[str, list[str], set[str], str]] = {

@@ -41,13 +41,11 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))  # the checkout, for benchmarks.harness, .load and .scenarios
 
-from broker_process import loadavg, on_sigterm  # noqa: E402
-from persistent_broker import default_broker_cmd  # noqa: E402
-from persistent_report import print_scenario, print_summary  # noqa: E402
-from persistent_scenarios import run_scenario  # noqa: E402
+from benchmarks.harness.broker import default_broker_cmd, loadavg, on_sigterm  # noqa: E402
+from benchmarks.harness.report import print_scenario, print_summary  # noqa: E402
+from benchmarks.scenarios.persistence import run_scenario  # noqa: E402
 
 SCENARIOS = ("persistent", "restart")
 
@@ -58,7 +56,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--messages", type=int, metavar="N", help="messages for restart (default 1000000)")
     parser.add_argument("--seconds", type=float, default=10.0, metavar="S", help="persistent run length (default 10)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    parser.add_argument("--broker-cmd", default=default_broker_cmd(), metavar="CMD",
+    parser.add_argument("--broker-cmd", default=default_broker_cmd(json_log=True), metavar="CMD",
                         help="broker command; {port} and {data_dir} are substituted; without {port}, "
                              "'--stomp-port {port} --data-dir {data_dir}' is appended. It should log JSON at "
                              "INFO for the fsync figures (default: %(default)s)")

@@ -23,7 +23,7 @@
         benchmarks/failover.py with the same arguments; see its --help)
 
 Each scenario starts a fresh broker (``gateway serve``) on a free 127.0.0.1 port
-with a temporary data dir, runs the load generator (``loadgen.py``) in separate
+with a temporary data dir, runs the load generator (``load/loadgen.py``) in separate
 processes that speak STOMP 1.2 over raw sockets with pre-encoded frames, then
 stops the broker with SIGTERM.  Every wait is bounded: a scenario ends within
 about ``--timeout`` seconds (default 120) even if the broker stalls, and no
@@ -59,15 +59,17 @@ import importlib
 import json
 import os
 import platform
-import shlex
 import signal
 import sys
 import time
 from pathlib import Path
 
-from broker_process import HERE, ROOT, loadavg, on_sigterm
-from report import print_scenario, print_summary
-from throughput import Scenario
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # the checkout, for benchmarks.harness, .load and .scenarios
+
+from benchmarks.harness.broker import default_broker_cmd, loadavg, on_sigterm  # noqa: E402
+from benchmarks.harness.report import print_scenario, print_summary  # noqa: E402
+from benchmarks.scenarios.throughput import Scenario  # noqa: E402
 
 SCENARIOS = ("queue", "topic", "latency")
 PERSISTENCE_SCENARIOS = ("persistent", "restart")  # in persistent.py, not part of "all"
@@ -87,12 +89,6 @@ DELEGATES = {
 }
 
 
-def _default_broker_cmd() -> str:
-    gateway = ROOT / ".venv" / "bin" / "gateway"
-    base = shlex.quote(str(gateway)) if gateway.exists() else f"{shlex.quote(sys.executable)} -m gateway"
-    return base + " serve --stomp-port {port} --mqtt-port 0 --admin-port 0 --data-dir {data_dir} --log-level warning"
-
-
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenario", choices=(*SCENARIOS, *DELEGATES, "all"), default="all",
@@ -103,7 +99,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=10.0, metavar="S", help="latency run length (default 10)")
     parser.add_argument("--rate", type=int, default=5000, metavar="R", help="latency send rate, msgs/s (default 5000)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    parser.add_argument("--broker-cmd", default=_default_broker_cmd(), metavar="CMD",
+    parser.add_argument("--broker-cmd", default=default_broker_cmd(), metavar="CMD",
                         help="broker command; {port} and {data_dir} are substituted; without {port}, "
                              "'--stomp-port {port} --data-dir {data_dir}' is appended (default: %(default)s)")
     parser.add_argument("--subscribers", type=int, default=16, help="topic subscribers (default 16)")

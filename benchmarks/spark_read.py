@@ -40,10 +40,10 @@ if str(HERE) not in sys.path:
 sys.path.insert(0, str(HERE.parent))
 
 import archive  # noqa: E402  (the archiving broker and its read user)
-from broker_process import loadavg, memory_kb, on_sigterm, proc_tree  # noqa: E402
-from persistent_broker import Broker, Failed, default_broker_cmd  # noqa: E402
-from persistent_load import BODY_SIZE, fill  # noqa: E402
-from report import fmt  # noqa: E402
+from benchmarks.harness.broker import (  # noqa: E402
+    Broker, ScenarioFailed, default_broker_cmd, loadavg, memory_kb, on_sigterm, proc_tree)
+from benchmarks.load.persistent_load import BODY_SIZE, fill  # noqa: E402
+from benchmarks.harness.report import fmt  # noqa: E402
 
 BAR_ROWS_PER_S = 200_000
 
@@ -95,20 +95,20 @@ def scenario(args: argparse.Namespace, broker: Broker, admin: int, r: dict, dead
             times, cpu_us, group_times = [], [], []
             for _ in range(args.repeat):
                 if time.monotonic() > deadline - 30:
-                    raise Failed(f"timed out before the {p}-partition runs finished")
+                    raise ScenarioFailed(f"timed out before the {p}-partition runs finished")
                 c0, t0 = broker.cpu(), time.monotonic()
                 count = df.count()
                 times.append(time.monotonic() - t0)
                 cpu_us.append((broker.cpu() - c0) / n * 1e6)
                 r["spark_peak_rss_mib"] = max(r["spark_peak_rss_mib"], _tree_rss_mib(jvm))
                 if count != n:
-                    raise Failed(f"{p} partitions: count() = {count:,}, expected {n:,}")
+                    raise ScenarioFailed(f"{p} partitions: count() = {count:,}, expected {n:,}")
                 if args.group_by:  # a query that reads every column Spark shuffles on: priority per topic
                     t0 = time.monotonic()
                     groups = df.groupBy("topic", "priority").count().collect()
                     group_times.append(time.monotonic() - t0)
                     if sum(row["count"] for row in groups) != n:
-                        raise Failed(f"{p} partitions: groupBy counted {sum(row['count'] for row in groups):,}, expected {n:,}")
+                        raise ScenarioFailed(f"{p} partitions: groupBy counted {sum(row['count'] for row in groups):,}, expected {n:,}")
             best = min(times)
             r["runs"][p] = {"seconds": times, "rows_per_s": n / best, "median_rows_per_s": n / statistics.median(times),
                             "broker_cpu_us_per_row": statistics.median(cpu_us)}
@@ -156,7 +156,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=2, metavar="R", help="counts per partition count (default 2)")
     parser.add_argument("--group-by", action="store_true", help="also time groupBy(topic, priority).count() each run")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    parser.add_argument("--broker-cmd", default=default_broker_cmd(), metavar="CMD",
+    parser.add_argument("--broker-cmd", default=default_broker_cmd(json_log=True), metavar="CMD",
                         help="broker command; {port} and {data_dir} are substituted (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=900.0, metavar="S", help="hard limit (default 900)")
     return parser.parse_args(argv)

@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from broker_process import cpu_seconds, free_port, loadavg, memory_kb, proc_tree  # noqa: E402
+from benchmarks.harness.broker import cpu_seconds, free_port, loadavg, memory_kb, proc_tree  # noqa: E402
 from spark_read import spark_session  # noqa: E402
 
 from gateway.auth import hash_password  # noqa: E402

@@ -150,7 +150,7 @@ def broker(broker_factory: Callable[..., BrokerHandle]) -> BrokerHandle:
 def stomp_client(broker_factory: Callable[..., BrokerHandle]) -> Iterator[Callable[..., Any]]:
     """Connected stomp.py clients: ``stomp_client(broker, version="1.1", heartbeats=...)``;
     each is disconnected in teardown."""
-    from tests.helpers import Client
+    from tests.support.helpers import Client
 
     made: list[Client] = []
 
@@ -170,7 +170,7 @@ def stomp_client(broker_factory: Callable[..., BrokerHandle]) -> Iterator[Callab
 @pytest.fixture
 def raw_client(broker_factory: Callable[..., BrokerHandle]) -> Iterator[Callable[..., Any]]:
     """Raw STOMP sockets for misbehaving clients: ``raw_client(broker)``; closed in teardown."""
-    from tests.helpers import RawClient
+    from tests.support.helpers import RawClient
 
     made: list[RawClient] = []
 
@@ -188,7 +188,7 @@ def raw_client(broker_factory: Callable[..., BrokerHandle]) -> Iterator[Callable
 def paho(broker_factory: Callable[..., BrokerHandle]) -> Iterator[Callable[..., Any]]:
     """Connected paho-mqtt clients: ``paho(broker, client_id, clean=..., will=...)``;
     ``websocket=True`` connects over WebSocket (the admin port's ``/mqtt``)."""
-    from tests.mqtt_helpers import Paho
+    from tests.support.mqtt_helpers import Paho
 
     made: list[Paho] = []
 
@@ -214,7 +214,7 @@ def raw_mqtt(broker_factory: Callable[..., BrokerHandle]) -> Iterator[Callable[.
     """Raw MQTT sockets on the project's codec: ``raw_mqtt(broker)``; with a
     ``client_id`` the socket has CONNECTed and checked CONNACK 0."""
     from gateway.mqtt import packets
-    from tests.mqtt_helpers import RawMqtt
+    from tests.support.mqtt_helpers import RawMqtt
 
     made: list[RawMqtt] = []
 
@@ -235,8 +235,8 @@ def raw_mqtt(broker_factory: Callable[..., BrokerHandle]) -> Iterator[Callable[.
 
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[Callable[..., Any]]:
-    """`gateway serve ...` as child processes (tests/processes.py's Process), killed in teardown."""
-    from tests.processes import Process
+    """`gateway serve ...` as child processes (tests/support/processes.py's Process), killed in teardown."""
+    from tests.support.processes import Process
 
     made: list[Process] = []
 
@@ -252,8 +252,8 @@ def gateway(tmp_path: Path) -> Iterator[Callable[..., Any]]:
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    """Headless chromium (selenium); tests using it are marked ``requires_chromium`` (tests/browser.py)."""
-    from tests.browser import chromium
+    """Headless chromium (selenium); tests using it are marked ``requires_chromium`` (tests/support/browser.py)."""
+    from tests.support.browser import chromium
 
     with chromium() as driver:
         yield driver
@@ -285,8 +285,8 @@ def pki(ca, tmp_path):
 @pytest.fixture
 def spark_broker(broker_factory: Callable[..., BrokerHandle]) -> Callable[..., BrokerHandle]:
     """``spark_broker(policies=..., **broker_factory kwargs)``: topics under
-    plant. archived, and the admin user tests.spark_helpers.USER."""
-    from tests.spark_helpers import ARCHIVED, USERS
+    plant. archived, and the admin user tests.support.spark_helpers.USER."""
+    from tests.support.spark_helpers import ARCHIVED, USERS
 
     def start(policies: list[dict[str, Any]] = ARCHIVED, *, broker: dict[str, Any] | None = None, **kwargs: Any) -> BrokerHandle:
         return broker_factory(broker={"policies": policies, **(broker or {})}, admin={"users": USERS}, **kwargs)

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from tests.deploy_helpers import render_kubectl, render_python
-from tests.durability_helpers import Peer
-from tests.processes import BrokerProcess
-from tests.zookeeper_helpers import ZooKeeperServer, unavailable_reason
+from tests.support.deploy_helpers import render_kubectl, render_python
+from tests.support.durability_helpers import Peer
+from tests.support.processes import BrokerProcess
+from tests.support.zookeeper_helpers import ZooKeeperServer, unavailable_reason
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.auth import hash_password
-from tests.auth_helpers import ACL, USERS as CLIENTS, login
-from tests.helpers import unique, wait_for
+from tests.support.auth_helpers import ACL, USERS as CLIENTS, login
+from tests.support.helpers import unique, wait_for
 
 WRITER = ("ops", "s3cret")
 READER = ("viewer", "look")

@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.auth import hash_password
 from persistence.settings import StoreSettings
-from tests.helpers import unique, wait_for
-from tests.processes import BrokerProcess, accepting, free_port
+from tests.support.helpers import unique, wait_for
+from tests.support.processes import BrokerProcess, accepting, free_port
 
 READER = ("viewer", "look")
 # An archive reader (Spark, say) reads message contents: the browse role.

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import Client, RawClient, unique, wait_for
-from tests.processes import GATEWAY, Process, accepting, free_port
+from tests.support.helpers import Client, RawClient, unique, wait_for
+from tests.support.processes import GATEWAY, Process, accepting, free_port
 
 @pytest.fixture
 def clients():

@@ -29,9 +29,9 @@ import paho.mqtt.client as mqtt
 import pytest
 
 import build_fast
-from tests.deploy_helpers import ROOT, dockerfile_stages, dockerignore_excludes
-from tests.helpers import Client, unique
-from tests.processes import BrokerProcess, free_port
+from tests.support.deploy_helpers import ROOT, dockerfile_stages, dockerignore_excludes
+from tests.support.helpers import Client, unique
+from tests.support.processes import BrokerProcess, free_port
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("mypy") is None or shutil.which("cc") is None,

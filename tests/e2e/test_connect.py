@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.helpers import unique, wait_for
+from tests.support.helpers import unique, wait_for
 
 
 @pytest.mark.parametrize("command", ["CONNECT", "STOMP"])

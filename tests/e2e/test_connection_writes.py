@@ -12,8 +12,8 @@ import threading
 import time
 
 from gateway.mqtt import packets as p
-from tests.helpers import TIMEOUT, encode_frame, unique
-from tests.mqtt_helpers import RawMqtt
+from tests.support.helpers import TIMEOUT, encode_frame, unique
+from tests.support.mqtt_helpers import RawMqtt
 
 
 def test_a_flooding_producer_does_not_starve_another_clients_round_trip(broker, raw_client):

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tests.e2e.test_admin import READER, USERS, call, fill
-from tests.helpers import unique, wait_for
+from tests.support.helpers import unique, wait_for
 
 HTML = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
 CONSOLE = {"X-Requested-With": "gateway-console"}

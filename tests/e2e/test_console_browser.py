@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from gateway.auth import hash_password
-from tests.browser import chromium, console_login, requires_chromium
+from tests.support.browser import chromium, console_login, requires_chromium
 from tests.e2e.test_admin import call
-from tests.helpers import unique, wait_for
-from tests.processes import HOST, BrokerProcess, accepting, free_port
+from tests.support.helpers import unique, wait_for
+from tests.support.processes import HOST, BrokerProcess, accepting, free_port
 
 pytestmark = requires_chromium
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.deploy_helpers import DEPLOY, USER_SECRETS, container, effective_config, pod_names, pod_spec, render_kubectl, render_python, the
+from tests.support.deploy_helpers import DEPLOY, USER_SECRETS, container, effective_config, pod_names, pod_spec, render_kubectl, render_python, the
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 K8S_VERSIONS = ("1.27.0", kubernetes_validate.utils.latest_version())
@@ -88,7 +88,7 @@ def test_every_pod_is_its_own_node_of_one_group(rendered: list[dict[str, Any]], 
     # (never one shipped in the repository), so the listener binds the pod's
     # addresses as configured instead of loopback only.
     from gateway.ha.primary_role import replication_bind
-    from tests.deploy_helpers import USER_SECRETS
+    from tests.support.deploy_helpers import USER_SECRETS
 
     assert nodes[pods[0]].cluster_secret == USER_SECRETS["gateway-cluster-secret", "secret"].encode()
     assert not nodes[pods[0]].open_links

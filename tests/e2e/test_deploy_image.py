@@ -10,7 +10,7 @@ import shlex
 import tomllib
 from typing import Any
 
-from tests.deploy_helpers import ROOT, container, dockerfile_stages, dockerignore_excludes
+from tests.support.deploy_helpers import ROOT, container, dockerfile_stages, dockerignore_excludes
 
 
 def _pip_installs(command: str) -> list[list[str]]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.deploy_helpers import pod_spec, render_kubectl, render_python, the
+from tests.support.deploy_helpers import pod_spec, render_kubectl, render_python, the
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")  # the test extra installs it
 

@@ -14,11 +14,11 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.deploy_helpers import DEPLOY, render_python, the
+from tests.support.deploy_helpers import DEPLOY, render_python, the
 from tests.e2e.test_ha_cluster import synced_pair
 from tests.e2e.test_first_users import ADMIN, ADMIN_PASSWORD, ENVIRONMENT, Broker
-from tests.helpers import Client, unique
-from tests.processes import HOST
+from tests.support.helpers import Client, unique
+from tests.support.processes import HOST
 
 DASHBOARD = DEPLOY / "monitoring" / "grafana-dashboard.json"
 # PromQL words that are not metric names: aggregation modifiers, set and vector matching operators.

@@ -18,7 +18,7 @@ import pytest
 
 from gateway import __main__ as cli
 from gateway import config
-from tests.deploy_helpers import (GATEWAY, container, dockerfile_instructions, effective_config, generated_secret, mount_secrets, pod_environment, pod_names, pod_spec,
+from tests.support.deploy_helpers import (GATEWAY, container, dockerfile_instructions, effective_config, generated_secret, mount_secrets, pod_environment, pod_names, pod_spec,
                                   port_number, the)
 
 # Flush window plus closing the store (last fdatasync): what the kubelet must wait beyond shutdown_grace_s.

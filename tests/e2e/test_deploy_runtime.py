@@ -24,10 +24,10 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from tests.deploy_helpers import GATEWAY, container, generated_secret, mount_secrets, pod_environment, pod_names, pod_spec, the
-from tests.helpers import RawClient, http_request, wait_for
-from tests.processes import HOST, free_port
-from tests.zookeeper_helpers import ZooKeeperServer
+from tests.support.deploy_helpers import GATEWAY, container, generated_secret, mount_secrets, pod_environment, pod_names, pod_spec, the
+from tests.support.helpers import RawClient, http_request, wait_for
+from tests.support.processes import HOST, free_port
+from tests.support.zookeeper_helpers import ZooKeeperServer
 
 WAIT_S = 60.0  # any role change or restart: far beyond the session timeout on a loaded machine
 

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import structlog
 
-from tests.deploy_helpers import DEPLOY, pod_spec, render_kubectl, render_python, the
-from tests.helpers import wait_for
-from tests.processes import HOST, free_port
-from tests.zookeeper_helpers import JAVA, ZOOKEEPER_JAR, unavailable_reason
+from tests.support.deploy_helpers import DEPLOY, pod_spec, render_kubectl, render_python, the
+from tests.support.helpers import wait_for
+from tests.support.processes import HOST, free_port
+from tests.support.zookeeper_helpers import JAVA, ZOOKEEPER_JAR, unavailable_reason
 
 QUORUM_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 WAIT_S = 60.0  # leader election among cold JVMs on a loaded machine
@@ -135,7 +135,7 @@ def test_the_ensemble_forms_a_quorum_and_its_probes_say_when(tmp_path: Path) -> 
         # The gateway's connect string, its names made these servers: a node joins under the chroot.
         from gateway.ha.coordinator import Coordinator, StateCallbacks
         from gateway.ha.election import NodeRecord, Role
-        from tests.deploy_helpers import effective_config
+        from tests.support.deploy_helpers import effective_config
 
         cfg, _ = effective_config(_render(DEPLOY), tmp_path)
         assert cfg.ha is not None

@@ -5,7 +5,7 @@ session and in producer order; also while segments roll and are compacted.
 
 Black-box: raw STOMP 1.2 sockets against ``gateway serve --stomp-port P
 --data-dir D`` on a free loopback port; the promises checked and
-``DURABILITY_SEED`` are described in tests/durability_helpers.py.  Every loop
+``DURABILITY_SEED`` are described in tests/support/durability_helpers.py.  Every loop
 and wait is bounded.  ``-s`` shows each test's ledger summary.
 """
 
@@ -15,9 +15,9 @@ import random
 import threading
 import time
 
-from tests.durability_helpers import Ledger, Producer, consume, join_all, seeded, wait_delivered
-from tests.helpers import unique
-from tests.processes import BrokerProcess
+from tests.support.durability_helpers import Ledger, Producer, consume, join_all, seeded, wait_delivered
+from tests.support.helpers import unique
+from tests.support.processes import BrokerProcess
 
 
 QUEUE_ROUNDS = 24

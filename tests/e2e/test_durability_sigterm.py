@@ -4,7 +4,7 @@ receipted or processed before a DISCONNECT receipt, over two clean restarts.
 
 Black-box: raw STOMP 1.2 sockets against ``gateway serve --stomp-port P
 --data-dir D`` on a free loopback port; the promises checked and
-``DURABILITY_SEED`` are described in tests/durability_helpers.py.  Every loop
+``DURABILITY_SEED`` are described in tests/support/durability_helpers.py.  Every loop
 and wait is bounded.  ``-s`` shows each test's ledger summary.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 
-from tests.durability_helpers import (
+from tests.support.durability_helpers import (
     ACTIVEMQ,
     Ledger,
     Peer,
@@ -24,7 +24,7 @@ from tests.durability_helpers import (
     seeded,
     wait_delivered,
 )
-from tests.helpers import unique
+from tests.support.helpers import unique
 
 
 def test_everything_survives_a_sigterm_in_the_middle_of_traffic(broker_process):

@@ -5,7 +5,7 @@ RabbitMQ dialects keep messages while their subscriber is away.
 
 Black-box: raw STOMP 1.2 sockets against ``gateway serve --stomp-port P
 --data-dir D`` on a free loopback port; the promises checked and
-``DURABILITY_SEED`` are described in tests/durability_helpers.py.  Every loop
+``DURABILITY_SEED`` are described in tests/support/durability_helpers.py.  Every loop
 and wait is bounded.  ``-s`` shows each test's ledger summary.
 """
 
@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.durability_helpers import (
+from tests.support.durability_helpers import (
     ACTIVEMQ,
     Ledger,
     Peer,
@@ -29,7 +29,7 @@ from tests.durability_helpers import (
     seeded,
     wait_delivered,
 )
-from tests.helpers import unique, wait_for
+from tests.support.helpers import unique, wait_for
 
 
 # -- a durable topic subscriber across crashes -----------------------------

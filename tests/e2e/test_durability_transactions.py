@@ -5,7 +5,7 @@ receipted COMMIT is there.
 
 Black-box: raw STOMP 1.2 sockets against ``gateway serve --stomp-port P
 --data-dir D`` on a free loopback port; the promises checked and
-``DURABILITY_SEED`` are described in tests/durability_helpers.py.  Every loop
+``DURABILITY_SEED`` are described in tests/support/durability_helpers.py.  Every loop
 and wait is bounded.  ``-s`` shows each test's ledger summary.
 """
 
@@ -19,8 +19,8 @@ import time
 from collections.abc import Iterator
 
 from gateway.stomp import frames
-from tests.durability_helpers import PREFETCH, Peer, join_all, seeded
-from tests.helpers import unique
+from tests.support.durability_helpers import PREFETCH, Peer, join_all, seeded
+from tests.support.helpers import unique
 
 
 TX_ROUNDS = 8

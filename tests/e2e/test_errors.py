@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from tests.helpers import unique, wait_for
+from tests.support.helpers import unique, wait_for
 
 
 class Healthy:

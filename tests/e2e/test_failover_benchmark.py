@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.zookeeper_helpers import unavailable_reason
+from tests.support.zookeeper_helpers import unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARK = ROOT / "benchmarks" / "failover.py"

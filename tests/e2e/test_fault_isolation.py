@@ -9,7 +9,7 @@ import http.client
 from core.transactions import Transaction
 from gateway.admin.api import AdminApi
 from gateway.session.skeleton import Skeleton
-from tests.helpers import unique
+from tests.support.helpers import unique
 
 
 def test_a_crashing_frame_handler_drops_only_its_connection(broker, stomp_client, raw_client, monkeypatch):

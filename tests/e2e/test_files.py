@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gateway.auth import hash_password
-from tests.helpers import Client
-from tests.processes import HOST, BrokerProcess
+from tests.support.helpers import Client
+from tests.support.processes import HOST, BrokerProcess
 
 ARCHIVING = """
 [[broker.policies]]

@@ -16,9 +16,9 @@ import pytest
 import stomp
 
 from gateway.auth import hash_password
-from tests.helpers import Client, RawClient, http_request, unique, wait_for
-from tests.mqtt_helpers import Paho
-from tests.processes import GATEWAY, HOST, BrokerProcess, free_port
+from tests.support.helpers import Client, RawClient, http_request, unique, wait_for
+from tests.support.mqtt_helpers import Paho
+from tests.support.processes import GATEWAY, HOST, BrokerProcess, free_port
 
 ADMIN, ADMIN_PASSWORD = "ops", "admin-pass-1"
 USER, PASSWORD = "app", "client-pass-1"

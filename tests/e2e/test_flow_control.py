@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-from tests.helpers import unique, wait_for
+from tests.support.helpers import unique, wait_for
 
 
 def test_a_slow_reader_slows_the_topic_producer_and_loses_nothing(broker_factory, raw_client, stomp_client):

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.e2e.test_ha_failover import Node, wait_ready
-from tests.helpers import RawClient
-from tests.processes import HOST
-from tests.zookeeper_helpers import ZooKeeperServer
+from tests.support.helpers import RawClient
+from tests.support.processes import HOST
+from tests.support.zookeeper_helpers import ZooKeeperServer
 
 
 def test_a_receipted_ack_outlives_a_sigkill_of_the_primary(tmp_path: Path, zookeeper: ZooKeeperServer) -> None:

@@ -13,8 +13,8 @@ from pathlib import Path
 import trio
 
 from gateway.ha.backup import Backup
-from tests.replicator_helpers import PrimaryNode, wait_for
-from tests.replication_helpers import everything, folder_state, follower
+from tests.support.replicator_helpers import PrimaryNode, wait_for
+from tests.support.replication_helpers import everything, folder_state, follower
 
 
 async def test_a_backup_stopped_before_it_writes_a_batch_leaves_its_follower_usable(tmp_path: Path) -> None:

@@ -10,10 +10,10 @@ from typing import Any
 
 import stomp
 
-from tests.ha_nodes import WAIT_S, Node, wait_ready
-from tests.helpers import Recorder, wait_for
-from tests.processes import HOST
-from tests.zookeeper_helpers import ZooKeeperServer
+from tests.support.ha_nodes import WAIT_S, Node, wait_ready
+from tests.support.helpers import Recorder, wait_for
+from tests.support.processes import HOST
+from tests.support.zookeeper_helpers import ZooKeeperServer
 
 DURABLE = {"client-id": "watcher"}
 SUBSCRIPTION = {"activemq.subscriptionName": "news"}

@@ -27,13 +27,13 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.admin.cluster import Lag
-from tests.browser import console_login, requires_chromium
-from tests import ha_nodes as failover
-from tests.helpers import RawClient
-from tests.processes import HOST
-from tests.replication_helpers import everything
-from tests.replicator_helpers import BackupNode, PrimaryNode, wait_for
-from tests.zookeeper_helpers import ZooKeeperServer
+from tests.support.browser import console_login, requires_chromium
+from tests.support import ha_nodes as failover
+from tests.support.helpers import RawClient
+from tests.support.processes import HOST
+from tests.support.replication_helpers import everything
+from tests.support.replicator_helpers import BackupNode, PrimaryNode, wait_for
+from tests.support.zookeeper_helpers import ZooKeeperServer
 
 READER = failover.READER
 WAIT_S = failover.WAIT_S

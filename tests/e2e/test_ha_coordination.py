@@ -1,7 +1,7 @@
 """HA coordination against a real ZooKeeper: who leads, the epoch, takeovers, fencing.
 
 Each node is a `Coordinator` without a broker; the election loop in
-tests/ha_helpers.py plays the broker's part.  Nothing here measures speed:
+tests/support/ha_helpers.py plays the broker's part.  Nothing here measures speed:
 the assertions are about who leads, which epoch, and the order of events.
 """
 
@@ -17,10 +17,10 @@ from kazoo.client import KazooClient
 
 from gateway.ha.coordinator import CoordinationError, Coordinator, StateCallbacks
 from gateway.ha.election import NodeRecord, PrimaryRecord, Role
-from tests.ha_helpers import ROOT, SESSION_TIMEOUT_S, WAIT_S, EventLog, Node, elect, holders
-from tests.helpers import wait_for
-from tests.processes import free_port
-from tests.zookeeper_helpers import ZooKeeperServer
+from tests.support.ha_helpers import ROOT, SESSION_TIMEOUT_S, WAIT_S, EventLog, Node, elect, holders
+from tests.support.helpers import wait_for
+from tests.support.processes import free_port
+from tests.support.zookeeper_helpers import ZooKeeperServer
 
 
 @pytest.fixture

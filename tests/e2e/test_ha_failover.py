@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tests.ha_nodes import SESSION_TIMEOUT_S, WAIT_S, Node, wait_ready
-from tests.helpers import RawClient
-from tests.processes import HOST
-from tests.zookeeper_helpers import ZooKeeperServer
+from tests.support.ha_nodes import SESSION_TIMEOUT_S, WAIT_S, Node, wait_ready
+from tests.support.helpers import RawClient
+from tests.support.processes import HOST
+from tests.support.zookeeper_helpers import ZooKeeperServer
 
 
 def test_receipted_messages_survive_a_sigkill_of_the_primary(tmp_path: Path, zookeeper: ZooKeeperServer) -> None:

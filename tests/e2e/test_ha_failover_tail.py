@@ -18,12 +18,12 @@ import trio
 
 from gateway.ha.window import Recent
 from persistence import epochs
-from tests.ha_nodes import WAIT_S, Node, wait_ready, wait_role
-from tests.helpers import RawClient
-from tests.processes import HOST
-from tests.replicator_helpers import BackupNode, PrimaryNode, wait_for
-from tests.replication_helpers import everything, folder_state
-from tests.zookeeper_helpers import ZooKeeperServer
+from tests.support.ha_nodes import WAIT_S, Node, wait_ready, wait_role
+from tests.support.helpers import RawClient
+from tests.support.processes import HOST
+from tests.support.replicator_helpers import BackupNode, PrimaryNode, wait_for
+from tests.support.replication_helpers import everything, folder_state
+from tests.support.zookeeper_helpers import ZooKeeperServer
 
 
 async def test_over_the_stream_a_promoted_backup_serves_a_backup_behind_it_by_tail(tmp_path: Path) -> None:

@@ -35,10 +35,10 @@ from pathlib import Path
 
 from gateway.ha import election
 from gateway.stomp import codec, frames
-from tests.ha_nodes import WAIT_S, Node, wait_ready
-from tests.helpers import RawClient, encode_frame, wait_for
-from tests.processes import HOST
-from tests.zookeeper_helpers import ZooKeeperServer
+from tests.support.ha_nodes import WAIT_S, Node, wait_ready
+from tests.support.helpers import RawClient, encode_frame, wait_for
+from tests.support.processes import HOST
+from tests.support.zookeeper_helpers import ZooKeeperServer
 
 QUEUE = "/queue/fence"
 WINDOW = 400  # SENDs written and not receipted, at most (the buffers hold them while the primary is frozen)

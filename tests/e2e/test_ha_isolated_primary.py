@@ -4,7 +4,7 @@ ZooKeeper, steps down so that a backup ZooKeeper still sees leads
 backups are dead, not cut, stays the primary.
 
 The cut is a TCP proxy in front of the primary's replication port
-(benchmarks/link_proxy.py): every node advertises its own proxy, so cutting the
+(benchmarks/harness/link_proxy.py): every node advertises its own proxy, so cutting the
 primary's cuts both backups' links to it, silently, while every node keeps
 its ZooKeeper session.  Before issue 30 the primary kept the lock for the
 whole cut: every receipt an ERROR, the backups waiting behind the lock."""
@@ -16,11 +16,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.ha_nodes import WAIT_S, Node, wait_ready, wait_role
-from tests.helpers import RawClient
-from benchmarks.link_proxy import LinkProxy
-from tests.processes import HOST
-from tests.zookeeper_helpers import ZooKeeperServer
+from tests.support.ha_nodes import WAIT_S, Node, wait_ready, wait_role
+from tests.support.helpers import RawClient
+from benchmarks.harness.link_proxy import LinkProxy
+from tests.support.processes import HOST
+from tests.support.zookeeper_helpers import ZooKeeperServer
 
 SESSION_TIMEOUT_S = 4  # the issue's: writes resume within 10 s of the cut (measured, not asserted here)
 

@@ -1,5 +1,5 @@
 """The replication link authenticated, end to end: a real ZooKeeper and
-`gateway serve` nodes sharing a cluster secret (tests/ha_nodes.py), attacked
+`gateway serve` nodes sharing a cluster secret (tests/support/ha_nodes.py), attacked
 through the same doors an attacker uses.
 
 - A rogue client on the primary's replication port that says Hello without
@@ -32,10 +32,10 @@ from kazoo.client import KazooClient
 from gateway.ha import link
 from persistence import handshake
 from persistence import replication as r
-from tests.ha_nodes import WAIT_S, Node, wait_ready, wait_role
-from tests.helpers import RawClient
-from tests.processes import HOST, free_port
-from tests.zookeeper_helpers import ZooKeeperServer
+from tests.support.ha_nodes import WAIT_S, Node, wait_ready, wait_role
+from tests.support.helpers import RawClient
+from tests.support.processes import HOST, free_port
+from tests.support.zookeeper_helpers import ZooKeeperServer
 
 QUEUE = "/queue/link-auth"
 MARKER = b"journal-secret-payload"
@@ -403,8 +403,8 @@ async def test_a_member_cannot_speak_for_another_nor_displace_it_and_a_wrong_sec
     import trio
 
     from gateway.ha.link import Link
-    from tests.replication_helpers import everything
-    from tests.replicator_helpers import BackupNode, PrimaryNode, wait_for
+    from tests.support.replication_helpers import everything
+    from tests.support.replicator_helpers import BackupNode, PrimaryNode, wait_for
 
     secret = b"in-process group secret 0123456789"
     node = PrimaryNode(tmp_path / "p", secret=secret)

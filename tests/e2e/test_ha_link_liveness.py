@@ -1,5 +1,5 @@
 """HA end to end: a replication link that goes silent without closing (a cut
-network: benchmarks/link_proxy.py) is noticed by the backup itself, which follows
+network: benchmarks/harness/link_proxy.py) is noticed by the backup itself, which follows
 again soon after the heal ([ha] link_heartbeat_s, link_timeout_s:
 gateway/ha/liveness.py), and nothing receipted is lost.
 
@@ -22,11 +22,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.ha_nodes import Node, wait_ready, wait_role
-from tests.helpers import RawClient
-from benchmarks.link_proxy import LinkProxy
-from tests.processes import HOST
-from tests.zookeeper_helpers import ZooKeeperServer
+from tests.support.ha_nodes import Node, wait_ready, wait_role
+from tests.support.helpers import RawClient
+from benchmarks.harness.link_proxy import LinkProxy
+from tests.support.processes import HOST
+from tests.support.zookeeper_helpers import ZooKeeperServer
 
 CUT_S = 1.0
 # Before the unfixed backup's own silence timer could have fired (5 s after

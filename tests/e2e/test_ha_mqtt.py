@@ -9,10 +9,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tests.ha_nodes import WAIT_S, Node, wait_ready, wait_role
-from tests.helpers import wait_for
-from tests.mqtt_helpers import Paho
-from tests.zookeeper_helpers import ZooKeeperServer
+from tests.support.ha_nodes import WAIT_S, Node, wait_ready, wait_role
+from tests.support.helpers import wait_for
+from tests.support.mqtt_helpers import Paho
+from tests.support.zookeeper_helpers import ZooKeeperServer
 
 TOPIC = "plant/line-1/alarms"
 COUNT = 40

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import trio
 
-from tests.ha_nodes import WAIT_S, Node, wait_ready, wait_role
-from tests.helpers import RawClient
-from tests.processes import HOST
-from tests.replicator_helpers import BackupNode, PrimaryNode, wait_for
-from tests.replication_helpers import everything
-from tests.store_helpers import message
-from tests.zookeeper_helpers import ZooKeeperServer
+from tests.support.ha_nodes import WAIT_S, Node, wait_ready, wait_role
+from tests.support.helpers import RawClient
+from tests.support.processes import HOST
+from tests.support.replicator_helpers import BackupNode, PrimaryNode, wait_for
+from tests.support.replication_helpers import everything
+from tests.support.store_helpers import message
+from tests.support.zookeeper_helpers import ZooKeeperServer
 
 # -- in one process -------------------------------------------------------------
 

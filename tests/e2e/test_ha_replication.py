@@ -20,9 +20,9 @@ from persistence import replication as r
 from persistence.archive import Archive
 from persistence.follower import Follower
 from persistence.replication import split_runs
-from tests.replicator_helpers import BackupNode, PrimaryNode, wait_for
-from tests.replication_helpers import SEGMENT, everything, folder_state, follower, frame_of
-from tests.store_helpers import message
+from tests.support.replicator_helpers import BackupNode, PrimaryNode, wait_for
+from tests.support.replication_helpers import SEGMENT, everything, folder_state, follower, frame_of
+from tests.support.store_helpers import message
 
 
 def same_state(tmp_path: Path, *backups: str) -> None:

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.ha_nodes import WAIT_S, Node, wait_ready, wait_role
-from tests.helpers import RawClient
-from tests.processes import HOST
-from tests.zookeeper_helpers import ZooKeeperServer
+from tests.support.ha_nodes import WAIT_S, Node, wait_ready, wait_role
+from tests.support.helpers import RawClient
+from tests.support.processes import HOST
+from tests.support.zookeeper_helpers import ZooKeeperServer
 
 DISK_BYTES = 64 * 1024 * 1024
 

@@ -27,12 +27,12 @@ from kazoo.security import make_digest_acl
 from gateway.ha import election
 from gateway.ha.coordinator import CoordinationError
 from gateway.ha.election import PrimaryRecord
-from tests.ha_helpers import ROOT, EventLog, elect
-from tests.ha_helpers import Node as Coordinated
-from tests.ha_nodes import WAIT_S, Node, wait_ready, wait_role
-from tests.helpers import RawClient
-from tests.processes import HOST
-from tests.zookeeper_helpers import ZooKeeperServer
+from tests.support.ha_helpers import ROOT, EventLog, elect
+from tests.support.ha_helpers import Node as Coordinated
+from tests.support.ha_nodes import WAIT_S, Node, wait_ready, wait_role
+from tests.support.helpers import RawClient
+from tests.support.processes import HOST
+from tests.support.zookeeper_helpers import ZooKeeperServer
 
 AUTH = "gateway:zk-secret-1"
 USER, PASSWORD = AUTH.split(":", 1)

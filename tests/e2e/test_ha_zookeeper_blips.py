@@ -25,11 +25,11 @@ from pathlib import Path
 import pytest
 
 from gateway.stomp import frames
-from tests.ha_nodes import WAIT_S, Node, wait_ready, wait_role
-from tests.helpers import Closed, RawClient
-from tests.processes import HOST
-from tests.zookeeper_ensemble import ZooKeeperEnsemble
-from tests.zookeeper_helpers import unavailable_reason
+from tests.support.ha_nodes import WAIT_S, Node, wait_ready, wait_role
+from tests.support.helpers import Closed, RawClient
+from tests.support.processes import HOST
+from tests.support.zookeeper_ensemble import ZooKeeperEnsemble
+from tests.support.zookeeper_helpers import unavailable_reason
 
 QUEUE = "/queue/blips"
 SESSION_TIMEOUT_S = 10  # the default: a suspended primary fences 5 s after ZooKeeper last answered it

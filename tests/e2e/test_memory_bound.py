@@ -15,8 +15,8 @@ import urllib.request
 from pathlib import Path
 
 from gateway.auth import hash_password
-from tests.helpers import RawClient, encode_frame, unique
-from tests.processes import free_port
+from tests.support.helpers import RawClient, encode_frame, unique
+from tests.support.processes import free_port
 
 BODY_BYTES = 16384
 GROWTH_LIMIT_MIB = 40

@@ -13,8 +13,8 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.test_first_users import ADMIN, ADMIN_PASSWORD, ENVIRONMENT, Broker
-from tests.helpers import wait_for
-from tests.processes import HOST
+from tests.support.helpers import wait_for
+from tests.support.processes import HOST
 
 
 def scrape(broker: Broker) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from gateway.mqtt import packets as p
-from tests.helpers import unique, wait_for
-from tests.mqtt_helpers import RawMqtt
+from tests.support.helpers import unique, wait_for
+from tests.support.mqtt_helpers import RawMqtt
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import unique, wait_for
-from tests.processes import free_port
+from tests.support.helpers import unique, wait_for
+from tests.support.processes import free_port
 
 needs_mosquitto = pytest.mark.skipif(
     shutil.which("mosquitto_pub") is None, reason="mosquitto-clients not installed (make test installs it when it can)"
@@ -237,7 +237,7 @@ def test_a_kept_session_subscribing_again_gets_a_qos_2_message_once(broker, vers
 @needs_mosquitto
 def test_mosquitto_v5_retained_with_properties_and_retain_handling(broker):
     from gateway.mqtt import packets as p
-    from tests.mqtt_helpers import RawMqtt
+    from tests.support.mqtt_helpers import RawMqtt
 
     topic = f"{unique('mosq5')}/state"
     publish(broker.mqtt_port, "-t", topic, "-q", "1", "-r", "-m", "on", "-D", "publish", "user-property", "by", "panel",

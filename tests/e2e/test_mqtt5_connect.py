@@ -8,9 +8,9 @@ from paho.mqtt.packettypes import PacketTypes
 
 from gateway.mqtt import packets as p
 from gateway.mqtt.reasons import ReasonCode as R
-from tests.auth_helpers import ACL, USERS
-from tests.helpers import unique
-from tests.mqtt5_helpers import Paho5, connect5, props
+from tests.support.auth_helpers import ACL, USERS
+from tests.support.helpers import unique
+from tests.support.mqtt5_helpers import Paho5, connect5, props
 
 
 def test_connack_announces_the_limits(broker_factory):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from gateway.mqtt import packets as p
 from gateway.mqtt.reasons import ReasonCode as R
-from tests.helpers import unique
-from tests.mqtt5_helpers import Paho5, connect5, disconnect_code
+from tests.support.helpers import unique
+from tests.support.mqtt5_helpers import Paho5, connect5, disconnect_code
 
 
 def test_session_taken_over(broker, raw_mqtt):

@@ -10,9 +10,9 @@ import subprocess
 import pytest
 
 from gateway.mqtt import packets as p
-from tests.helpers import unique
-from tests.mqtt5_helpers import Paho5, connect5, props
-from tests.mqtt_helpers import Paho
+from tests.support.helpers import unique
+from tests.support.mqtt5_helpers import Paho5, connect5, props
+from tests.support.mqtt_helpers import Paho
 
 
 def test_v5_request_answered_by_a_stomp_client(broker, stomp_client):

@@ -14,8 +14,8 @@ from paho.mqtt.packettypes import PacketTypes
 
 from gateway.mqtt import packets as p
 from gateway.mqtt.wire import remaining_length
-from tests.helpers import unique
-from tests.mqtt5_helpers import Paho5, connect5, disconnect_code, props
+from tests.support.helpers import unique
+from tests.support.mqtt5_helpers import Paho5, connect5, disconnect_code, props
 
 PACKET_TOO_LARGE = 0x95
 # Generous on a loaded machine, and far shorter than the unfixed broker took

@@ -8,9 +8,9 @@ import time
 
 from gateway.mqtt import packets as p
 from gateway.mqtt.reasons import ReasonCode as R
-from tests.auth_helpers import ACL, USERS
-from tests.helpers import unique
-from tests.mqtt5_helpers import Paho5, connect5, disconnect_code, props
+from tests.support.auth_helpers import ACL, USERS
+from tests.support.helpers import unique
+from tests.support.mqtt5_helpers import Paho5, connect5, disconnect_code, props
 
 UNTIL_QUIET = 0.3  # how long a raw socket listens for what must not come
 

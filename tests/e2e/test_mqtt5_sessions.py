@@ -19,8 +19,8 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from tests.helpers import unique, wait_for
-from tests.processes import accepting, free_port
+from tests.support.helpers import unique, wait_for
+from tests.support.processes import accepting, free_port
 
 NEVER = 0xFFFFFFFF
 

@@ -13,8 +13,8 @@ member, and anything the group had handed back would have been ahead of it."""
 from __future__ import annotations
 
 from gateway.mqtt import packets as p
-from tests.helpers import unique
-from tests.mqtt5_helpers import Paho5, connect5
+from tests.support.helpers import unique
+from tests.support.mqtt5_helpers import Paho5, connect5
 
 KEPT = p.Properties(session_expiry_interval=300)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from gateway.mqtt import packets as p
 from gateway.mqtt.reasons import ReasonCode as R
-from tests.helpers import unique, wait_for
-from tests.mqtt5_helpers import Paho5, connect5, disconnect_code
-from tests.mqtt_helpers import Paho
+from tests.support.helpers import unique, wait_for
+from tests.support.mqtt5_helpers import Paho5, connect5, disconnect_code
+from tests.support.mqtt_helpers import Paho
 
 
 def test_no_local(broker):

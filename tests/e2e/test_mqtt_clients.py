@@ -13,9 +13,9 @@ import subprocess
 import pytest
 
 from gateway.mqtt import packets as p
-from tests.helpers import unique, wait_for
-from tests.mqtt_helpers import run_amqtt
-from tests.processes import free_port
+from tests.support.helpers import unique, wait_for
+from tests.support.mqtt_helpers import run_amqtt
+from tests.support.processes import free_port
 
 needs_mosquitto = pytest.mark.skipif(
     shutil.which("mosquitto_pub") is None or shutil.which("mosquitto_sub") is None,

@@ -11,8 +11,8 @@ import time
 
 from gateway.mqtt import packets as p
 from gateway.mqtt.reasons import ReasonCode as R
-from tests.helpers import TIMEOUT, unique
-from tests.mqtt5_helpers import connect5, disconnect_code, until_closed
+from tests.support.helpers import TIMEOUT, unique
+from tests.support.mqtt5_helpers import connect5, disconnect_code, until_closed
 
 # Over the 1,024 characters a core name may have, as one level and as 600 levels.
 LONG_FILTERS = ("a" * 1100, "a/" * 600 + "x")

@@ -10,9 +10,9 @@ import subprocess
 from collections import Counter
 
 from gateway.mqtt import packets
-from tests.helpers import wait_for
-from tests.mqtt_helpers import RawMqtt
-from tests.processes import GATEWAY, accepting, free_port
+from tests.support.helpers import wait_for
+from tests.support.mqtt_helpers import RawMqtt
+from tests.support.processes import GATEWAY, accepting, free_port
 
 CONNECTIONS = 300
 

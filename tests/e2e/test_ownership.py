@@ -19,7 +19,7 @@ from persistence import records
 from persistence.records import encode_subscription
 from persistence.settings import StoreSettings
 from persistence.store import Store
-from tests.helpers import unique
+from tests.support.helpers import unique
 
 ITER = 1000
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import unique
+from tests.support.helpers import unique
 
 PERSISTENT = {"persistent": "true"}
 

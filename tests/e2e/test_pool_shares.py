@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from gateway.mqtt import packets as p
 from gateway.mqtt.reasons import ReasonCode as R
-from tests.auth_helpers import ACL, USERS
-from tests.helpers import unique, wait_for
-from tests.mqtt5_helpers import Paho5, connect5
-from tests.mqtt_helpers import Paho, RawMqtt
+from tests.support.auth_helpers import ACL, USERS
+from tests.support.helpers import unique, wait_for
+from tests.support.mqtt5_helpers import Paho5, connect5
+from tests.support.mqtt_helpers import Paho, RawMqtt
 
 OTHER_ADDRESS = "127.0.0.2"  # loopback, so admitted as the first; another source address to the broker
 

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from tests import npm_bundles
-from tests.browser import chromium, requires_chromium, serve_files
+from tests.support import npm_bundles
+from tests.support.browser import chromium, requires_chromium, serve_files
 from tests.e2e.test_first_users import Broker
-from tests.helpers import Client, RawClient, unique, wait_for
-from tests.processes import HOST
+from tests.support.helpers import Client, RawClient, unique, wait_for
+from tests.support.processes import HOST
 
 ROOT = Path(__file__).resolve().parents[2]
 ENVIRONMENT = {"GATEWAY_USER": "app", "GATEWAY_PASSWORD": "app-secret",

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from gateway.auth import hash_password
-from tests import ha_nodes
-from tests.auth_helpers import ITER
-from tests.helpers import RawClient, unique, wait_for
-from tests.processes import GATEWAY, HOST, BrokerProcess, free_port
+from tests.support import ha_nodes
+from tests.support.auth_helpers import ITER
+from tests.support.helpers import RawClient, unique, wait_for
+from tests.support.processes import GATEWAY, HOST, BrokerProcess, free_port
 
 OPS = ("ops", "ops-pw")  # admin, write
 VIEWER = ("viewer", "viewer-pw")  # admin, read

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import GATEWAY
+from tests.support.processes import GATEWAY
 
 STOMP_PORT, MQTT_PORT, ADMIN_PORT, STOMP_TLS_PORT = 61613, 1883, 8161, 61614
 STARTUP_TIMEOUT = 30.0

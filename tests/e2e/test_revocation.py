@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 
 from gateway.auth import hash_password
-from tests.auth_helpers import ITER
-from tests.helpers import TIMEOUT, Client, RawClient, unique, wait_for
-from tests.mqtt5_helpers import Paho5
-from tests.mqtt_helpers import Paho
-from tests.processes import HOST, BrokerProcess, free_port
-from tests.ws_helpers import WebSocketSocket
+from tests.support.auth_helpers import ITER
+from tests.support.helpers import TIMEOUT, Client, RawClient, unique, wait_for
+from tests.support.mqtt5_helpers import Paho5
+from tests.support.mqtt_helpers import Paho
+from tests.support.processes import HOST, BrokerProcess, free_port
+from tests.support.ws_helpers import WebSocketSocket
 
 OPS = ("ops", "ops-pw")  # an admin with the write role: publishes through the API and reloads
 NOT_AUTHORIZED = 0x87

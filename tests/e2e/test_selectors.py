@@ -3,7 +3,7 @@ plain consumer, messages matching nobody staying, and invalid selectors."""
 
 from __future__ import annotations
 
-from tests.helpers import unique
+from tests.support.helpers import unique
 
 
 def test_a_topic_subscriber_gets_only_what_its_selector_takes(broker, stomp_client):
@@ -128,7 +128,7 @@ def test_a_ten_thousand_message_backlog_of_mixed_priorities_drains_in_priority_o
         if i == 9_999:
             headers["receipt"] = "last"
         frames.append(("SEND", headers, b"x"))
-    from tests.helpers import encode_frame
+    from tests.support.helpers import encode_frame
 
     producer.send(b"".join(encode_frame(c, h, b) for c, h, b in frames))
     producer.receipt("last", timeout=30)

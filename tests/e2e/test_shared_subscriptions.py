@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from tests.helpers import unique, wait_for
+from tests.support.helpers import unique, wait_for
 
 
 def test_a_shared_group_gives_each_message_to_one_member_and_a_plain_subscriber_everything(broker, stomp_client):

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from tests.helpers import wait_for
-from tests.spark_helpers import USER, archived, read, url
+from tests.support.helpers import wait_for
+from tests.support.spark_helpers import USER, archived, read, url
 
 ROOT = Path(__file__).resolve().parents[2]
 READINGS = {"1": [20.0, 21.0, 22.5], "2": [18.25, 17.75]}

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from gateway.transports.tls import TlsSettings
-from tests.helpers import unique, wait_for
-from tests.spark_helpers import USER, archived, read, stream, url
+from tests.support.helpers import unique, wait_for
+from tests.support.spark_helpers import USER, archived, read, stream, url
 
 
 def publish(producer, topic: str, bodies: list[str]) -> None:

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from tests.helpers import unique, wait_for
-from tests.spark_helpers import archived, read
+from tests.support.helpers import unique, wait_for
+from tests.support.spark_helpers import archived, read
 
 
 def test_stomp_and_mqtt_messages_come_back_as_rows_with_every_column(spark, spark_broker, stomp_client, paho):
@@ -45,7 +45,7 @@ def test_stomp_and_mqtt_messages_come_back_as_rows_with_every_column(spark, spar
 
 
 def test_an_mqtt_messages_row_carries_its_qos_retain_flag_and_mqtt5_properties(spark, spark_broker, paho):
-    from tests.mqtt5_helpers import Paho5, props
+    from tests.support.mqtt5_helpers import Paho5, props
 
     broker = spark_broker()
     paho(broker, "dev-311").publish("plant/1/state", b"on", qos=1, retain=True)

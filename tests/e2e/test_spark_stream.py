@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from persistence.settings import StoreSettings
-from tests.helpers import wait_for
-from tests.spark_helpers import archived, read, stream
+from tests.support.helpers import wait_for
+from tests.support.spark_helpers import archived, read, stream
 
 
 def run_until_idle(df: Any, sink: Path, checkpoint: Path, **writer_options: Any) -> Any:

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from gateway.auth import hash_password
-from tests.helpers import unique, wait_for
-from tests.spark_helpers import USER, depth, stream, url
+from tests.support.helpers import unique, wait_for
+from tests.support.spark_helpers import USER, depth, stream, url
 
 
 def writer(df: Any, broker: Any, destination: str) -> Any:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import GATEWAY, HOST, BrokerProcess
+from tests.support.processes import GATEWAY, HOST, BrokerProcess
 
 TIMEOUT_S = 60
 

@@ -9,9 +9,9 @@ import signal
 
 import pytest
 
-from tests.helpers import unique
-from tests.processes import free_port
-from tests.store_fault_helpers import ADMIN, PERSISTENT, drain, fill, metric
+from tests.support.helpers import unique
+from tests.support.processes import free_port
+from tests.support.store_fault_helpers import ADMIN, PERSISTENT, drain, fill, metric
 
 
 def test_a_flipped_bit_mid_journal_is_logged_with_its_position_and_skipped(gateway, tmp_path):

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from tests.helpers import RawClient, encode_frame, unique, wait_for
-from tests.store_fault_helpers import ADMIN, PERSISTENT, metric
+from tests.support.helpers import RawClient, encode_frame, unique, wait_for
+from tests.support.store_fault_helpers import ADMIN, PERSISTENT, metric
 
 
 def test_a_full_disk_fails_the_sends_it_cannot_store_and_the_broker_recovers(broker, monkeypatch):

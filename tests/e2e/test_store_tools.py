@@ -6,9 +6,9 @@ from __future__ import annotations
 import signal
 import subprocess
 
-from tests.helpers import unique
-from tests.processes import GATEWAY, free_port
-from tests.store_fault_helpers import drain, fill
+from tests.support.helpers import unique
+from tests.support.processes import GATEWAY, free_port
+from tests.support.store_fault_helpers import drain, fill
 
 
 def run_tool(*args: str) -> subprocess.CompletedProcess[str]:

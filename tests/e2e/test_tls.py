@@ -13,9 +13,9 @@ import pytest
 
 from gateway.config import ConfigError, load
 from gateway.transports.tls import TlsSettings
-from tests.helpers import RawClient, unique, wait_for
-from tests.mqtt_helpers import Paho
-from tests.tls_helpers import CERT_AUTH, client_context, tls_broker
+from tests.support.helpers import RawClient, unique, wait_for
+from tests.support.mqtt_helpers import Paho
+from tests.support.tls_helpers import CERT_AUTH, client_context, tls_broker
 
 
 def stomp_tls(stomp_client, broker, pki, *, certificate=False, **headers):

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from gateway.auth import hash_password
-from tests.helpers import unique, wait_for
+from tests.support.helpers import unique, wait_for
 
 
 def tname() -> str:

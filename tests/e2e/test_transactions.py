@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import unique, wait_for
+from tests.support.helpers import unique, wait_for
 
 
 def qname() -> str:

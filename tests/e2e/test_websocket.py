@@ -14,10 +14,10 @@ import pytest
 from gateway.auth import hash_password
 from gateway.mqtt import packets
 from gateway.stomp import frames
-from tests.helpers import RawClient, encode_frame, unique, wait_for
-from tests.mqtt_helpers import RawMqtt
-from tests.tls_helpers import CERT_AUTH, client_context, tls_broker
-from tests.ws_helpers import Refused, WebSocketSocket
+from tests.support.helpers import RawClient, encode_frame, unique, wait_for
+from tests.support.mqtt_helpers import RawMqtt
+from tests.support.tls_helpers import CERT_AUTH, client_context, tls_broker
+from tests.support.ws_helpers import Refused, WebSocketSocket
 
 
 @pytest.fixture

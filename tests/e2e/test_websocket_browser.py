@@ -1,5 +1,5 @@
 """STOMP and MQTT over WebSocket from a real browser: stomp.js and MQTT.js
-(pinned, from the npm registry; tests/npm_bundles.py) in Debian's headless
+(pinned, from the npm registry; tests/support/npm_bundles.py) in Debian's headless
 chromium, on pages served from loopback, publishing to and receiving from
 stomp.py and paho over plain TCP."""
 
@@ -11,10 +11,10 @@ from urllib.parse import urlencode
 
 import pytest
 
-from tests import npm_bundles
-from tests.browser import chromium, requires_chromium, serve_files
-from tests.helpers import unique, wait_for
-from tests.tls_helpers import tls_broker
+from tests.support import npm_bundles
+from tests.support.browser import chromium, requires_chromium, serve_files
+from tests.support.helpers import unique, wait_for
+from tests.support.tls_helpers import tls_broker
 
 pytestmark = requires_chromium
 

@@ -9,7 +9,7 @@ import dataclasses
 from gateway import reload
 from gateway.auth import AuthSettings
 from gateway.config import Config, ConfigError
-from tests.auth_helpers import user
+from tests.support.auth_helpers import user
 
 
 class Log:

@@ -12,7 +12,7 @@ from core.broker import Broker, BrokerSettings
 from core.subscriptions import AckMode
 from gateway.admin import history as history_module
 from gateway.admin.history import History
-from tests.core_fakes import FakeClock, RecordingSink, RecordingStore, address
+from tests.support.core_fakes import FakeClock, RecordingSink, RecordingStore, address
 
 Q = address("/queue/orders")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.core_fakes import World
+from tests.support.core_fakes import World
 
 
 @pytest.fixture

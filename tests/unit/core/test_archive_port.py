@@ -9,7 +9,7 @@ import pytest
 from core.broker import Broker, BrokerSettings
 from core.errors import UnknownTransaction
 from core.subscriptions import AckMode
-from tests.core_fakes import FakeClock, RecordingSink, RecordingStore, address
+from tests.support.core_fakes import FakeClock, RecordingSink, RecordingStore, address
 
 POLICIES = [{"destination": "/topic/plant.>", "archive": True, "archive_retention_s": 60}]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from core.errors import DuplicateSubscription, UnknownMessage, UnknownSubscription
-from tests.core_fakes import AUTO, CLIENT, INDIVIDUAL, Q, RecordingSink, World, address
+from tests.support.core_fakes import AUTO, CLIENT, INDIVIDUAL, Q, RecordingSink, World, address
 
 
 # -- acks, nacks and redelivery ---------------------------------------------

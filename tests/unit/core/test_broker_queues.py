@@ -11,7 +11,7 @@ import pytest
 
 from core.errors import UnknownMessage
 from core.subscriptions import AckMode
-from tests.core_fakes import AUTO, CLIENT, INDIVIDUAL, Q, World
+from tests.support.core_fakes import AUTO, CLIENT, INDIVIDUAL, Q, World
 
 
 # -- messages and queues -------------------------------------------------------

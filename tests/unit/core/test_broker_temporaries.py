@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from core.errors import LimitExceeded, NotAuthorized
-from tests.core_fakes import AUTO, INDIVIDUAL, RecordingSink, World, address
+from tests.support.core_fakes import AUTO, INDIVIDUAL, RecordingSink, World, address
 
 
 # -- temporary destinations --------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from core.errors import TransactionExists, UnknownTransaction
-from tests.core_fakes import CLIENT, INDIVIDUAL, Q, World
+from tests.support.core_fakes import CLIENT, INDIVIDUAL, Q, World
 
 
 # -- transactions ------------------------------------------------------------

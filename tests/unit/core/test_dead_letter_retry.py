@@ -9,7 +9,7 @@ from typing import Any
 from core import deadletters
 from core.broker import Broker, BrokerSettings
 from core.subscriptions import AckMode
-from tests.core_fakes import FakeClock, RecordingSink, RecordingStore, address
+from tests.support.core_fakes import FakeClock, RecordingSink, RecordingStore, address
 
 Q = address("/queue/orders")
 OTHER = address("/queue/other")

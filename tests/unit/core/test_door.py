@@ -17,7 +17,7 @@ from core.messages import Message
 from core.names import Address
 from core.subscriptions import AckMode
 from core.selectors import compile_selector
-from tests.core_fakes import FakeClock, RecordingSink, RecordingStore, address
+from tests.support.core_fakes import FakeClock, RecordingSink, RecordingStore, address
 
 Q = address("/queue/orders")
 DLQ = address("/queue/DLQ")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from core.broker import Broker, BrokerSettings
 from core.subscriptions import AckMode
-from tests.core_fakes import FakeClock, RecordingSink, RecordingStore, address
+from tests.support.core_fakes import FakeClock, RecordingSink, RecordingStore, address
 
 Q = address("/queue/ttl")
 DLQ = address("/queue/DLQ")

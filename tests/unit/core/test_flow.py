@@ -7,7 +7,7 @@ import pytest
 from core.broker import Broker, BrokerSettings
 from core.errors import LimitExceeded
 from core.subscriptions import AckMode
-from tests.core_fakes import FakeClock, RecordingSink, address
+from tests.support.core_fakes import FakeClock, RecordingSink, address
 
 TOPIC = address("/topic/flow")
 

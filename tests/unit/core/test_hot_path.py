@@ -14,7 +14,7 @@ from core.messages import Message
 from core.names import Kind
 from core.selectors import compile_selector
 from core.subscriptions import AckMode
-from tests.core_fakes import Q, World, address
+from tests.support.core_fakes import Q, World, address
 
 
 def test_kinds_key_dicts_by_identity_and_the_topic_prefix_is_the_kinds() -> None:

@@ -27,7 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from core.broker import Broker, BrokerSettings, Client
 from core.messages import Message
 from core.subscriptions import AckMode
-from tests.core_fakes import FakeClock, RecordingSink, address
+from tests.support.core_fakes import FakeClock, RecordingSink, address
 
 Q = address("/queue/model")
 N_CONSUMERS = 3

@@ -9,7 +9,7 @@ from core.broker import Broker, BrokerSettings
 from core.errors import InvalidDestination, InvalidRequest
 from core.selectors import compile_selector
 from core.subscriptions import AckMode
-from tests.core_fakes import FakeClock, RecordingSink, RecordingStore, address
+from tests.support.core_fakes import FakeClock, RecordingSink, RecordingStore, address
 
 T = address("/topic/sensors.kitchen")
 AUTO = AckMode.AUTO

@@ -7,7 +7,7 @@ import pytest
 from core.broker import Broker, BrokerSettings
 from core.subscriptions import AckMode
 from gateway import config
-from tests.core_fakes import FakeClock, RecordingSink, address
+from tests.support.core_fakes import FakeClock, RecordingSink, address
 
 POLICIES = [
     {"destination": "/queue/>", "max_redeliveries": 5, "default_prefetch": 50},

@@ -13,7 +13,7 @@ from core.broker import Broker, BrokerSettings
 from core.errors import InvalidDestination, LimitExceeded
 from core.tally import ANONYMOUS, UNKNOWN_HOLDER, USER, Shares, Tally, describe, holder_of, holder_of_owner
 from core.subscriptions import AckMode
-from tests.core_fakes import FakeClock, RecordingSink, RecordingStore, address
+from tests.support.core_fakes import FakeClock, RecordingSink, RecordingStore, address
 
 T = address("/topic/jobs.>")
 BOB = Principal("bob")

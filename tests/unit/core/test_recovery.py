@@ -7,7 +7,7 @@ from core import recovery
 from core.broker import Broker, BrokerSettings
 from core.durables import durable_key
 from core.storage import Recovered, Retained, StoredMessage, StoredSubscription
-from tests.core_fakes import FakeClock, RecordingStore, address
+from tests.support.core_fakes import FakeClock, RecordingStore, address
 
 
 def recovered(*, clean: bool, queues: dict[str, list[StoredMessage]], subscriptions: list[StoredSubscription] = (),  # type: ignore[assignment]

@@ -10,7 +10,7 @@ from core.broker import Client
 from core.errors import NotAuthorized
 from core.revocation import Recheck, recheck
 from core.subscriptions import AckMode
-from tests.core_fakes import RecordingSink, World, address
+from tests.support.core_fakes import RecordingSink, World, address
 
 PLANT = address("/topic/plant.>")
 ORDERS = address("/queue/orders")

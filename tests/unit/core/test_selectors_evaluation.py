@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from core.selectors import compile_selector
-from tests.selector_helpers import AND_TABLE, F, H, NOT_TABLE, OR_TABLE, T, U, msg
+from tests.support.selector_helpers import AND_TABLE, F, H, NOT_TABLE, OR_TABLE, T, U, msg
 
 # (selector, expected three-valued result against msg(H))
 TABLE: list[tuple[str, bool | None]] = [

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from core import selectors
 from core.selectors import SelectorError, compile_selector
-from tests.selector_helpers import F, H, T, U, msg
+from tests.support.selector_helpers import F, H, T, U, msg
 
 
 @pytest.mark.parametrize(

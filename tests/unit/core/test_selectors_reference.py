@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from core.messages import Message
 from core.selectors import compile_selector
-from tests.selector_helpers import AND_TABLE, F, NOT_TABLE, OR_TABLE, U, msg
+from tests.support.selector_helpers import AND_TABLE, F, NOT_TABLE, OR_TABLE, U, msg
 
 
 # -- reference evaluator over a generated AST ---------------------------------------

@@ -12,7 +12,7 @@ from core.broker import Broker, BrokerSettings
 from core.errors import DuplicateSubscription, InvalidDestination, LimitExceeded, NotAuthorized, UnknownSubscription
 from core.shared import group_key, member_key, split_key
 from core.subscriptions import AckMode
-from tests.core_fakes import FakeClock, RecordingSink, RecordingStore, address
+from tests.support.core_fakes import FakeClock, RecordingSink, RecordingStore, address
 
 T = address("/topic/jobs.>")
 JOB = address("/topic/jobs.render")

@@ -11,7 +11,7 @@ from core.broker import Broker, BrokerSettings
 from core.shared import group_key
 from core.subscriptions import AckMode
 from persistence.store import Store
-from tests.core_fakes import FakeClock, RecordingSink, address
+from tests.support.core_fakes import FakeClock, RecordingSink, address
 
 T = address("/topic/jobs.>")
 JOB = address("/topic/jobs.render")

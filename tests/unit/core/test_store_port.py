@@ -10,7 +10,7 @@ from core.durables import durable_key, parse_durable_key
 from core.errors import DuplicateSubscription, InvalidDestination
 from core.messages import Message
 from core.subscriptions import AckMode
-from tests.core_fakes import FakeClock, RecordingSink, RecordingStore, address
+from tests.support.core_fakes import FakeClock, RecordingSink, RecordingStore, address
 
 Q = address("/queue/orders")
 T = address("/topic/prices.eu")

@@ -20,8 +20,8 @@ from persistence.archive import Archive
 from persistence.follower import Follower
 from persistence.replication import Batch as BatchFrame
 from persistence.store import Store
-from tests.replicator_helpers import Events
-from tests.replication_helpers import SEGMENT, commit, everything, folder_state, primary
+from tests.support.replicator_helpers import Events
+from tests.support.replication_helpers import SEGMENT, commit, everything, folder_state, primary
 
 WAIT_S = 20.0
 

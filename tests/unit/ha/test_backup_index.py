@@ -15,9 +15,9 @@ from gateway.ha.link import Link
 from persistence import replication as r
 from persistence.archive import Archive
 from persistence.store import Store
-from tests.replicator_helpers import Events
-from tests.replication_helpers import SEGMENT, commit, everything, folder_state, follower, primary
-from tests.store_helpers import state
+from tests.support.replicator_helpers import Events
+from tests.support.replication_helpers import SEGMENT, commit, everything, folder_state, follower, primary
+from tests.support.store_helpers import state
 
 WAIT_S = 20.0
 

@@ -16,9 +16,9 @@ from gateway.ha.backup import Backup
 from gateway.ha.link import HANDSHAKE_TIMEOUT_S, Link
 from persistence import replication as r
 from persistence.archive import Archive
-from tests.replicator_helpers import Events, PrimaryNode, wait_for
-from tests.store_helpers import message
-from tests.replication_helpers import SEGMENT, primary
+from tests.support.replicator_helpers import Events, PrimaryNode, wait_for
+from tests.support.store_helpers import message
+from tests.support.replication_helpers import SEGMENT, primary
 from tests.unit.ha.test_backup_group import WAIT_S, HeldFollower, frames_of
 
 HEARTBEAT_S = 0.05

@@ -12,9 +12,9 @@ import trio.testing
 
 from gateway.ha.replicator import Replicator
 from persistence.store import Store
-from tests.replicator_helpers import H1, Receipts
-from tests.replication_helpers import primary
-from tests.store_helpers import message
+from tests.support.replicator_helpers import H1, Receipts
+from tests.support.replication_helpers import primary
+from tests.support.store_helpers import message
 
 
 def write(store: Store, replicator: Replicator, count: int = 1, size: int = 50) -> int:

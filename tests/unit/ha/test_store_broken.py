@@ -14,7 +14,7 @@ import trio
 
 from gateway import tasks
 from gateway.admin import metrics
-from tests.replicator_helpers import Events, Receipts
+from tests.support.replicator_helpers import Events, Receipts
 
 
 class FailingStore:

@@ -17,8 +17,8 @@ from persistence import epochs
 from persistence import replication as r
 from persistence.catchup import Answer, Plan, Refusal, plan
 from persistence.store import Store
-from tests.replicator_helpers import H1, Events
-from tests.replication_helpers import SEGMENT, commit, everything, folder_state, follower, primary, ship
+from tests.support.replicator_helpers import H1, Events
+from tests.support.replication_helpers import SEGMENT, commit, everything, folder_state, follower, primary, ship
 
 
 def batch(first: int, last: int, size: int = 100, epoch: int = 1) -> r.Batch:

@@ -17,8 +17,8 @@ from gateway.mqtt import codec
 from gateway.mqtt import packets as p
 from gateway.mqtt.codec import LocalProtocolError, MqttConnection, RemoteProtocolError, Role, State
 from gateway.mqtt.wire import remaining_length
-from tests.helpers import splits
-from tests.mqtt_codec_helpers import (
+from tests.support.helpers import splits
+from tests.support.mqtt_codec_helpers import (
     CONNACKS,
     CONNECT_WIRE,
     CONNECTS,

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gateway.mqtt import packets as p
 from gateway.mqtt.codec import LocalProtocolError, MqttConnection, RemoteProtocolError, Role, State
-from tests.mqtt_codec_helpers import (
+from tests.support.mqtt_codec_helpers import (
     CONNACK_WIRE,
     OTHER,
     SENDS,

@@ -17,9 +17,9 @@ from gateway.mqtt import properties
 from gateway.mqtt.codec import LocalProtocolError, MqttConnection, RemoteProtocolError, Role
 from gateway.mqtt.decoders import DECODERS_V5
 from gateway.mqtt.wire import PT, remaining_length
-from tests.helpers import splits
-from tests.mqtt5_codec_helpers import connected5, encode5, properties_for
-from tests.mqtt_codec_helpers import FAST
+from tests.support.helpers import splits
+from tests.support.mqtt5_codec_helpers import connected5, encode5, properties_for
+from tests.support.mqtt_codec_helpers import FAST
 
 TOPIC_BYTES = st.one_of(
     st.text(alphabet=st.sampled_from("ab/+#\x00é😀 .%"), max_size=12).map(lambda t: t.encode()),

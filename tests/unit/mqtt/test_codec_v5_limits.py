@@ -17,7 +17,7 @@ from gateway.mqtt.codec import MqttConnection, RemoteProtocolError, Role, State
 from gateway.mqtt.properties import Budget, read_properties
 from gateway.mqtt.settings import MqttSettings
 from gateway.mqtt.wire import PT, remaining_length
-from tests.mqtt5_codec_helpers import connected5
+from tests.support.mqtt5_codec_helpers import connected5
 
 PACKET_TOO_LARGE = 0x95
 

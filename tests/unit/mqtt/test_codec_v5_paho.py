@@ -20,7 +20,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from gateway.mqtt import packets as p
 from gateway.mqtt.codec import MqttConnection, Role
-from tests.helpers import TIMEOUT
+from tests.support.helpers import TIMEOUT
 
 
 class Peer:
@@ -78,7 +78,7 @@ def paho_and_peer() -> Iterator[tuple[mqtt.Client, dict[str, Any], Peer]]:
         yield client, seen, Peer(sock)
     finally:
         client.loop_stop()
-        client._reset_sockets()  # paho's wake-up socket pair, else left to the garbage collector (as in tests/mqtt_helpers.py)
+        client._reset_sockets()  # paho's wake-up socket pair, else left to the garbage collector (as in tests/support/mqtt_helpers.py)
         sock.close()
 
 

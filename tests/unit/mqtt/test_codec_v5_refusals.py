@@ -10,8 +10,8 @@ import pytest
 
 from gateway.mqtt import packets as p
 from gateway.mqtt.codec import LocalProtocolError, MqttConnection, RemoteProtocolError, Role, State
-from tests.mqtt5_codec_helpers import block, connected5, decode5, encode5, frame, refused5
-from tests.mqtt_codec_helpers import refused
+from tests.support.mqtt5_codec_helpers import block, connected5, decode5, encode5, frame, refused5
+from tests.support.mqtt_codec_helpers import refused
 
 MALFORMED, PROTOCOL_ERROR = 0x81, 0x82
 

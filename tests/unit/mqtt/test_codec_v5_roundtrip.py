@@ -14,8 +14,8 @@ from gateway.mqtt import packets as p
 from gateway.mqtt.codec import EMPTY_PROPERTIES, MqttConnection, Role, encode_properties
 from gateway.mqtt.properties import SPECS, WILL, read_properties
 from gateway.mqtt.wire import PT
-from tests.helpers import splits
-from tests.mqtt5_codec_helpers import (
+from tests.support.helpers import splits
+from tests.support.mqtt5_codec_helpers import (
     CONNACK5_WIRE,
     SENDS5,
     connected5,
@@ -24,7 +24,7 @@ from tests.mqtt5_codec_helpers import (
     encode5,
     properties_for,
 )
-from tests.mqtt_codec_helpers import FAST, OTHER
+from tests.support.mqtt_codec_helpers import FAST, OTHER
 
 FULL_PUBLISH = p.Properties(
     payload_format_indicator=1, message_expiry_interval=3600, content_type="text/plain", response_topic="re/ply",

@@ -23,9 +23,9 @@ from gateway.mqtt.codec import LocalProtocolError, MqttConnection, RemoteProtoco
 from gateway.mqtt.decoders import DECODERS_V311
 from gateway.mqtt.session import MqttSession, MqttSettings, Registry
 from gateway.mqtt.wire import PT, remaining_length
-from tests.core_fakes import FakeClock
-from tests.helpers import splits
-from tests.mqtt_codec_helpers import FAST, connected
+from tests.support.core_fakes import FakeClock
+from tests.support.helpers import splits
+from tests.support.mqtt_codec_helpers import FAST, connected
 
 # Topic bytes the rules care about: valid UTF-8, '+', '#', NUL, bad UTF-8, empty.
 TOPIC_BYTES = st.one_of(

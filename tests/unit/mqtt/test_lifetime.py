@@ -12,7 +12,7 @@ from gateway.mqtt import codec, packets
 from gateway.mqtt.lifetime import CLOSED, EXPIRY_NOTES, NEVER, OPEN, Lifetimes, PendingWill, expiry_note, read_note
 from gateway.mqtt.registry import OWNER_PREFIX, Registry
 from gateway.mqtt.session import MqttSession, MqttSettings
-from tests.core_fakes import FakeClock, RecordingStore
+from tests.support.core_fakes import FakeClock, RecordingStore
 
 T0 = 1_700_000_000_000
 

@@ -10,7 +10,7 @@ from core.broker import Broker
 from gateway.mqtt import codec, packets
 from gateway.mqtt.inflight import Stage
 from gateway.mqtt.session import MqttSession, MqttSettings, Registry
-from tests.core_fakes import FakeClock
+from tests.support.core_fakes import FakeClock
 
 
 class Log:

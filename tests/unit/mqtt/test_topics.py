@@ -11,7 +11,7 @@ from core.broker import Broker
 from core.messages import Message
 from core.subscriptions import AckMode
 from gateway.mqtt import topics
-from tests.core_fakes import FakeClock, RecordingSink, RecordingStore
+from tests.support.core_fakes import FakeClock, RecordingSink, RecordingStore
 
 
 @pytest.mark.parametrize(

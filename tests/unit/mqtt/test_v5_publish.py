@@ -11,7 +11,7 @@ from gateway.mqtt.properties import subscription_identifier_item
 from gateway.mqtt.peer import Peer, negotiate
 from gateway.mqtt.reasons import ReasonCode as R
 from gateway.mqtt.settings import MqttSettings
-from tests.mqtt5_codec_helpers import CONNACK5_WIRE
+from tests.support.mqtt5_codec_helpers import CONNACK5_WIRE
 
 NOW = 1_700_000_000_000
 SETTINGS = MqttSettings(topic_alias_maximum=2)

@@ -17,7 +17,7 @@ from gateway.mqtt.lifetime import Lifetimes, PendingWill, will_bytes, will_refus
 from gateway.mqtt.reasons import ReasonCode as R
 from gateway.mqtt.registry import Registry
 from gateway.mqtt.session import MqttSession, MqttSettings
-from tests.core_fakes import FakeClock, RecordingStore
+from tests.support.core_fakes import FakeClock, RecordingStore
 from tests.unit.mqtt.test_lifetime import Log, drop, read, send
 
 T0 = 1_700_000_000_000

@@ -14,8 +14,8 @@ from persistence import replication as r
 from persistence.catchup import Answer, Plan, Refusal, SnapshotSource, plan
 from persistence.journal import list_segments
 from persistence.store import Store
-from tests.replication_helpers import commit, everything, folder_state, follower, primary, send_snapshot, ship
-from tests.store_helpers import message
+from tests.support.replication_helpers import commit, everything, folder_state, follower, primary, send_snapshot, ship
+from tests.support.store_helpers import message
 
 H1 = ((1, 1),)
 

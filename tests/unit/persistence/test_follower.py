@@ -17,8 +17,8 @@ from persistence.catchup import Refusal
 from persistence.journal import list_segments
 from persistence.replication import split_runs
 from persistence.store import Store
-from tests.replication_helpers import commit, everything, folder_state, follower, primary, ship
-from tests.store_helpers import message
+from tests.support.replication_helpers import commit, everything, folder_state, follower, primary, ship
+from tests.support.store_helpers import message
 
 
 def test_a_follower_recovers_exactly_what_the_primary_holds(tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ from persistence.archive import Archive
 from persistence.catchup import SnapshotSource
 from persistence.journal import list_segments
 from persistence.store import Store
-from tests.replication_helpers import SEGMENT, commit, everything, folder_state, follower, primary, send_snapshot, ship
-from tests.store_helpers import message, state
+from tests.support.replication_helpers import SEGMENT, commit, everything, folder_state, follower, primary, send_snapshot, ship
+from tests.support.store_helpers import message, state
 
 
 def copy_folder(src: Path, dst: Path) -> Path:

@@ -9,7 +9,7 @@ from pathlib import Path
 from persistence import records
 from persistence.journal import segment_name, split_location
 from persistence.store import Store
-from tests.store_helpers import SEGMENT, crash, message, opened, reopen, state, workload
+from tests.support.store_helpers import SEGMENT, crash, message, opened, reopen, state, workload
 
 
 def test_a_torn_tail_at_every_byte_of_the_last_record_loses_only_that_record(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from persistence.journal import list_segments, segment_name, split_location
-from tests.store_helpers import message, opened, reopen, state, workload
+from tests.support.store_helpers import message, opened, reopen, state, workload
 
 
 def test_replay_after_a_checkpoint_matches_a_full_replay_and_replays_only_the_rest(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from persistence.journal import list_segments, segment_name
 from persistence.offline import check, compact
-from tests.store_helpers import crash, message, opened, reopen, state, workload
+from tests.support.store_helpers import crash, message, opened, reopen, state, workload
 
 
 def test_check_reports_without_changing_anything(tmp_path: Path) -> None:

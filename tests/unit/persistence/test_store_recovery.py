@@ -8,7 +8,7 @@ from pathlib import Path
 
 from persistence import settings
 from persistence.journal import segment_name
-from tests.store_helpers import crash, message, opened, reopen, state, subscriptions, workload
+from tests.support.store_helpers import crash, message, opened, reopen, state, subscriptions, workload
 
 
 def test_an_empty_folder_opens_empty(tmp_path: Path) -> None:

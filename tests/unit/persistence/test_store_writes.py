@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from persistence.offline import check
-from tests.store_helpers import message, opened, reopen, subscriptions
+from tests.support.store_helpers import message, opened, reopen, subscriptions
 
 
 def test_read_message_finds_a_record_still_pending_or_being_written(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 from core.broker import Broker
 from gateway.session.skeleton import PASS_BUDGET_S, Dialect, Skeleton, State
-from tests.core_fakes import FakeClock, RecordingSink
+from tests.support.core_fakes import FakeClock, RecordingSink
 
 
 class Words:

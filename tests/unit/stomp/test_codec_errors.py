@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from gateway.stomp import codec, frames
 from gateway.stomp.codec import LocalProtocolError, RemoteProtocolError, Role, State, StompConnection
-from tests.helpers import splits
-from tests.stomp_codec_helpers import VERSIONS, connection, decode
+from tests.support.helpers import splits
+from tests.support.stomp_codec_helpers import VERSIONS, connection, decode
 
 
 # -- errors ------------------------------------------------------------------

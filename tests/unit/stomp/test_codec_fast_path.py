@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.stomp.codec import RemoteProtocolError, Role, StompConnection
-from tests.helpers import splits
+from tests.support.helpers import splits
 
 Outcome = list[tuple[Any, ...]]
 

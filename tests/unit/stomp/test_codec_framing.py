@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from gateway.stomp import frames
 from gateway.stomp.codec import LocalProtocolError, RemoteProtocolError, Role, State
-from tests.helpers import splits
-from tests.stomp_codec_helpers import SENT_BY, VERSIONS, connection, decode, expected
+from tests.support.helpers import splits
+from tests.support.stomp_codec_helpers import SENT_BY, VERSIONS, connection, decode, expected
 
 OTHER = {Role.CLIENT: Role.SERVER, Role.SERVER: Role.CLIENT}
 

@@ -9,7 +9,7 @@ import pytest
 
 from gateway.stomp import codec, frames
 from gateway.stomp.codec import LocalProtocolError, Role, StompConnection
-from tests.stomp_codec_helpers import SENT_BY, VERSIONS, connection, decode, expected
+from tests.support.stomp_codec_helpers import SENT_BY, VERSIONS, connection, decode, expected
 
 
 # -- golden vectors (STOMP 1.2 specification examples) -----------------------

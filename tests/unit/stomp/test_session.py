@@ -9,7 +9,7 @@ from typing import Any
 from core.broker import Broker, BrokerSettings
 from gateway.stomp import codec, frames
 from gateway.stomp.session import StompSession, StompSettings
-from tests.core_fakes import FakeClock, RecordingStore
+from tests.support.core_fakes import FakeClock, RecordingStore
 
 
 class Log:

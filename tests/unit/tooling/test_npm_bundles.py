@@ -10,7 +10,7 @@ import tarfile
 
 import pytest
 
-from tests.npm_bundles import BUNDLES, BundleError, extract, verify
+from tests.support.npm_bundles import BUNDLES, BundleError, extract, verify
 
 
 def tarball(files: dict[str, bytes]) -> bytes:

@@ -1,5 +1,5 @@
 """The queue, topic and latency scenarios of run.py: load-generator processes
-(``loadgen.py``) around one broker, their results collected within the
+(``load/loadgen.py``) around one broker, their results collected within the
 scenario's deadline, and the delivery check and rates from their timestamps.
 """
 
@@ -15,9 +15,9 @@ import tempfile
 import threading
 import time
 
-from broker_process import HERE, Broker, ScenarioFailed, loadavg
+from benchmarks.harness.broker import BENCHMARKS, Broker, ScenarioFailed, loadavg
 
-LOADGEN = HERE / "loadgen.py"
+LOADGEN = BENCHMARKS / "load" / "loadgen.py"
 DEFAULT_MESSAGES = {"queue": 200_000, "topic": 50_000}
 
 
@@ -35,7 +35,7 @@ class Worker:
         params = {**params, "parent": os.getpid()}
         self.proc = subprocess.Popen(
             [sys.executable, str(LOADGEN), json.dumps(params)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, cwd=HERE,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, cwd=BENCHMARKS,
             text=True, bufsize=1,
         )
         self.thread = threading.Thread(target=self._read, args=(events,), daemon=True)

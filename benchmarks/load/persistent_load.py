@@ -11,8 +11,8 @@ import selectors
 import socket
 import time
 
-import stompwire
-from persistent_broker import Broker, Failed
+from benchmarks.load import stompwire
+from benchmarks.harness.broker import Broker, ScenarioFailed
 
 BODY_SIZE = stompwire.BODY_SIZE
 PRODUCERS = 8
@@ -28,7 +28,7 @@ ERROR_MARK = b"ERROR\n"
 def _connect(port: int, deadline: float) -> socket.socket:
     sock, reader = stompwire.connect(port, deadline)
     if reader.rest:
-        raise Failed(f"unexpected bytes after CONNECTED: {reader.rest[:80]!r}")
+        raise ScenarioFailed(f"unexpected bytes after CONNECTED: {reader.rest[:80]!r}")
     return sock
 
 
@@ -90,13 +90,13 @@ def producers_main(port: int, destination: str, seconds: float, deadline: float,
                 sock, state = key.fileobj, key.data
                 data = sock.recv(262144)
                 if not data:
-                    raise Failed("broker closed a producer connection")
+                    raise ScenarioFailed("broker closed a producer connection")
                 buf = state["rest"] + data
                 cut = buf.rfind(b"\x00") + 1
                 state["rest"] = buf[cut:]
                 chunk = buf[:cut]
                 if ERROR_MARK in chunk:
-                    raise Failed("broker sent ERROR: " + chunk[chunk.find(ERROR_MARK):][:300].decode("utf-8", "replace"))
+                    raise ScenarioFailed("broker sent ERROR: " + chunk[chunk.find(ERROR_MARK):][:300].decode("utf-8", "replace"))
                 t = time.monotonic_ns()
                 for m in RECEIPT_RE.finditer(chunk):
                     sent = sent_at.pop(int(m.group(1)))
@@ -150,14 +150,14 @@ def consumer_main(port: int, destination: str, deadline: float, idle_s: float, o
             except TimeoutError:
                 continue
             if not data:
-                raise Failed("broker closed the consumer connection")
+                raise ScenarioFailed("broker closed the consumer connection")
             last_data = time.monotonic()
             buf = rest + data
             cut = buf.rfind(b"\x00") + 1
             rest = buf[cut:]
             chunk = buf[:cut]
             if ERROR_MARK in chunk:
-                raise Failed("broker sent ERROR: " + chunk[chunk.find(ERROR_MARK):][:300].decode("utf-8", "replace"))
+                raise ScenarioFailed("broker sent ERROR: " + chunk[chunk.find(ERROR_MARK):][:300].decode("utf-8", "replace"))
             acks = ACK_RE.findall(chunk)
             if acks:
                 if not received:
@@ -190,10 +190,10 @@ def expect(conn, kind: str, deadline: float, broker: Broker, name: str) -> dict:
             if what == kind:
                 return payload
             if what == "RESULT":
-                raise Failed(f"{name} failed before it was ready: {payload.get('error')}")
+                raise ScenarioFailed(f"{name} failed before it was ready: {payload.get('error')}")
         if not broker.alive:
-            raise Failed(f"broker exited with code {broker.proc.returncode}: {broker.log_tail()}")
-    raise Failed(f"timed out waiting for {kind} from {name}")
+            raise ScenarioFailed(f"broker exited with code {broker.proc.returncode}: {broker.log_tail()}")
+    raise ScenarioFailed(f"timed out waiting for {kind} from {name}")
 
 
 def fill(port: int, dest: str, n: int, deadline: float) -> dict:
@@ -213,15 +213,15 @@ def fill(port: int, dest: str, n: int, deadline: float) -> dict:
             data = sock.recv(65536)
         except (BlockingIOError, TimeoutError):
             if block:
-                raise Failed(f"fill: timed out with {done:,} of {n:,} receipted") from None
+                raise ScenarioFailed(f"fill: timed out with {done:,} of {n:,} receipted") from None
             return
         if not data:
-            raise Failed(f"fill: broker closed the connection after {done:,} receipted")
+            raise ScenarioFailed(f"fill: broker closed the connection after {done:,} receipted")
         buf = rest + data
         cut = buf.rfind(b"\x00") + 1
         rest = buf[cut:]
         if ERROR_MARK in buf[:cut]:
-            raise Failed("fill: broker sent ERROR: " + buf[buf.find(ERROR_MARK):][:300].decode("utf-8", "replace"))
+            raise ScenarioFailed("fill: broker sent ERROR: " + buf[buf.find(ERROR_MARK):][:300].decode("utf-8", "replace"))
         for m in RECEIPT_RE.finditer(buf[:cut]):
             outstanding.remove(int(m.group(1)))
             done = int(m.group(1)) + 1
@@ -240,7 +240,7 @@ def fill(port: int, dest: str, n: int, deadline: float) -> dict:
         else:
             batch.append(head + b"\n" + stompwire.body(seq) + b"\x00")
         if time.monotonic() > deadline:
-            raise Failed(f"fill: timed out after {seq:,} of {n:,} sent")
+            raise ScenarioFailed(f"fill: timed out after {seq:,} of {n:,} sent")
     while outstanding:
         read(True)
     elapsed = time.monotonic() - t0
@@ -258,12 +258,12 @@ def first_message(port: int, dest: str, t_exec: float, deadline: float) -> tuple
         try:
             data = sock.recv(65536)
         except TimeoutError:
-            raise Failed("no message after the restart in time") from None
+            raise ScenarioFailed("no message after the restart in time") from None
         if not data:
-            raise Failed("broker closed the consumer connection after the restart")
+            raise ScenarioFailed("broker closed the consumer connection after the restart")
         buf += data
         if ERROR_MARK in buf:
-            raise Failed("broker sent ERROR: " + buf[buf.find(ERROR_MARK):][:300].decode("utf-8", "replace"))
+            raise ScenarioFailed("broker sent ERROR: " + buf[buf.find(ERROR_MARK):][:300].decode("utf-8", "replace"))
         m = stompwire.SEQ_RE.search(buf)
         if m and b"\x00" in buf[m.end():]:
             t = time.monotonic() - t_exec

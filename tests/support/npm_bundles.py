@@ -19,7 +19,7 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
-CACHE = Path(__file__).resolve().parent.parent / "build" / "npm"
+CACHE = Path(__file__).resolve().parents[2] / "build" / "npm"
 REGISTRY = "https://registry.npmjs.org"
 # Tarballs are a few hundred KiB; anything far larger is not what we pinned.
 MAX_TARBALL_BYTES = 16 * 1024 * 1024

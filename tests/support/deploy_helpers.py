@@ -21,7 +21,7 @@ import yaml
 from gateway import __main__ as cli
 from gateway import config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 GATEWAY = str(Path(sys.executable).parent / "gateway")
 

@@ -1,6 +1,6 @@
 """Load-generator worker processes, started by ``run.py`` (stdlib only).
 
-Usage: ``python loadgen.py '<json parameters>'``.  A worker connects, prints
+Usage: ``python load/loadgen.py '<json parameters>'``.  A worker connects, prints
 ``READY {...}`` on stdout, and then:
 
 * a producer waits for ``GO`` on stdin and sends;
@@ -27,8 +27,11 @@ import socket
 import sys
 import time
 from array import array
+from pathlib import Path
 
-import stompwire as sw
+# Run as a script (sys.path[0] is benchmarks/load/): the checkout, for benchmarks.load.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.load import stompwire as sw  # noqa: E402
 
 RECV_BYTES = 1 << 20  # flood consumers: as much per wake-up as the kernel has
 RECV_BYTES_TIMED = 1 << 16  # latency consumer: a few frames per millisecond

@@ -19,7 +19,7 @@ from typing import Any
 import wsproto
 from wsproto import events as ws
 
-from tests.helpers import TIMEOUT
+from tests.support.helpers import TIMEOUT
 
 
 class Refused(AssertionError):

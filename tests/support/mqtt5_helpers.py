@@ -14,8 +14,8 @@ from paho.mqtt.properties import Properties as PahoProperties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from gateway.mqtt import packets as p
-from tests.helpers import TIMEOUT, wait_for
-from tests.mqtt_helpers import RawMqtt
+from tests.support.helpers import TIMEOUT, wait_for
+from tests.support.mqtt_helpers import RawMqtt
 
 
 def props(packet_type: int = PacketTypes.PUBLISH, **values: Any) -> PahoProperties:

@@ -18,7 +18,7 @@ from gateway.ha.replicator import Replicator
 from persistence import epochs
 from persistence.follower import Follower
 from persistence.store import Store
-from tests.replication_helpers import follower, primary
+from tests.support.replication_helpers import follower, primary
 
 H1 = ((1, 1),)
 WAIT_S = 20.0

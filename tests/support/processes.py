@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 
 GATEWAY = str(Path(sys.executable).parent / "gateway")
 HOST = "127.0.0.1"

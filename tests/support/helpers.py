@@ -83,7 +83,7 @@ class RawClient:
 
     def __init__(self, address: tuple[str, int] | None, timeout: float = TIMEOUT, *, rcvbuf: int | None = None,
                  sock: Any = None) -> None:
-        if sock is not None:  # already connected, e.g. a WebSocket (tests/ws_helpers.py)
+        if sock is not None:  # already connected, e.g. a WebSocket (tests/support/ws_helpers.py)
             self.sock = sock
         else:
             assert address is not None

@@ -14,7 +14,7 @@ import structlog
 
 from gateway.ha.coordinator import CoordinationError, Coordinator, StateCallbacks
 from gateway.ha.election import NodeRecord, Role
-from tests.zookeeper_helpers import ZooKeeperServer
+from tests.support.zookeeper_helpers import ZooKeeperServer
 
 ROOT = "/gateway"
 SESSION_TIMEOUT_S = 3.0

@@ -14,8 +14,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from tests.helpers import wait_for
-from tests.processes import HOST, free_port
+from tests.support.helpers import wait_for
+from tests.support.processes import HOST, free_port
 
 # The Debian package's server jar; its manifest's Class-Path names the
 # dependencies (netty, jetty, slf4j...) in /usr/share/java, so it is the

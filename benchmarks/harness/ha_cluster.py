@@ -2,7 +2,7 @@
 nodes with ``[ha]`` tables, and a plain single-node ``gateway serve`` to
 compare with (stdlib only).
 
-Each is started through broker_process's shim, so it gets SIGKILL should the
+Each is started through harness/broker.py's shim, so it gets SIGKILL should the
 runner itself die; every wait is bounded; ``kill`` never raises.
 """
 
@@ -19,8 +19,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from broker_process import EXEC_SHIM, HOST, ROOT, ScenarioFailed, free_port
-from link_proxy import LinkProxy
+from benchmarks.harness.broker import EXEC_SHIM, HOST, ROOT, ScenarioFailed, free_port
+from benchmarks.harness.link_proxy import LinkProxy
 
 GATEWAY = [sys.executable, "-m", "gateway"]  # the checkout's own code (run from ROOT)
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")  # Debian's zookeeper package
@@ -124,7 +124,7 @@ class HaNode(Child):
         self.node_id = node_id
         self.stomp_port, self.admin_port, replication = free_port(), free_port(), free_port()
         # The others reach its replication port through this proxy, which a
-        # "cut" round cuts (silently: benchmarks/link_proxy.py): the node is
+        # "cut" round cuts (silently: benchmarks/harness/link_proxy.py): the node is
         # then cut off from its backups, not from ZooKeeper.
         self.proxy = LinkProxy()
         self.proxy.target = replication

@@ -4,7 +4,7 @@ only), Debian's ActiveMQ 5.17 (STOMP and MQTT) and Debian's RabbitMQ 3.10
 (its STOMP and MQTT plugins).
 
 Each start gets fresh ports, a fresh temporary folder holding its own config
-and data, and runs through broker_process's exec shim (SIGKILL if the runner
+and data, and runs through harness/broker.py's exec shim (SIGKILL if the runner
 dies), so the pid the load generator samples with --pid is the broker itself.
 A peer that is not installed is reported with the reason (``missing()``); one
 that does not accept connections within the deadline raises ScenarioFailed.
@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from broker_process import EXEC_SHIM, HOST, ROOT, ScenarioFailed, free_port, proc_tree
+from benchmarks.harness.broker import EXEC_SHIM, HOST, ROOT, ScenarioFailed, free_port, proc_tree
 
 ACTIVEMQ_HOME = Path("/usr/share/activemq")
 JAVA_LIB = Path("/usr/share/java")

@@ -1,14 +1,17 @@
-"""The broker under benchmark as a child process, and what the runners read
-about processes from /proc (stdlib only).
+"""The broker under benchmark as a child process (every runner's one
+launcher), and what the runners read about processes from /proc (stdlib only).
 
 ``Broker`` starts ``gateway serve`` (or any --broker-cmd) on a free 127.0.0.1
 port with a temporary data dir, through a shim that kills it if the runner
 dies, and stops it with SIGTERM (SIGKILL after a bounded wait); its CPU seconds
-and RSS are summed over its process tree.
+and RSS are summed over its process tree.  The persistence benchmarks also
+restart it on the same data folder (and port), kill it, and read back its JSON
+log, which is kept across its lifetimes.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -20,8 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+BENCHMARKS = Path(__file__).resolve().parents[1]
+ROOT = BENCHMARKS.parent
 HOST = "127.0.0.1"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -100,11 +103,19 @@ class Broker:
         self.shutdown_s: float | None = None
         self.killed = False
 
-    def start(self, deadline: float) -> None:
-        self.port = free_port()
+    def start(self, deadline: float, *, keep_port: bool = False) -> float:
+        """Start (again, on the same data folder; on the same port with
+        ``keep_port``); return seconds from exec to the port accepting connections."""
+        if not keep_port or not self.port:
+            self.port = free_port()
         cmd = shlex.split(self.template.format(port=self.port, data_dir=shlex.quote(str(self.data_dir))))
         self.command = cmd
-        with open(self.log_path, "wb") as log:
+        self.exit_code = None
+        self.shutdown_s = None
+        with open(self.log_path, "ab") as log:  # appended: one log across lifetimes
+            log.write(b'{"event": "bench_broker_exec"}\n')
+            log.flush()
+            t0 = time.monotonic()
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", EXEC_SHIM, str(os.getpid()), *cmd],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
@@ -114,12 +125,13 @@ class Broker:
                 raise ScenarioFailed(f"broker exited with code {self.proc.returncode} at startup: {self.log_tail()}")
             try:
                 with socket.create_connection((HOST, self.port), timeout=0.5):
-                    return
+                    return time.monotonic() - t0
             except OSError:
                 pass
             if time.monotonic() > deadline:
                 raise ScenarioFailed(f"broker did not accept connections on {HOST}:{self.port} in time")
-            time.sleep(0.05)
+            # Short: a restart's time to accept is measured by this loop.
+            time.sleep(0.002)
 
     @property
     def alive(self) -> bool:
@@ -167,6 +179,28 @@ class Broker:
                     pass
         self.exit_code = proc.returncode
 
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+        if self.proc is not None:
+            self.exit_code = self.proc.returncode
+
+    def records(self) -> list[dict]:
+        """The broker's JSON log lines (others ignored), all lifetimes."""
+        out = []
+        try:
+            with open(self.log_path, "rb") as f:
+                for line in f:
+                    if line.startswith(b"{"):
+                        try:
+                            out.append(json.loads(line))
+                        except ValueError:
+                            pass
+        except OSError:
+            pass
+        return out
+
     def log_tail(self, lines: int = 15) -> str:
         try:
             text = self.log_path.read_text(errors="replace").strip()
@@ -176,6 +210,28 @@ class Broker:
 
     def cleanup(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def fsyncs(record: dict) -> int | None:
+    for key in ("fsyncs", "fsync_count", "syncs"):
+        if isinstance(record.get(key), int):
+            return record[key]
+    return None
+
+
+def stats_lines(broker: Broker) -> list[dict]:
+    return [r for r in broker.records() if r.get("event") == "store_stats"]
+
+
+def default_broker_cmd(*, json_log: bool = False) -> str:
+    """``gateway serve`` from this checkout's virtualenv (or ``python -m
+    gateway``), {port} and {data_dir} left to substitute.  ``json_log``: INFO
+    and JSON, for the runners that read the store_stats and store_recovered
+    lines back (``Broker.records``)."""
+    gateway = ROOT / ".venv" / "bin" / "gateway"
+    base = shlex.quote(str(gateway)) if gateway.exists() else f"{shlex.quote(sys.executable)} -m gateway"
+    log = "--log-level info --log-format json" if json_log else "--log-level warning"
+    return base + " serve --stomp-port {port} --mqtt-port 0 --admin-port 0 --data-dir {data_dir} " + log
 
 
 def loadavg() -> str:

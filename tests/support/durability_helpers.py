@@ -1,7 +1,7 @@
 """What the crash tests (tests/e2e/test_durability_*.py) share: connections
 that survive their broker's death (Peer), the ledger of what the broker
 promised, producer and consumer threads, and publishing on a connection of
-its own.  The broker process itself is tests.processes.BrokerProcess.
+its own.  The broker process itself is tests.support.processes.BrokerProcess.
 
 The promises are ActiveMQ's STOMP semantics:
 
@@ -30,8 +30,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from gateway.stomp import frames
-from tests.helpers import RawClient, unique
-from tests.processes import HOST, BrokerProcess
+from tests.support.helpers import RawClient, unique
+from tests.support.processes import HOST, BrokerProcess
 
 PREFETCH = "1000000"  # a consumer that leaves messages unacked must not run out of credit
 ACTIVEMQ = {"activemq.subscriptionName": "S"}

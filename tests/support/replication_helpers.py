@@ -16,7 +16,7 @@ from persistence.epochs import History
 from persistence.follower import Follower
 from persistence.journal import Batch
 from persistence.store import Store
-from tests.store_helpers import message, state
+from tests.support.store_helpers import message, state
 
 SEGMENT = 4096
 

@@ -8,7 +8,7 @@ import base64
 import http.client
 
 from gateway.auth import hash_password
-from tests.helpers import RawClient
+from tests.support.helpers import RawClient
 
 PERSISTENT = {"persistent": "true"}
 

@@ -16,7 +16,7 @@ import paho.mqtt.client as mqtt
 
 from gateway.mqtt import packets as p
 from gateway.mqtt.codec import MqttConnection, Role
-from tests.helpers import TIMEOUT, wait_for
+from tests.support.helpers import TIMEOUT, wait_for
 
 
 class Paho:
@@ -94,7 +94,7 @@ class RawMqtt:
     """A socket speaking MQTT through the project's codec (client role)."""
 
     def __init__(self, port: int, *, sock: Any = None, source: str | None = None) -> None:
-        # ``sock``: already connected, e.g. a WebSocket (tests/ws_helpers.py);
+        # ``sock``: already connected, e.g. a WebSocket (tests/support/ws_helpers.py);
         # ``source``: the loopback address to connect from (127.0.0.2: another client address)
         self.sock = sock if sock is not None else socket.create_connection(
             ("127.0.0.1", port), timeout=TIMEOUT, source_address=(source, 0) if source else None)

@@ -21,7 +21,7 @@ import threading
 import time
 from collections import Counter
 
-from broker_process import HOST
+from benchmarks.harness.broker import HOST
 
 QUEUE = "/queue/failover"
 BODY_SIZE = 128

@@ -10,9 +10,9 @@ import signal
 import subprocess
 from pathlib import Path
 
-from tests.helpers import wait_for
-from tests.processes import HOST, free_port
-from tests.zookeeper_helpers import STARTUP_TIMEOUT_S, java_command, serves
+from tests.support.helpers import wait_for
+from tests.support.processes import HOST, free_port
+from tests.support.zookeeper_helpers import STARTUP_TIMEOUT_S, java_command, serves
 
 QUORUM_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 TICK_MS = 500

@@ -1,6 +1,6 @@
 """HA nodes as the end-to-end tests run them: `gateway serve` processes with
-an [ha] table on loopback, against a real ZooKeeper (tests/zookeeper_helpers.py, or an
-ensemble: tests/zookeeper_ensemble.py),
+an [ha] table on loopback, against a real ZooKeeper (tests/support/zookeeper_helpers.py, or an
+ensemble: tests/support/zookeeper_ensemble.py),
 each with its output in a log file, probed through its admin port the way
 Kubernetes does (/readyz, /metrics)."""
 
@@ -17,9 +17,9 @@ import urllib.request
 from pathlib import Path
 
 from gateway.auth import hash_password
-from tests.processes import GATEWAY, HOST, free_port
-from tests.zookeeper_ensemble import ZooKeeperEnsemble
-from tests.zookeeper_helpers import ZooKeeperServer
+from tests.support.processes import GATEWAY, HOST, free_port
+from tests.support.zookeeper_ensemble import ZooKeeperEnsemble
+from tests.support.zookeeper_helpers import ZooKeeperServer
 
 SESSION_TIMEOUT_S = 3
 WAIT_S = 60.0  # any wait for a role change: far beyond the session timeout and the backup's reconnects
@@ -45,7 +45,7 @@ class Node:
                  advertise: str = "") -> None:
         self.node_id = node_id
         # advertise: where its backups reach its replication port ("": that port
-        # itself; a proxy's address to cut the link: benchmarks/link_proxy.py).
+        # itself; a proxy's address to cut the link: benchmarks/harness/link_proxy.py).
         self.secret = secret  # None: no secret at all (a laptop trial)
         self.dir = tmp_path / node_id
         self.dir.mkdir()

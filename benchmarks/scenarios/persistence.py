@@ -9,9 +9,8 @@ import signal
 import subprocess
 import time
 
-from broker_process import loadavg
-from persistent_broker import Broker, Failed, fsyncs, stats_lines
-from persistent_load import PRODUCERS, WINDOW, consumer_main, expect, fill, first_message, producers_main, spawn
+from benchmarks.harness.broker import Broker, ScenarioFailed, fsyncs, loadavg, stats_lines
+from benchmarks.load.persistent_load import PRODUCERS, WINDOW, consumer_main, expect, fill, first_message, producers_main, spawn
 
 
 def scenario_persistent(args: argparse.Namespace, broker: Broker, r: dict, deadline: float) -> None:
@@ -33,13 +32,13 @@ def scenario_persistent(args: argparse.Namespace, broker: Broker, r: dict, deadl
         p = None
         while p is None:
             if time.monotonic() > work_deadline + 5:
-                raise Failed("producers did not report in time")
+                raise ScenarioFailed("producers did not report in time")
             if prod_pipe.poll(0.25):
                 _, p = prod_pipe.recv()
             if broker.alive:
                 peak = broker.memory_mib()
             elif p is None:
-                raise Failed(f"broker died (exit code {broker.proc.returncode}): {broker.log_tail()}")
+                raise ScenarioFailed(f"broker died (exit code {broker.proc.returncode}): {broker.log_tail()}")
         t_load = time.monotonic() - t0
         r["load_s"] = t_load
         r["producer"] = p
@@ -49,9 +48,9 @@ def scenario_persistent(args: argparse.Namespace, broker: Broker, r: dict, deadl
         r["broker"] = {"cpu_s": broker.cpu() - cpu0, **broker.memory_mib()}
         r["broker"]["peak_rss_mib"] = max(r["broker"]["peak_rss_mib"], peak.get("peak_rss_mib", 0))
         if p.get("error"):
-            raise Failed(f"producers: {p['error']}")
+            raise ScenarioFailed(f"producers: {p['error']}")
         if c.get("error"):
-            raise Failed(f"consumer: {c['error']}")
+            raise ScenarioFailed(f"consumer: {c['error']}")
         t_first, t_last = p["t_first_send_ns"], p["t_last_receipt_ns"]
         r["elapsed_s"] = (t_last - t_first) / 1e9
         r["receipted"] = p["receipted"]
@@ -62,7 +61,7 @@ def scenario_persistent(args: argparse.Namespace, broker: Broker, r: dict, deadl
             r["consumer_elapsed_s"] = (c["t_last_ns"] - t_first) / 1e9
             r["acked_per_s"] = c["received"] / r["consumer_elapsed_s"]
         if c["received"] != p["receipted"]:
-            raise Failed(f"consumer got {c['received']:,} of {p['receipted']:,} receipted messages")
+            raise ScenarioFailed(f"consumer got {c['received']:,} of {p['receipted']:,} receipted messages")
         # fsyncs: the store logs its totals every few seconds.  Wait (bounded)
         # for the first line written after the load, and subtract the last
         # line before it (or 0: a fresh store has synced next to nothing).
@@ -131,15 +130,15 @@ def scenario_restart(args: argparse.Namespace, broker: Broker, r: dict, deadline
         broker.proc.wait(max(1.0, min(60.0, deadline - time.monotonic())))
     except subprocess.TimeoutExpired:
         broker.kill()
-        raise Failed("broker did not exit on SIGTERM in time") from None
+        raise ScenarioFailed("broker did not exit on SIGTERM in time") from None
     r["sigterm_shutdown_s"] = time.monotonic() - t0
     r["sigterm_exit_code"] = broker.proc.returncode
     _restart_and_measure(broker, dest, n, deadline, "SIGTERM", args.restart_wait, r["restarts"])
     for x in r["restarts"]:
         if x.get("problem"):
-            raise Failed(f"after {x['after']}: {x['problem']}")
+            raise ScenarioFailed(f"after {x['after']}: {x['problem']}")
     if r["sigterm_exit_code"] != 0:
-        raise Failed(f"broker exited with code {r['sigterm_exit_code']} on SIGTERM")
+        raise ScenarioFailed(f"broker exited with code {r['sigterm_exit_code']} on SIGTERM")
 
 
 def run_scenario(name: str, args: argparse.Namespace) -> dict:
@@ -149,7 +148,7 @@ def run_scenario(name: str, args: argparse.Namespace) -> dict:
     broker = Broker(args.broker_cmd)
     try:
         (scenario_persistent if name == "persistent" else scenario_restart)(args, broker, r, deadline)
-    except Failed as exc:
+    except ScenarioFailed as exc:
         r["problems"].append(str(exc))
     except Exception as exc:  # a bug in the runner: still clean up and report
         r["problems"].append(f"runner error: {type(exc).__name__}: {exc}")

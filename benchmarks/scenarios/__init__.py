@@ -1,0 +1,2 @@
+"""Scenarios a runner delegates to: run.py's queue, topic and latency
+(throughput.py) and persistent.py's persistent and restart (persistence.py)."""
