@@ -41,13 +41,13 @@ from core.storage import Recovered, Retained, StoredMessage
 from persistence import checkpoint as checkpoints
 from persistence import records
 from persistence import recovery
-from persistence.files import FILE_MODE, make_dirs
 from persistence.archive import Archive
+from persistence.files import FILE_MODE, make_dirs
 from persistence.index import Index
-from persistence.maintenance import COMPACT_DEAD_RATIO, Maintenance
 from persistence.journal import OFFSET_BITS, OFFSET_MASK, Batch, Journal, fsync_directory, neutralize, segment_name
-from persistence.recovery import CLEAN_NAME
+from persistence.maintenance import COMPACT_DEAD_RATIO, Maintenance
 from persistence.records import COMMIT_KEYS, REDELIVERIES, RETAINED, CorruptRecord, RecordType
+from persistence.recovery import CLEAN_NAME
 from persistence.settings import SYNC_POLICIES, StoreSettings
 
 # Checkpoint once this much journal has been appended since the last one
@@ -391,7 +391,7 @@ class Store:
 
     def written_end(self) -> tuple[int, int]:
         """``(lsn, location)`` of the end of what is written (what a copy of
-        the folder may take: persistence/catchup.py).  Only between batches:
+        the folder may take: persistence/replica/catchup.py).  Only between batches:
         the worker of one may be renaming a checkpoint that is ahead of it."""
         if self._inflight is not None:
             raise RuntimeError("written_end while a batch is being written")

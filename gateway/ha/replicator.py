@@ -1,8 +1,8 @@
 """The replication stream's Trio side: a primary's :class:`Primary` serves
 its backups, a backup's :class:`Backup` follows a primary.  Roles are given
-(the coordinator decides them); the frames are persistence/replication.py's,
-the catch-up rule persistence/catchup.py's, the backup's store
-persistence/follower.py's.
+(the coordinator decides them); the frames are persistence/replica/replication.py's,
+the catch-up rule persistence/replica/catchup.py's, the backup's store
+persistence/replica/follower.py's.
 
 Primary, per backup connection: the backup's Hello is answered by
 :func:`catchup.plan` (the tail from its next LSN, a snapshot, or Refused);
@@ -61,12 +61,12 @@ from gateway.ha.liveness import HEARTBEAT_S
 from gateway.ha.status import Marks
 from gateway.ha.window import WINDOW_BATCHES, WINDOW_BYTES, seeding, size_of
 from gateway.transports.server import open_listeners
-from persistence import epochs
-from persistence import replication as r
-from persistence.catchup import Answer, SnapshotSource, plan
-from persistence.epochs import History
-from persistence.handshake import AuthenticationError
 from persistence.journal import Batch
+from persistence.replica import epochs
+from persistence.replica import replication as r
+from persistence.replica.catchup import Answer, SnapshotSource, plan
+from persistence.replica.epochs import History
+from persistence.replica.handshake import AuthenticationError
 from persistence.store import Store
 
 __all__ = ["Peer", "Primary"]

@@ -17,7 +17,7 @@ from pathlib import Path
 import trio
 
 from gateway.ha.window import Recent
-from persistence import epochs
+from persistence.replica import epochs
 from tests.ha_nodes import WAIT_S, Node, wait_ready, wait_role
 from tests.helpers import RawClient
 from tests.processes import HOST

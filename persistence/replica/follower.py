@@ -42,7 +42,7 @@ checkpoint's worth of journal bytes (:meth:`upkeep`, which the Backup runs
 between writes): a checkpoint prepared by :meth:`checkpoint` is written by the
 next batch's worker step, or by :meth:`flush`.
 
-Catch-up by snapshot (persistence/catchup.py): :meth:`begin_snapshot` marks
+Catch-up by snapshot (persistence/replica/catchup.py): :meth:`begin_snapshot` marks
 the folder incomplete and wipes it, :meth:`file_chunk` writes the primary's
 files, :meth:`end_snapshot` syncs them, opens the copy like a restart and
 clears the mark; Batch frames go on from the snapshot's LSN + 1.
@@ -57,18 +57,19 @@ from pathlib import Path
 from typing import Any
 
 from persistence import checkpoint as checkpoints
-from persistence import epochs, recovery
 from persistence import records
+from persistence import recovery
 from persistence.archive import Archive
-from persistence.catchup import Refusal, SnapshotReceiver, wipe
 from persistence.files import FILE_MODE, make_dirs
-from persistence.epochs import History
 from persistence.index import Index
 from persistence.journal import Batch, Journal, fsync_directory, make_location
 from persistence.maintenance import Maintenance
-from persistence.replication import Ack, Hello
-from persistence.replication import Batch as BatchFrame
-from persistence.replication import FileChunk, SnapshotBegin, SnapshotEnd
+from persistence.replica import epochs
+from persistence.replica.catchup import Refusal, SnapshotReceiver, wipe
+from persistence.replica.epochs import History
+from persistence.replica.replication import Ack, Hello
+from persistence.replica.replication import Batch as BatchFrame
+from persistence.replica.replication import FileChunk, SnapshotBegin, SnapshotEnd
 from persistence.settings import StoreSettings
 from persistence.store import CHECKPOINT_MAX_BYTES
 
