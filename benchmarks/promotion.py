@@ -52,9 +52,9 @@ from gateway.transports.server import TrioClock  # noqa: E402
 from gateway.config import Config  # noqa: E402
 from gateway.ha.backup import Backup  # noqa: E402
 from gateway.ha.link import Link  # noqa: E402
-from persistence import epochs  # noqa: E402
-from persistence import replication as r  # noqa: E402
-from persistence.follower import Follower  # noqa: E402
+from persistence.replica import epochs  # noqa: E402
+from persistence.replica import replication as r  # noqa: E402
+from persistence.replica.follower import Follower  # noqa: E402
 from persistence.settings import StoreSettings  # noqa: E402
 from persistence.store import Store  # noqa: E402
 

@@ -92,7 +92,7 @@ class HaSettings:
     link_heartbeat_s: float = 0.5
     link_timeout_s: float = 2.0
     # The group's shared secret, which every replication link proves on both
-    # ends (persistence/handshake.py): a file holding it (a mounted
+    # ends (persistence/replica/handshake.py): a file holding it (a mounted
     # Kubernetes Secret), else GATEWAY_CLUSTER_SECRET.  Without one the
     # replication listener binds loopback only, unless open_links = true.
     cluster_secret_file: str = ""

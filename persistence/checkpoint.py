@@ -65,6 +65,7 @@ class _Reader:
         self.pos = 0
 
     def u64(self) -> int:
+        value: int
         (value,) = _U64.unpack_from(self.view, self.pos)
         self.pos += 8
         return value

@@ -95,7 +95,7 @@ class Index:
             # The same id again (a replay overlapping a checkpoint): one copy,
             # held by the union of keys.
             merged = tuple(dict.fromkeys(ref_list(old[REFS]) + ref_list(refs)))
-            self.messages[message_id] = (old[0], merged[0] if len(merged) == 1 else merged, *old[2:])  # type: ignore[assignment]
+            self.messages[message_id] = (old[0], merged[0] if len(merged) == 1 else merged, *old[2:])
             return
         self.messages[message_id] = (location, refs, destination, priority, expires, timestamp, delivery_count)
         seg = location >> OFFSET_BITS
@@ -119,7 +119,7 @@ class Index:
             if key not in refs:
                 return
             rest = tuple(r for r in refs if r != key)
-            self.messages[message_id] = (entry[0], rest[0] if len(rest) == 1 else rest, *entry[2:])  # type: ignore[assignment]
+            self.messages[message_id] = (entry[0], rest[0] if len(rest) == 1 else rest, *entry[2:])
         ids = self._sub_ids.get(key)
         if ids:
             ids.pop(message_id, None)
@@ -171,7 +171,7 @@ class Index:
         self.seg_live[old >> OFFSET_BITS] -= 1
         seg = location >> OFFSET_BITS
         self.seg_live[seg] = self.seg_live.get(seg, 0) + 1
-        self.messages[message_id] = (location, *entry[1:])  # type: ignore[assignment]
+        self.messages[message_id] = (location, *entry[1:])
         first = self.origin.pop(old, old)
         self.forward[first] = location
         self.origin[location] = first

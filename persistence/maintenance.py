@@ -1,10 +1,14 @@
-"""The store's upkeep, run by the broker's maintenance task between batches:
-checkpoints (a snapshot of the index, written once the journal it describes
-is synced), deleting segments nothing live needs, and compacting mostly-dead
-segments a bounded step at a time by re-appending their live messages.
+"""The upkeep of one journal and its index, run by the broker's maintenance
+task between batches (and by a backup's, between writes): checkpoints (a
+snapshot of the index, prepared on the main thread, handed to the next batch,
+installed once that batch has synced the journal it describes), deleting
+segments nothing live needs, and compacting mostly-dead segments a bounded
+step at a time by re-appending their live messages.
 
-A mixin of :class:`persistence.store.Store`, whose journal, index and
-checkpoint bookkeeping it works on; on its own it holds no state."""
+:class:`Maintenance` owns that bookkeeping: the checkpoint's life from
+prepared to installed, and which segment compaction is at.  The store
+(persistence/store.py) and a backup's follower (persistence/replica/follower.py)
+each hold one and call it; they own the batches a checkpoint travels in."""
 
 from __future__ import annotations
 
@@ -12,7 +16,8 @@ from typing import Any
 
 from persistence import checkpoint as checkpoints
 from persistence import records
-from persistence.journal import OFFSET_BITS, segment_name
+from persistence.index import Index
+from persistence.journal import OFFSET_BITS, Journal, segment_name
 from persistence.records import RecordType
 
 # A segment is worth compacting once more than half of its records are dead.
@@ -24,29 +29,46 @@ COMPACT_CHUNK_BYTES = 2**20
 
 
 class Maintenance:
-    """Checkpoint, garbage collection and compaction of a :class:`Store`."""
+    """Checkpoint, garbage collection and compaction of one journal and its
+    index.  A checkpoint goes prepared (:meth:`checkpoint`) -> taken by a
+    batch (:meth:`take`) -> installed (:meth:`written`) or wanted again
+    (:meth:`not_written`); garbage collection goes by the installed one."""
 
-    # Provided by Store.
-    _journal: Any
-    _index: Any
-    _prepared: Any
-    _inflight: Any
-    _ckpt_position: int
-    _ckpt_bytes_at: int
-    _ckpt_live: dict[int, int]
-    _checkpoint_bytes: int
-    _want_checkpoint: bool
-    _compacting: list[int] | None
-    _compacted: set[int]
-    appended_lsn: int
-    durable_lsn: int
+    def __init__(self, journal: Journal, index: Index, checkpoint_bytes: int) -> None:
+        self._journal = journal
+        self._index = index
+        # A checkpoint is due once this much journal was appended since the last.
+        self._checkpoint_bytes = checkpoint_bytes
+        self._prepared: checkpoints.Snapshot | None = None  # not yet taken by a batch
+        self._taken: checkpoints.Snapshot | None = None  # in the batch being written
+        self._position = -1  # of the installed checkpoint (-1: none)
+        self._live: dict[int, int] = {}  # its live messages per segment
+        self._bytes_at = 0  # journal.appended_bytes when the last one was prepared
+        self._wanted = False
+        self._compacting: tuple[int, int] | None = None  # (segment, next offset)
+        self._compacted: set[int] = set()
+
+    # -- the checkpoint's life -------------------------------------------------
+
+    @property
+    def installed(self) -> tuple[int, dict[int, int]]:
+        """The installed checkpoint's position (-1: none) and its live
+        messages per segment: what garbage collection keeps segments for."""
+        return self._position, self._live
+
+    def opened(self, position: int = -1, live: dict[int, int] | None = None, *, wanted: bool = False) -> None:
+        """The journal was just recovered, from the checkpoint at ``position``
+        (-1: none usable); ``wanted``: prepare one at the next chance."""
+        self._position, self._live = position, {} if live is None else live
+        self._wanted = wanted
+        self._bytes_at = self._journal.appended_bytes
 
     def checkpoint_due(self) -> bool:
-        if self._prepared is not None or (self._inflight is not None and self._inflight.checkpoint is not None):
+        if self._prepared is not None or self._taken is not None:
             return False
-        if self._journal.end_location == self._ckpt_position:
+        if self._journal.end_location == self._position:
             return False
-        return self._want_checkpoint or self._journal.appended_bytes - self._ckpt_bytes_at >= self._checkpoint_bytes
+        return self._wanted or self._journal.appended_bytes - self._bytes_at >= self._checkpoint_bytes
 
     def checkpoint(self) -> None:
         """Prepare a snapshot of the index (shallow copies, main thread); the
@@ -67,10 +89,39 @@ class Maintenance:
             seg_records=dict(index.seg_records),
             seg_live={seg: n for seg, n in index.seg_live.items() if n},
         )
-        self._ckpt_bytes_at = self._journal.appended_bytes
-        self._want_checkpoint = False
+        self._bytes_at = self._journal.appended_bytes
+        self._wanted = False
 
-    def stats(self) -> dict[str, Any]:
+    @property
+    def prepared(self) -> bool:
+        return self._prepared is not None
+
+    def take(self) -> checkpoints.Snapshot | None:
+        """The prepared snapshot, for the batch about to be written (None: none)."""
+        snapshot, self._prepared = self._prepared, None
+        if snapshot is not None:
+            self._taken = snapshot
+        return snapshot
+
+    def written(self, snapshot: checkpoints.Snapshot) -> None:
+        """The taken snapshot is on disk: garbage collection goes by it now."""
+        self._taken = None
+        self._position = snapshot.position
+        self._live = snapshot.seg_live
+
+    def not_written(self) -> None:
+        """The taken snapshot's write failed or was abandoned: prepare one again."""
+        self._taken = None
+        self._wanted = True
+
+    def drop_prepared(self) -> None:
+        """The prepared snapshot may describe what is no longer true (a failed
+        batch's messages): never write it."""
+        self._prepared = None
+
+    # -- what the journal holds ------------------------------------------------
+
+    def stats(self, appended_lsn: int, durable_lsn: int) -> dict[str, Any]:
         """What the store holds and how dead each segment is (for logs and metrics)."""
         index = self._index
         sizes = self._journal.segment_sizes()
@@ -86,8 +137,8 @@ class Maintenance:
             "kv_keys": sum(len(space) for space in index.kv.values()),
             "unwritten_messages": len(index.orphans),
             "pending_bytes": self._journal.pending_bytes,
-            "appended_lsn": self.appended_lsn,
-            "durable_lsn": self.durable_lsn,
+            "appended_lsn": appended_lsn,
+            "durable_lsn": durable_lsn,
             "corrupt_records": self._journal.corrupt_records,
             "fsyncs": self._journal.syncs,
             "dead_ratio": dead,
@@ -97,14 +148,14 @@ class Maintenance:
         """Delete closed segments with no live message, that the installed
         checkpoint neither replays from nor points into."""
         journal = self._journal
-        ckpt_seg = self._ckpt_position >> OFFSET_BITS if self._ckpt_position >= 0 else 0
+        ckpt_seg = self._position >> OFFSET_BITS if self._position >= 0 else 0
         unwritten = journal.unwritten_segments()
         deleted = []
         for seg in sorted(journal.sizes):
             if seg >= journal.active_segment or seg in unwritten or self._index.seg_live.get(seg, 0):
                 continue
-            if seg >= ckpt_seg or self._ckpt_live.get(seg, 0):
-                self._want_checkpoint = True  # dead, but the checkpoint still needs it
+            if seg >= ckpt_seg or self._live.get(seg, 0):
+                self._wanted = True  # dead, but the checkpoint still needs it
                 continue
             journal.delete_segment(seg)
             self._index.forget_segment(seg)
@@ -127,7 +178,7 @@ class Maintenance:
             seg = self._compaction_candidate(min_dead_ratio)
             if seg is None:
                 return False
-            self._compacting = [seg, 0]
+            self._compacting = (seg, 0)
         seg, offset = self._compacting
         frames, next_offset, at_end = journal.read_frames(seg, offset, COMPACT_CHUNK_BYTES)
         done = 0
@@ -147,9 +198,9 @@ class Maintenance:
         if at_end or not frames and next_offset == offset:
             self._compacting = None
             self._compacted.add(seg)
-            self._want_checkpoint = True
+            self._wanted = True
         else:
-            self._compacting = [seg, next_offset]
+            self._compacting = (seg, next_offset)
         return True
 
     def _move(self, location: int, payload: bytes) -> None:
@@ -157,10 +208,9 @@ class Maintenance:
         entry = self._index.messages.get(mid)
         if entry is None or entry[0] != location:
             return  # dead, or already moved
-        lsn, new = self._journal.append(RecordType.MESSAGE_MOVE, payload)
+        _lsn, new = self._journal.append(RecordType.MESSAGE_MOVE, payload)
         self._index.move(mid, new)
         self._index.count_record(new)
-        self.appended_lsn = lsn
 
     def _compaction_candidate(self, min_dead_ratio: float) -> int | None:
         journal = self._journal

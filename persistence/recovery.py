@@ -15,8 +15,8 @@ from pathlib import Path
 from core.storage import Recovered, StoredMessage
 from persistence import checkpoint as checkpoints
 from persistence import records
-from persistence.files import FILE_MODE
 from persistence.archive import Archive
+from persistence.files import FILE_MODE
 from persistence.index import Index, ref_list
 from persistence.journal import OFFSET_BITS, OFFSET_MASK, Journal, OnCorrupt, make_location, split_location
 from persistence.records import COMMIT_KEYS, REDELIVERIES, RETAINED, CorruptRecord
@@ -79,7 +79,7 @@ def install(index: Index, snapshot: checkpoints.Snapshot) -> None:
 
 @dataclass(slots=True)
 class Seed:
-    """A promoted backup's live index (persistence/follower.py's
+    """A promoted backup's live index (persistence/replica/follower.py's
     :meth:`Follower.promote`), which :meth:`Store.open` takes in place of
     the checkpoint on disk, so that a promotion replays nothing it already
     applied.  It describes the folder exactly as the follower left it."""

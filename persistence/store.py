@@ -41,13 +41,13 @@ from core.storage import Recovered, Retained, StoredMessage
 from persistence import checkpoint as checkpoints
 from persistence import records
 from persistence import recovery
-from persistence.files import FILE_MODE, make_dirs
 from persistence.archive import Archive
+from persistence.files import FILE_MODE, make_dirs
 from persistence.index import Index
-from persistence.maintenance import Maintenance
 from persistence.journal import OFFSET_BITS, OFFSET_MASK, Batch, Journal, fsync_directory, neutralize, segment_name
-from persistence.recovery import CLEAN_NAME
+from persistence.maintenance import COMPACT_DEAD_RATIO, Maintenance
 from persistence.records import COMMIT_KEYS, REDELIVERIES, RETAINED, CorruptRecord, RecordType
+from persistence.recovery import CLEAN_NAME
 from persistence.settings import SYNC_POLICIES, StoreSettings
 
 # Checkpoint once this much journal has been appended since the last one
@@ -57,10 +57,10 @@ CHECKPOINT_MAX_BYTES = 64 * 2**20
 Log = Callable[..., None]
 
 
-class Store(Maintenance):
+class Store:
     """The core's store port (``core.storage.MessageStore``, satisfied
     structurally: its records in, its records out), plus what the broker's
-    tasks drive: the committer protocol, upkeep (:class:`Maintenance`) and
+    tasks drive: the committer protocol, upkeep (a :class:`Maintenance` it holds) and
     the delivery counts noted across a clean stop."""
 
     def __init__(
@@ -87,18 +87,11 @@ class Store(Maintenance):
         self.archive = archive
         self._journal = Journal(self.directory, segment_bytes, fsync_on_roll=sync != "never")
         self._index = Index()
-        self._checkpoint_bytes = min(segment_bytes, CHECKPOINT_MAX_BYTES)
+        self._upkeep = Maintenance(self._journal, self._index, min(segment_bytes, CHECKPOINT_MAX_BYTES))
         self._inflight: Batch | None = None
-        self._prepared: checkpoints.Snapshot | None = None
-        self._ckpt_position = -1  # of the installed checkpoint
-        self._ckpt_live: dict[int, int] = {}
-        self._ckpt_bytes_at = 0
-        self._want_checkpoint = False
         self._last_sync = time.monotonic()
         self._unsynced = False
         self._failed_upto = 0
-        self._compacting: list[int] | None = None  # [segment, next offset]
-        self._compacted: set[int] = set()
         self._lock_fd: int | None = None
         self._open = False
         self._commit_seq = 0
@@ -140,14 +133,15 @@ class Store(Maintenance):
         corrupt = 0
         if seed is not None:
             # What garbage collection goes by is the checkpoint on disk, not the seed.
-            self._ckpt_position, self._ckpt_live = seed.ckpt_position, seed.ckpt_live
-            self._want_checkpoint = seed.ckpt_position != journal.end_location
+            self._upkeep.opened(seed.ckpt_position, seed.ckpt_live, wanted=seed.ckpt_position != journal.end_location)
         elif loaded.checkpoint_error is not None:
             corrupt += 1
+            self._upkeep.opened()
             self._emit("checkpoint_corrupt", path=str(self.directory / checkpoints.CHECKPOINT_NAME), reason=loaded.checkpoint_error)
         elif loaded.snapshot is not None:
-            self._ckpt_position = loaded.snapshot.position
-            self._ckpt_live = loaded.snapshot.seg_live
+            self._upkeep.opened(loaded.snapshot.position, loaded.snapshot.seg_live)
+        else:
+            self._upkeep.opened()
         self.appended_lsn = self.durable_lsn = loaded.lsn
         replayed = loaded.replayed
         if journal.torn_bytes:
@@ -155,7 +149,6 @@ class Store(Maintenance):
         if clean:
             os.remove(self.directory / CLEAN_NAME)
             fsync_directory(self.directory)
-        self._ckpt_bytes_at = journal.appended_bytes
         self._open = True
         numbered = recovery.numbered_commit_keys(index.kv)
         if numbered:  # later commits number on from the newest
@@ -175,8 +168,10 @@ class Store(Maintenance):
             self._journal.requeue(self._inflight)
             if self._inflight.archive is not None and self.archive is not None:
                 self.archive.requeue(self._inflight.archive)
+            if self._inflight.checkpoint is not None:
+                self._upkeep.not_written()
             self._inflight = None
-        self._prepared = None
+        self._upkeep.drop_prepared()
         self.checkpoint()
         batch = self.flush()
         if batch is not None and batch.error is not None:
@@ -396,7 +391,7 @@ class Store(Maintenance):
 
     def written_end(self) -> tuple[int, int]:
         """``(lsn, location)`` of the end of what is written (what a copy of
-        the folder may take: persistence/catchup.py).  Only between batches:
+        the folder may take: persistence/replica/catchup.py).  Only between batches:
         the worker of one may be renaming a checkpoint that is ahead of it."""
         if self._inflight is not None:
             raise RuntimeError("written_end while a batch is being written")
@@ -404,6 +399,31 @@ class Store(Maintenance):
         if pending is None:
             return self._journal.lsn, self._journal.end_location
         return pending[0] - 1, pending[1]
+
+    # -- upkeep (the maintenance task's; persistence/maintenance.py) -----------
+
+    def checkpoint_due(self) -> bool:
+        return self._upkeep.checkpoint_due()
+
+    def checkpoint(self) -> None:
+        """Prepare a checkpoint, written by the next batch."""
+        self._upkeep.checkpoint()
+
+    def collect_garbage(self) -> list[str]:
+        """Delete the segments nothing live needs; their names."""
+        return self._upkeep.collect_garbage()
+
+    def compact_step(self, max_records: int = 1000, *, min_dead_ratio: float = COMPACT_DEAD_RATIO) -> bool:
+        """One bounded step of compaction (:meth:`Maintenance.compact_step`)."""
+        before = self._journal.lsn
+        more = self._upkeep.compact_step(max_records, min_dead_ratio=min_dead_ratio)
+        if self._journal.lsn != before:  # its moves are appended records
+            self.appended_lsn = self._journal.lsn
+        return more
+
+    def stats(self) -> dict[str, Any]:
+        """What the store holds and how dead each segment is (for logs and metrics)."""
+        return self._upkeep.stats(self.appended_lsn, self.durable_lsn)
 
     # -- committer protocol --------------------------------------------------
 
@@ -413,17 +433,16 @@ class Store(Maintenance):
             raise RuntimeError("take_batch while a batch is being written")
         batch = self._journal.take_batch()
         now = time.monotonic()
-        prepared = self._prepared
         if batch is None:
             idle_sync = self.sync == "interval" and self._unsynced and now - self._last_sync >= self.interval_s
-            if prepared is None and not idle_sync:
+            if not self._upkeep.prepared and not idle_sync:
                 return None
             batch = Batch(self._journal.lsn + 1, self._journal.lsn, [])
         if self.archive is not None:
             batch.archive = self.archive.take_writes()
+        prepared = self._upkeep.take()
         if prepared is not None:
             batch.checkpoint = prepared
-            self._prepared = None
             batch.sync = True  # the checkpoint may only describe synced records
         elif self.sync == "never":
             batch.sync = False
@@ -468,10 +487,9 @@ class Store(Maintenance):
         if snapshot is not None:
             if batch.error is not None:
                 self._emit("checkpoint_failed", reason=batch.error.strerror or str(batch.error))
-                self._want_checkpoint = True
+                self._upkeep.not_written()
             else:
-                self._ckpt_position = snapshot.position
-                self._ckpt_live = snapshot.seg_live
+                self._upkeep.written(snapshot)
                 self._emit("checkpoint_written", messages=len(snapshot.messages), position=snapshot.position)
 
     def batch_failed(self, batch: Batch, error: OSError) -> tuple[int, int]:
@@ -484,9 +502,9 @@ class Store(Maintenance):
         if batch.archive is not None:
             self.archive.requeue(batch.archive)  # type: ignore[union-attr]
         self._inflight = None
-        self._prepared = None  # it may describe messages that are now orphans
+        self._upkeep.drop_prepared()  # it may describe messages that are now orphans
         if batch.checkpoint is not None:
-            self._want_checkpoint = True
+            self._upkeep.not_written()
         first = max(batch.first_lsn, self._failed_upto + 1)
         last = batch.last_lsn
         self._failed_upto = max(self._failed_upto, last)

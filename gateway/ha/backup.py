@@ -1,11 +1,11 @@
 """A backup's side of the replication stream (Trio): connects to the
 primary (bounded attempts, each within the link's timeout, with a short
 backoff: gateway/ha/liveness.py), says Hello with its follower's state
-(persistence/follower.py), checks the primary's Hello (an older epoch than it
+(persistence/replica/follower.py), checks the primary's Hello (an older epoch than it
 accepted is refused: the fencing rule), applies Batch frames (the disk part in
 a worker thread, as the committer's write) and acks them, keeping the last
 ones applied (:class:`Recent`: a promoted backup's first window), installs snapshots
-(persistence/catchup.py) and answers Pings.  Between writes, after each Ack
+(persistence/replica/catchup.py) and answers Pings.  Between writes, after each Ack
 and whenever the link is idle, the follower's index catches up with what was
 written (bounded per call, in a worker thread), so that a promotion finds it
 ready.
@@ -35,10 +35,10 @@ import trio
 from gateway.ha.link import IDLE_TIMEOUT_S, LINK_ERRORS, Link, LinkDead, ignore
 from gateway.ha.liveness import HEARTBEAT_S, backoff
 from gateway.ha.window import Recent
-from persistence import replication as r
-from persistence.catchup import Refusal
-from persistence.follower import Follower
-from persistence.handshake import AuthenticationError
+from persistence.replica import replication as r
+from persistence.replica.catchup import Refusal
+from persistence.replica.follower import Follower
+from persistence.replica.handshake import AuthenticationError
 
 CONNECT_ATTEMPTS = 10
 # Frames read ahead of the writer.  Batch frames are bounded in bytes by the

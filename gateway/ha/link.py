@@ -1,5 +1,5 @@
 """One replication connection as Trio sees it: a stream and its sans-IO
-codec (persistence/replication.py), with its liveness (gateway/ha/liveness.py):
+codec (persistence/replica/replication.py), with its liveness (gateway/ha/liveness.py):
 both ends ping when idle and drop the link after a bounded silence.  Shared
 by gateway/ha/replicator.py (the primary) and gateway/ha/backup.py."""
 
@@ -11,14 +11,14 @@ from typing import Any
 import trio
 
 from gateway.ha.liveness import HEARTBEAT_S, TIMEOUT_S, Liveness
-from persistence import replication as r
-from persistence.handshake import AuthenticationError, Handshake
+from persistence.replica import replication as r
+from persistence.replica.handshake import AuthenticationError, Handshake
 
 # Bytes read from the socket at once (a Batch frame may be far larger).
 RECEIVE_BYTES = 2**20
 # A side that hears nothing for this long drops the link ([ha] link_timeout_s).
 IDLE_TIMEOUT_S = TIMEOUT_S
-# The whole handshake (persistence/handshake.py) must be done within this.
+# The whole handshake (persistence/replica/handshake.py) must be done within this.
 HANDSHAKE_TIMEOUT_S = 5.0
 
 
@@ -118,7 +118,7 @@ class Link:
 
     async def authenticate(self, role: str, node_id: str, secret: bytes,
                            timeout_s: float = HANDSHAKE_TIMEOUT_S) -> str:
-        """Prove membership and check the peer's (persistence/handshake.py)
+        """Prove membership and check the peer's (persistence/replica/handshake.py)
         before any frame of the stream; the peer's node id.  Raises
         AuthenticationError (a stranger, a wrong secret, too slow, too many
         bytes); nothing the peer sent is handed on unless it proved itself."""

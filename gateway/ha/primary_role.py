@@ -24,8 +24,8 @@ from gateway.ha.replicator import Replicator
 from gateway.ha.status import NodeStatus
 from gateway.ha.window import Recent
 from gateway.transports.server import Server
-from persistence.epochs import History
 from persistence.journal import Batch
+from persistence.replica.epochs import History
 from persistence.store import Store
 
 ISOLATION_CHECK_S = 0.5  # how often a primary counts its linked backups

@@ -1,7 +1,7 @@
 """The replication stream's primary end (Trio): a primary's :class:`Replicator`
 serves its backups.  Roles are given (the coordinator decides them); the
-frames are persistence/replication.py's, the catch-up rule
-persistence/catchup.py's, the backup's store persistence/follower.py's.
+frames are persistence/replica/replication.py's, the catch-up rule
+persistence/replica/catchup.py's, the backup's store persistence/replica/follower.py's.
 
 Replicator, per backup connection: the backup's Hello is answered by
 :func:`catchup.plan` (the tail from its next LSN, a snapshot, or Refused);
@@ -60,12 +60,12 @@ from gateway.ha.liveness import HEARTBEAT_S
 from gateway.ha.status import Marks
 from gateway.ha.window import WINDOW_BATCHES, WINDOW_BYTES, seeding, size_of
 from gateway.transports.server import open_listeners
-from persistence import epochs
-from persistence import replication as r
-from persistence.catchup import Answer, SnapshotSource, plan
-from persistence.epochs import History
-from persistence.handshake import AuthenticationError
 from persistence.journal import Batch
+from persistence.replica import epochs
+from persistence.replica import replication as r
+from persistence.replica.catchup import Answer, SnapshotSource, plan
+from persistence.replica.epochs import History
+from persistence.replica.handshake import AuthenticationError
 from persistence.store import Store
 
 __all__ = ["Peer", "Replicator"]

@@ -61,8 +61,8 @@ from gateway.ha.status import NodeStatus
 from gateway.ha.window import Recent
 from gateway.transports.server import Limits
 from gateway.transports.tls import link_contexts
-from persistence import epochs
-from persistence.follower import Follower
+from persistence.replica import epochs
+from persistence.replica.follower import Follower
 
 EXIT_NO_ZOOKEEPER = 1  # at the first start only: a fresh node after a deposal keeps trying
 # What a fenced or deposed primary's clients are told as it closes them: not a

@@ -16,7 +16,7 @@ records: a backup refuses any frame older than the epoch it accepted, and it
 accepted the new one at the Hello, with the new primary's epoch history
 (which says which epoch wrote which LSNs, the old ones included).  Which
 records are whose stays the history's job; the epoch check before the tail
-(persistence/catchup.py's ``plan``) is unchanged, so a peer holding records
+(persistence/replica/catchup.py's ``plan``) is unchanged, so a peer holding records
 the new primary never had is still copied by snapshot.
 """
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 
-from persistence import replication as r
+from persistence.replica import replication as r
 
 # The primary's window of recent batches.  32 MiB holds a few seconds of a
 # busy broker's journal (the store's own group-commit batches are far smaller),

@@ -17,7 +17,7 @@ from pathlib import Path
 import trio
 
 from gateway.ha.window import Recent
-from persistence import epochs
+from persistence.replica import epochs
 from tests.support.ha_nodes import WAIT_S, Node, wait_ready, wait_role
 from tests.support.helpers import RawClient
 from tests.support.processes import HOST

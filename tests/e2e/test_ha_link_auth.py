@@ -30,8 +30,8 @@ from typing import Any
 from kazoo.client import KazooClient
 
 from gateway.ha import link
-from persistence import handshake
-from persistence import replication as r
+from persistence.replica import handshake
+from persistence.replica import replication as r
 from tests.support.ha_nodes import WAIT_S, Node, wait_ready, wait_role
 from tests.support.helpers import RawClient
 from tests.support.processes import HOST, free_port

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import trio
 
-from persistence import epochs
-from persistence import replication as r
 from persistence.archive import Archive
-from persistence.follower import Follower
-from persistence.replication import split_runs
+from persistence.replica import epochs
+from persistence.replica import replication as r
+from persistence.replica.follower import Follower
+from persistence.replica.replication import split_runs
 from tests.support.replicator_helpers import BackupNode, PrimaryNode, wait_for
 from tests.support.replication_helpers import SEGMENT, everything, folder_state, follower, frame_of
 from tests.support.store_helpers import message

@@ -28,7 +28,7 @@ WAIT_S = 60.0  # any wait for a role change: far beyond the session timeout and 
 READER = ("viewer", "look")
 USERS = (f'[admin]\nusers = [{{ name = "{READER[0]}", password_hash = "{hash_password(READER[1], iterations=1000)}", '
          f'role = "read" }}]\n')
-# The group's cluster secret (persistence/handshake.py), given to every node
+# The group's cluster secret (persistence/replica/handshake.py), given to every node
 # as a Kubernetes pod gets it: through the environment.
 CLUSTER_SECRET = "e2e-cluster-secret-6d1f0c9b2a7e4d35"
 ROLE = re.compile(r'^gateway_ha_role\{role="([a-z_]+)"\} 1$', re.MULTILINE)

@@ -1,4 +1,4 @@
-"""What the replication tests (tests/unit/persistence/test_follower.py and
+"""What the replication tests (tests/unit/persistence/replica/test_follower.py and
 test_catchup.py) share: a primary store in a data folder, its batches taken
 as the committer takes them and carried through the replication codec both
 ways, a follower in another folder, and the full state of a folder (records,
@@ -9,12 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from core.storage import StoredMessage
-from persistence import replication as r
 from persistence.archive import Archive, list_topics
-from persistence.catchup import SnapshotSource
-from persistence.epochs import History
-from persistence.follower import Follower
 from persistence.journal import Batch
+from persistence.replica import replication as r
+from persistence.replica.catchup import SnapshotSource
+from persistence.replica.epochs import History
+from persistence.replica.follower import Follower
 from persistence.store import Store
 from tests.support.store_helpers import message, state
 

@@ -15,8 +15,8 @@ from gateway import tasks
 from gateway.admin import metrics
 from gateway.ha.backup import Backup
 from gateway.ha.replicator import Replicator
-from persistence import epochs
-from persistence.follower import Follower
+from persistence.replica import epochs
+from persistence.replica.follower import Follower
 from persistence.store import Store
 from tests.support.replication_helpers import follower, primary
 

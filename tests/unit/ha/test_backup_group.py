@@ -15,10 +15,10 @@ import trio.testing
 
 from gateway.ha.backup import READ_AHEAD_FRAMES, Backup
 from gateway.ha.link import Link
-from persistence import replication as r
 from persistence.archive import Archive
-from persistence.follower import Follower
-from persistence.replication import Batch as BatchFrame
+from persistence.replica import replication as r
+from persistence.replica.follower import Follower
+from persistence.replica.replication import Batch as BatchFrame
 from persistence.store import Store
 from tests.support.replicator_helpers import Events
 from tests.support.replication_helpers import SEGMENT, commit, everything, folder_state, primary

@@ -12,8 +12,8 @@ import trio
 
 from gateway.ha.backup import Backup
 from gateway.ha.link import Link
-from persistence import replication as r
 from persistence.archive import Archive
+from persistence.replica import replication as r
 from persistence.store import Store
 from tests.support.replicator_helpers import Events
 from tests.support.replication_helpers import SEGMENT, commit, everything, folder_state, follower, primary

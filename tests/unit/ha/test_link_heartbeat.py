@@ -14,8 +14,8 @@ import trio
 
 from gateway.ha.backup import Backup
 from gateway.ha.link import HANDSHAKE_TIMEOUT_S, Link
-from persistence import replication as r
 from persistence.archive import Archive
+from persistence.replica import replication as r
 from tests.support.replicator_helpers import Events, PrimaryNode, wait_for
 from tests.support.store_helpers import message
 from tests.support.replication_helpers import SEGMENT, primary

@@ -13,9 +13,9 @@ import pytest
 
 from gateway.ha.replicator import Replicator
 from gateway.ha.window import Recent, seeding
-from persistence import epochs
-from persistence import replication as r
-from persistence.catchup import Answer, Plan, Refusal, plan
+from persistence.replica import epochs
+from persistence.replica import replication as r
+from persistence.replica.catchup import Answer, Plan, Refusal, plan
 from persistence.store import Store
 from tests.support.replicator_helpers import H1, Events
 from tests.support.replication_helpers import SEGMENT, commit, everything, folder_state, follower, primary, ship

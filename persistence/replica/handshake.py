@@ -1,5 +1,5 @@
 """The replication link's mutual authentication, sans-IO (as
-persistence/replication.py, the stream it guards): feed bytes with
+persistence/replica/replication.py, the stream it guards): feed bytes with
 :meth:`Handshake.receive_data` (``b""`` is EOF), take what to send with
 :meth:`Handshake.data_to_send`; :attr:`Handshake.done` once the peer proved
 it holds the group's cluster secret.  No sockets, clocks or logs.

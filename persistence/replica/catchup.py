@@ -1,12 +1,12 @@
 """Catch-up of a backup: what a primary answers to its Hello (:func:`plan`),
 the snapshot a primary sends (:class:`SnapshotSource`) and the files a backup
-receives (:class:`SnapshotReceiver`, driven by persistence/follower.py).
+receives (:class:`SnapshotReceiver`, driven by persistence/replica/follower.py).
 
 The rule, at the primary, for a backup's Hello (``epoch``, ``last_lsn``,
 ``history``):
 
 - the backup accepted a newer epoch than ours: we are a stale primary, refuse;
-- its journal is not a prefix of ours (persistence/epochs.py,
+- its journal is not a prefix of ours (persistence/replica/epochs.py,
   :func:`epochs.diverged`): snapshot (it is wiped and copied again);
 - we can still stream every batch after its ``last_lsn``: the tail, as Batch
   frames from ``last_lsn + 1``;
@@ -42,13 +42,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from persistence import epochs
 from persistence.checkpoint import CHECKPOINT_NAME
 from persistence.files import FILE_MODE, make_dirs
-from persistence.epochs import History
 from persistence.journal import fsync_directory, list_segments, segment_name, split_location
 from persistence.recovery import CLEAN_NAME, INCOMPLETE_NAME, LOCK_NAME
-from persistence.replication import FILE_CHUNK_BYTES, FileChunk, Hello, SnapshotBegin, SnapshotEnd
+from persistence.replica import epochs
+from persistence.replica.epochs import History
+from persistence.replica.replication import FILE_CHUNK_BYTES, FileChunk, Hello, SnapshotBegin, SnapshotEnd
 
 # File names in a snapshot: "store/<name>" in the store folder, "archive/<topic
 # folder>/<name>" in the archive folder.

@@ -1,4 +1,4 @@
-"""The replication stream's codec (persistence/replication.py) through its
+"""The replication stream's codec (persistence/replica/replication.py) through its
 door: every frame round-trips, whole, byte by byte and split at every index;
 a bad checksum, an oversize length, a truncated stream, a frame the peer may
 not send (or not now) each raise RemoteProtocolError naming what was wrong."""
@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from persistence import records
-from persistence import replication as r
 from persistence.records import RecordType
+from persistence.replica import replication as r
 
 u64 = st.integers(0, 2**64 - 1)
 text = st.text(max_size=40)

@@ -1,4 +1,4 @@
-"""A backup's live index (persistence/follower.py's catch_up) and what
+"""A backup's live index (persistence/replica/follower.py's catch_up) and what
 promotion hands over (Follower.seed, Store.open(seed=...)): batches of a real
 primary Store carried through the replication codec into a Follower whose
 index catches up between steps, a bounded amount at a time, as the Backup
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from persistence import checkpoint as checkpoints
 from persistence.archive import Archive
-from persistence.catchup import SnapshotSource
 from persistence.journal import list_segments
+from persistence.replica.catchup import SnapshotSource
 from persistence.store import Store
 from tests.support.replication_helpers import SEGMENT, commit, everything, folder_state, follower, primary, send_snapshot, ship
 from tests.support.store_helpers import message, state

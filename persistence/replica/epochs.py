@@ -27,8 +27,8 @@ import json
 import os
 from pathlib import Path
 
-from persistence.journal import fsync_directory
 from persistence.files import FILE_MODE
+from persistence.journal import fsync_directory
 
 HISTORY_NAME = "EPOCHS"
 

@@ -1,4 +1,4 @@
-"""Catch-up (persistence/catchup.py): what a primary answers a backup's
+"""Catch-up (persistence/replica/catchup.py): what a primary answers a backup's
 Hello, the snapshot of a live primary Store streamed through the codec into a
 Follower while the primary keeps appending, divergence of a former primary
 resolved by a snapshot, and a snapshot cut short."""
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from persistence import epochs
-from persistence import replication as r
-from persistence.catchup import Answer, Plan, Refusal, SnapshotSource, plan
 from persistence.journal import list_segments
+from persistence.replica import epochs
+from persistence.replica import replication as r
+from persistence.replica.catchup import Answer, Plan, Refusal, SnapshotSource, plan
 from persistence.store import Store
 from tests.support.replication_helpers import commit, everything, folder_state, follower, primary, send_snapshot, ship
 from tests.support.store_helpers import message

@@ -1,4 +1,4 @@
-"""A backup's store (persistence/follower.py) through its door: batches a
+"""A backup's store (persistence/replica/follower.py) through its door: batches a
 real primary Store takes as its committer does, carried through the
 replication codec, applied to a Follower in another folder; then the
 follower's folder opened as a plain Store recovers exactly the primary's
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from persistence import epochs
-from persistence import replication as r
-from persistence.catchup import Refusal
 from persistence.journal import list_segments
-from persistence.replication import split_runs
+from persistence.replica import epochs
+from persistence.replica import replication as r
+from persistence.replica.catchup import Refusal
+from persistence.replica.replication import split_runs
 from persistence.store import Store
 from tests.support.replication_helpers import commit, everything, folder_state, follower, primary, ship
 from tests.support.store_helpers import message

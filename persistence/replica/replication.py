@@ -385,7 +385,8 @@ class ReplicationConnection:
     def _next(self) -> Frame | None:
         buf = self._buf
         if len(buf) < _HEAD.size:
-            return self._at_end(buf)
+            self._at_end(buf)
+            return None
         length, crc = _HEAD.unpack_from(buf, 0)
         if length > self.max_frame_bytes:
             raise RemoteProtocolError(f"frame of {length} bytes is over the limit of {self.max_frame_bytes}")
@@ -393,7 +394,8 @@ class ReplicationConnection:
             raise RemoteProtocolError("frame without a type")
         end = _HEAD.size + length
         if len(buf) < end:
-            return self._at_end(buf)
+            self._at_end(buf)
+            return None
         view = memoryview(buf)
         try:
             if zlib.crc32(view[_HEAD.size : end]) != crc:
@@ -417,11 +419,11 @@ class ReplicationConnection:
         return frame
 
     def _at_end(self, buf: bytearray) -> None:
+        """No whole frame in ``buf``: at the peer's EOF, closed or an error."""
         if self.their_eof:
             if buf:
                 raise RemoteProtocolError(f"connection closed in the middle of a frame ({len(buf)} bytes)")
             self.state = State.CLOSED
-        return None
 
     def send(self, frame: Frame) -> bytes:
         ftype, body = _encode(frame)

@@ -1,4 +1,4 @@
-"""The replication link's handshake (persistence/handshake.py), sans-IO: two
+"""The replication link's handshake (persistence/replica/handshake.py), sans-IO: two
 sides back to back, with the right and a wrong secret, replayed and
 reflected messages, cut and oversized input."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from persistence import handshake as h
+from persistence.replica import handshake as h
 
 SECRET = b"a shared secret of the group 0123"
 

@@ -37,12 +37,12 @@ does not grow with what the backup took since its last checkpoint.
 
 It never appends records of its own and never compacts (compaction's copies
 come from the primary as ordinary records); it checkpoints and deletes its own
-dead segments with the store's upkeep (:class:`Maintenance`), every
+dead segments with the store's upkeep (a :class:`Maintenance` it holds), every
 checkpoint's worth of journal bytes (:meth:`upkeep`, which the Backup runs
 between writes): a checkpoint prepared by :meth:`checkpoint` is written by the
 next batch's worker step, or by :meth:`flush`.
 
-Catch-up by snapshot (persistence/catchup.py): :meth:`begin_snapshot` marks
+Catch-up by snapshot (persistence/replica/catchup.py): :meth:`begin_snapshot` marks
 the folder incomplete and wipes it, :meth:`file_chunk` writes the primary's
 files, :meth:`end_snapshot` syncs them, opens the copy like a restart and
 clears the mark; Batch frames go on from the snapshot's LSN + 1.
@@ -57,18 +57,19 @@ from pathlib import Path
 from typing import Any
 
 from persistence import checkpoint as checkpoints
-from persistence import epochs, recovery
 from persistence import records
+from persistence import recovery
 from persistence.archive import Archive
-from persistence.catchup import Refusal, SnapshotReceiver, wipe
 from persistence.files import FILE_MODE, make_dirs
-from persistence.epochs import History
 from persistence.index import Index
 from persistence.journal import Batch, Journal, fsync_directory, make_location
 from persistence.maintenance import Maintenance
-from persistence.replication import Ack, Hello
-from persistence.replication import Batch as BatchFrame
-from persistence.replication import FileChunk, SnapshotBegin, SnapshotEnd
+from persistence.replica import epochs
+from persistence.replica.catchup import Refusal, SnapshotReceiver, wipe
+from persistence.replica.epochs import History
+from persistence.replica.replication import Ack, Hello
+from persistence.replica.replication import Batch as BatchFrame
+from persistence.replica.replication import FileChunk, SnapshotBegin, SnapshotEnd
 from persistence.settings import StoreSettings
 from persistence.store import CHECKPOINT_MAX_BYTES
 
@@ -88,7 +89,7 @@ class Step:
         return self.batch.checkpoint
 
 
-class Follower(Maintenance):
+class Follower:
     """The store folder of a backup (``directory``; topic archives in
     ``archive``, as :meth:`Store.in_data_dir` lays them out)."""
 
@@ -115,18 +116,11 @@ class Follower(Maintenance):
                    archive=Archive(Path(data_dir) / "archive", segment_bytes=settings.archive_segment_bytes, log=log))
 
     def _reset(self) -> None:
-        """Fresh in-memory state (the attributes :class:`Maintenance` works on)."""
+        """Fresh in-memory state: an empty journal, index and upkeep."""
         self._journal = Journal(self.directory, self.segment_bytes)
         self._index = Index()
-        self._prepared: checkpoints.Snapshot | None = None
+        self._upkeep = Maintenance(self._journal, self._index, min(self.segment_bytes, CHECKPOINT_MAX_BYTES))
         self._inflight: Step | None = None
-        self._ckpt_position = -1
-        self._ckpt_live: dict[int, int] = {}
-        self._ckpt_bytes_at = 0
-        self._checkpoint_bytes = min(self.segment_bytes, CHECKPOINT_MAX_BYTES)
-        self._want_checkpoint = False
-        self._compacting: list[int] | None = None
-        self._compacted: set[int] = set()
         self._applied = 0  # the journal location the index has applied up to
         self.appended_lsn = self.durable_lsn = 0
 
@@ -148,9 +142,9 @@ class Follower(Maintenance):
     def _load(self) -> None:
         loaded = recovery.load(self.directory, self._journal, self._index, self.archive, self._on_corrupt, self._on_unknown)
         if loaded.snapshot is not None and loaded.checkpoint_error is None:
-            self._ckpt_position = loaded.snapshot.position
-            self._ckpt_live = loaded.snapshot.seg_live
-        self._ckpt_bytes_at = self._journal.appended_bytes
+            self._upkeep.opened(loaded.snapshot.position, loaded.snapshot.seg_live)
+        else:
+            self._upkeep.opened()
         self._applied = self._journal.end_location
         self.last_lsn = self.appended_lsn = self.durable_lsn = loaded.lsn
 
@@ -184,7 +178,7 @@ class Follower(Maintenance):
                 seed = snapshot
         self.close()
         if seed is not None:  # after close: its flush may write a prepared checkpoint
-            self.seed = recovery.Seed(seed, self._ckpt_position, self._ckpt_live)
+            self.seed = recovery.Seed(seed, *self._upkeep.installed)
             self._index = Index()  # the store's from now on
         if epoch is not None:
             self.history = epochs.extended(self.history, epoch, self.last_lsn + 1)
@@ -199,7 +193,7 @@ class Follower(Maintenance):
         """Write a prepared checkpoint, if any (blocking)."""
         if self._inflight is not None:
             raise RuntimeError("flush while a batch is being written")
-        if self._prepared is None:
+        if not self._upkeep.prepared:
             return
         step = Step(BatchFrame(self.epoch, self.last_lsn + 1, self.last_lsn, ()), Batch(self.last_lsn + 1, self.last_lsn, []),
                     None)
@@ -296,8 +290,7 @@ class Follower(Maintenance):
         return step
 
     def _take(self, step: Step) -> None:
-        if self._prepared is not None:
-            step.batch.checkpoint, self._prepared = self._prepared, None
+        step.batch.checkpoint = self._upkeep.take()
         self._inflight = step
 
     def _check_runs(self, frame: BatchFrame, seg: int, end: int) -> tuple[int, int]:
@@ -340,8 +333,7 @@ class Follower(Maintenance):
             self.history = step.history
         snapshot = step.batch.checkpoint
         if snapshot is not None:
-            self._ckpt_position = snapshot.position
-            self._ckpt_live = snapshot.seg_live
+            self._upkeep.written(snapshot)
         frame = step.frame
         if frame.runs:
             self._journal.extend(frame.runs, frame.last_lsn)
@@ -377,18 +369,26 @@ class Follower(Maintenance):
                 self.archive.written(writes)
         return applied
 
+    # -- upkeep (persistence/maintenance.py) ------------------------------------
+
+    def checkpoint_due(self) -> bool:
+        return self._upkeep.checkpoint_due()
+
     def checkpoint(self) -> None:
         """Prepare a checkpoint of the caught-up index (see :meth:`Maintenance.checkpoint`)."""
         self.catch_up()
-        super().checkpoint()
+        self._upkeep.checkpoint()
 
     def stats(self) -> dict[str, Any]:
         self.catch_up()
-        return super().stats()
+        return self._upkeep.stats(self.appended_lsn, self.durable_lsn)
 
     # collect_garbage needs no catch-up: an index behind the journal only
     # counts more messages live (the acks it has not applied), never fewer,
     # and the checkpoint it goes by was taken from a caught-up one.
+    def collect_garbage(self) -> list[str]:
+        """Delete the segments nothing live needs; their names."""
+        return self._upkeep.collect_garbage()
 
     def upkeep(self) -> list[str]:
         """Between steps (blocking; the Backup runs it in a worker thread, as
@@ -409,7 +409,7 @@ class Follower(Maintenance):
         places) after a new Hello."""
         self._inflight = None
         if step.batch.checkpoint is not None:
-            self._want_checkpoint = True
+            self._upkeep.not_written()
 
     def apply(self, *frames: BatchFrame) -> Ack:
         """receive, write and written in one (blocking: tests and tools)."""
