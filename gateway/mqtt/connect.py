@@ -20,17 +20,17 @@ from core.durables import owner_of
 from core.ports import Clock
 from core.tally import holder_of
 from gateway.auth import AccessDenied, VerificationPending, spent_door
-from gateway.mqtt import packets
+from gateway.mqtt.codec import packets
 from gateway.mqtt.codec import MqttConnection
 from gateway.mqtt.outgoing import fitted
 from gateway.mqtt.peer import Peer, connack_properties, negotiate
-from gateway.mqtt.reasons import ReasonCode as R
+from gateway.mqtt.codec.reasons import ReasonCode as R
 from gateway.mqtt.inflight import SessionState
 from gateway.mqtt.lifetime import prepare_will, release_will, will_bytes, will_delay, will_refusal
 from gateway.mqtt.registry import OWNER_PREFIX, QOS2_NOTES, QUOTA, Registry, qos2_note
 from gateway.mqtt.settings import MqttSettings
 from gateway.mqtt.subscribing import Token, resume
-from gateway.mqtt.wire import MQTT5, MQTT31
+from gateway.mqtt.codec.wire import MQTT5, MQTT31
 from gateway.session.outbox import Outbox
 from gateway.session.skeleton import Skeleton
 

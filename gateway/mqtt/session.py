@@ -30,12 +30,13 @@ from core.messages import Message
 from core.ports import Clock
 from core.revocation import Revocation
 from core.subscriptions import Subscription
-from gateway.mqtt import codec, incoming, packets, topics
+from gateway.mqtt import codec, incoming, topics
+from gateway.mqtt.codec import packets
 from gateway.mqtt.connect import connection_closed, on_connect, server_codec
 from gateway.mqtt.inflight import FIRST_STAGE, InFlight, RefusingPubRec, SessionState
 from gateway.mqtt.outgoing import fitted, message_items, publish_v5
 from gateway.mqtt.peer import Peer
-from gateway.mqtt.reasons import ReasonCode as R
+from gateway.mqtt.codec.reasons import ReasonCode as R
 from gateway.mqtt.lifetime import EXPIRY_NOTES
 from gateway.mqtt.registry import OWNER_MARK, OWNER_PREFIX, QOS2_NOTES, Registry, qos2_note
 from gateway.mqtt.settings import MqttSettings

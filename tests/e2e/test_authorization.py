@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.auth import hash_password
-from gateway.mqtt import packets as p
+from gateway.mqtt.codec import packets as p
 from tests.auth_helpers import ACL, ITER, USERS, login
 from tests.helpers import RawClient, unique, wait_for
 from tests.processes import free_port

@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 
-from gateway.mqtt import packets as p
+from gateway.mqtt.codec import packets as p
 from tests.helpers import TIMEOUT, encode_frame, unique
 from tests.mqtt_helpers import RawMqtt
 

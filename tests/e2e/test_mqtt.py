@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from gateway.mqtt import packets as p
+from gateway.mqtt.codec import packets as p
 from tests.helpers import unique, wait_for
 from tests.mqtt_helpers import RawMqtt
 

@@ -9,7 +9,7 @@ import signal
 import subprocess
 from collections import Counter
 
-from gateway.mqtt import packets
+from gateway.mqtt.codec import packets
 from tests.helpers import wait_for
 from tests.mqtt_helpers import RawMqtt
 from tests.processes import GATEWAY, accepting, free_port

@@ -16,11 +16,11 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-from gateway.mqtt import packets as p
-from gateway.mqtt.encoders import EMPTY_TOPIC_FIELD, publish_bytes, topic_field
-from gateway.mqtt.properties import WILL, encode_properties
-from gateway.mqtt.reasons import DISCONNECT_CLIENT_ONLY, DISCONNECT_SERVER_ONLY, VALID
-from gateway.mqtt.wire import (
+from gateway.mqtt.codec import packets as p
+from gateway.mqtt.codec.encoders import EMPTY_TOPIC_FIELD, publish_bytes, topic_field
+from gateway.mqtt.codec.properties import WILL, encode_properties
+from gateway.mqtt.codec.reasons import DISCONNECT_CLIENT_ONLY, DISCONNECT_SERVER_ONLY, VALID
+from gateway.mqtt.codec.wire import (
     FIXED_FLAGS,
     PT,
     SENT_BY_V5,

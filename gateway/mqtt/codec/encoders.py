@@ -2,7 +2,7 @@
 checking what the peer would refuse (LocalProtocolError) before any byte is
 made.  :data:`SENDERS` holds, for each role, the encoders of the packets that
 role may send; PUBLISH, the hot path, is :func:`encode_publish`, called
-directly by the connection.  MQTT 5's are gateway.mqtt.encoders_v5; the
+directly by the connection.  MQTT 5's are gateway.mqtt.codec.encoders_v5; the
 PUBLISH bytes are shared (:func:`publish_bytes` takes v5's property block).
 These write the 3.1.1 form and leave out what 3.1.1 has no room for (an
 ack's v5 reason code, properties), so a session may build one packet for
@@ -14,8 +14,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-from gateway.mqtt import packets as p
-from gateway.mqtt.wire import (
+from gateway.mqtt.codec import packets as p
+from gateway.mqtt.codec.wire import (
     FIXED_FLAGS,
     PT,
     SENT_BY,
@@ -67,7 +67,7 @@ def publish_bytes(
 ) -> bytes:
     """A whole PUBLISH, its topic already a :func:`topic_field`.  On a v5
     connection ``props`` is the property block, its length first
-    (gateway.mqtt.properties.encode_properties; ``b"\x00"`` for none); 3.1.1
+    (gateway.mqtt.codec.properties.encode_properties; ``b"\x00"`` for none); 3.1.1
     has none (``b""``)."""
     if props:
         return _publish_v5(field, payload, qos, retain, dup, packet_id, props)
