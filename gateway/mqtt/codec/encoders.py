@@ -31,6 +31,7 @@ from gateway.mqtt.codec.wire import (
     string_field,
 )
 
+Encoder = Callable[[Negotiated, p.Packet], bytes]
 # The encoders' own struct, not wire's: CPython 3.11 compiles a method call on
 # a name bound by ``import`` as an attribute load (it takes the name for a
 # module), which costs PUBLISH, the hot path, a bound method each time.
@@ -173,7 +174,7 @@ def _encode_connack(conn: Negotiated, packet: p.ConnAck) -> bytes:
     return frame(PT.CONNACK, bytes((1 if present else 0, code)))
 
 
-def _ack_encoder(kind: PT) -> Callable[[Negotiated, p.Packet], bytes]:
+def _ack_encoder(kind: PT) -> Encoder:
     first = bytes((kind << 4 | FIXED_FLAGS[kind], 2))
 
     def encode(conn: Negotiated, packet: p.Packet) -> bytes:
@@ -202,12 +203,15 @@ def _encode_unsubscribe(conn: Negotiated, packet: p.Unsubscribe) -> bytes:
     return frame(PT.UNSUBSCRIBE, packet_id_field(packet.packet_id) + b"".join(string_field(t) for t in packet.topics))
 
 
-def _empty_encoder(kind: PT) -> Callable[[Negotiated, p.Packet], bytes]:
+def _empty_encoder(kind: PT) -> Encoder:
     whole = bytes((kind << 4, 0))
     return lambda conn, packet: whole
 
 
-_ENCODERS: dict[type, tuple[PT, Callable[[Negotiated, p.Packet], bytes]]] = {
+# The 3.1.1 table: packet class -> (its type, its encoder).  MQTT 5's
+# (gateway.mqtt.codec.encoders_v5) is this one with its own encoders merged
+# over it, as the decoders' tables are built.
+ENCODERS: dict[type, tuple[PT, Encoder]] = {
     p.Connect: (PT.CONNECT, _encode_connect),  # type: ignore[dict-item]
     p.ConnAck: (PT.CONNACK, _encode_connack),  # type: ignore[dict-item]
     p.Publish: (PT.PUBLISH, encode_publish),  # type: ignore[dict-item]
@@ -223,7 +227,11 @@ _ENCODERS: dict[type, tuple[PT, Callable[[Negotiated, p.Packet], bytes]]] = {
     p.PingResp: (PT.PINGRESP, _empty_encoder(PT.PINGRESP)),
     p.Disconnect: (PT.DISCONNECT, _empty_encoder(PT.DISCONNECT)),
 }
-SENDERS = {
-    role: {cls: encode for cls, (kind, encode) in _ENCODERS.items() if kind in SENT_BY[role]} for role in Role
-}
 
+
+def senders(encoders: dict[type, tuple[PT, Encoder]], sent_by: dict[Role, frozenset[PT]]) -> dict[Role, dict[type, Encoder]]:
+    """For each role, the encoders of the packets that role may send."""
+    return {role: {cls: encode for cls, (kind, encode) in encoders.items() if kind in sent_by[role]} for role in Role}
+
+
+SENDERS = senders(ENCODERS, SENT_BY)
