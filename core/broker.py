@@ -218,7 +218,7 @@ class Broker:
         if messages.__class__ is not Message or acks or commit_key is not None or to is not None:
             return self._enter_all(messages, producer, acks, commit_key, retain, dead_letter, to, holder)
         # The fast path: _enter_all's rules, for one message.
-        message: Message = messages  # type: ignore[assignment]
+        message: Message = messages
         address = message.address
         policies = self.policies
         policy = policies.base if policies.uniform else policies.for_address(address)

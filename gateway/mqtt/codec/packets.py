@@ -111,7 +111,7 @@ class Properties:
     shared_subscription_available: int | None = None
 
     def __repr__(self) -> str:  # only what is set: 27 fields of None say nothing
-        fields = (f"{name}={getattr(self, name)!r}" for name in self.__slots__)  # type: ignore[attr-defined]
+        fields = (f"{name}={getattr(self, name)!r}" for name in self.__slots__)
         return f"Properties({', '.join(f for f in fields if not f.endswith(('=None', '=()')))})"
 
 

@@ -53,7 +53,7 @@ class Spec(NamedTuple):
     repeats: bool = False
 
 
-_PUB = frozenset({PT.PUBLISH, WILL})
+_PUB: frozenset[Where] = frozenset({PT.PUBLISH, WILL})
 _ACKS = frozenset({PT.PUBACK, PT.PUBREC, PT.PUBREL, PT.PUBCOMP, PT.SUBACK, PT.UNSUBACK})
 
 # v5 §2.2.2.2, in identifier order (the order they are written in).
@@ -264,7 +264,7 @@ def _over(budget: Budget | None, what: str) -> RemoteProtocolError:
 
 
 def _name(where: Where) -> str:
-    return "will properties" if where == WILL else PT(where).name
+    return where.name if isinstance(where, PT) else "will properties"  # the one str place is WILL
 
 
 # -- writing -------------------------------------------------------------------
