@@ -25,7 +25,7 @@ from typing import Any
 # The sans-IO hot path: the STOMP codec and session, the session skeleton, the
 # core's routing, the store's journal, index and records, the MQTT codec with
 # its in- and outgoing halves. Nothing that imports trio is compiled.
-# gateway/mqtt/wire.py stays out (mypyc cannot compile its str subclass), and
+# gateway/mqtt/codec/wire.py stays out (mypyc cannot compile its str subclass), and
 # the MQTT session and properties with it.
 FAST_MODULES = [
     "core/broker.py", "core/buffers.py", "core/clients.py", "core/destinations.py", "core/matching.py",
@@ -34,7 +34,8 @@ FAST_MODULES = [
     "gateway/stomp/codec.py", "gateway/stomp/delivery.py", "gateway/stomp/frames.py",
     "gateway/stomp/headers.py", "gateway/stomp/session.py",
     "persistence/index.py", "persistence/journal.py", "persistence/records.py", "persistence/store.py",
-    "gateway/mqtt/codec.py", "gateway/mqtt/decoders.py", "gateway/mqtt/encoders.py", "gateway/mqtt/packets.py",
+    "gateway/mqtt/codec/connection.py", "gateway/mqtt/codec/decoders.py", "gateway/mqtt/codec/encoders.py",
+    "gateway/mqtt/codec/packets.py",
     "gateway/mqtt/topics.py", "gateway/mqtt/inflight.py", "gateway/mqtt/outgoing.py", "gateway/mqtt/incoming.py",
 ]  # fmt: skip
 

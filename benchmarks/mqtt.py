@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.harness.broker import free_port  # noqa: E402
-from gateway.mqtt import packets as p  # noqa: E402
+from gateway.mqtt.codec import packets as p  # noqa: E402
 from gateway.mqtt.codec import MqttConnection, Role  # noqa: E402
 
 GATEWAY = str(Path(sys.executable).parent / "gateway")

@@ -48,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gateway.mqtt import packets as p  # noqa: E402
+from gateway.mqtt.codec import packets as p  # noqa: E402
 from gateway.mqtt.codec import MqttConnection, Role  # noqa: E402
 
 GATEWAY = str(Path(sys.executable).parent / "gateway")

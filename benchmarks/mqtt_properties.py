@@ -55,10 +55,10 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.harness.broker import Broker as BrokerProcess, loadavg  # noqa: E402
 from core.broker import Broker  # noqa: E402
-from gateway.mqtt import packets as p  # noqa: E402
+from gateway.mqtt.codec import packets as p  # noqa: E402
 from gateway.mqtt.codec import MqttConnection, RemoteProtocolError, Role  # noqa: E402
 from gateway.mqtt.session import MqttSession, MqttSettings, Registry  # noqa: E402
-from gateway.mqtt.wire import remaining_length  # noqa: E402
+from gateway.mqtt.codec.wire import remaining_length  # noqa: E402
 from gateway.transports.connection import RECEIVE_BYTES  # noqa: E402
 
 SETTINGS = MqttSettings()

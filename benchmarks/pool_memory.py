@@ -23,7 +23,8 @@ from typing import Any
 
 from core.broker import Broker
 from core.settings import BrokerSettings
-from gateway.mqtt import codec, packets
+from gateway.mqtt import codec
+from gateway.mqtt.codec import packets
 from gateway.mqtt.registry import Registry
 from gateway.mqtt.session import MqttSession, MqttSettings
 MIB = 1024 * 1024

@@ -49,7 +49,7 @@ from benchmarks.harness.broker import free_port  # noqa: E402
 import wsproto  # noqa: E402
 from wsproto import events as ws  # noqa: E402
 
-from gateway.mqtt import packets as p  # noqa: E402
+from gateway.mqtt.codec import packets as p  # noqa: E402
 from gateway.mqtt.codec import MqttConnection, Role as MqttRole  # noqa: E402
 from gateway.stomp import codec as stomp_codec, frames  # noqa: E402
 

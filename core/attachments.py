@@ -21,7 +21,11 @@ from core.subscriptions import Subscription
 from core.tally import Holder
 
 
-class Broker(Protocol):
+class DurableState(Protocol):
+    """What attaching reads of a client's broker (a core.broker.Broker, which
+    imports this module through core.clients): the durable subscriptions,
+    the shared groups, and whether users exist."""
+
     durables: Durables
     shared: SharedGroups
     secured: bool
@@ -34,7 +38,7 @@ class Attaching(Protocol):
     # Read only here (a property): a client's broker is a wider protocol of
     # its own, and a writable protocol member would have to match it exactly.
     @property
-    def broker(self) -> Broker: ...
+    def broker(self) -> DurableState: ...
 
     sink: Sink
     principal: Principal

@@ -5,7 +5,6 @@ targets, flow control, storage and counters by one set of rules."""
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -18,7 +17,7 @@ from core.errors import InvalidDestination, LimitExceeded
 from core.messages import DEFAULT_PRIORITY, Message, store_transaction
 from core.names import Address, Kind
 from core.policies import Policies
-from core.ports import Clock, Sink
+from core.ports import Clock, Entropy, Sink
 from core.registry import QueueRegistry
 from core.retained import RetainedMessages
 from core.selectors import SelectorError, compile_selector
@@ -46,6 +45,14 @@ class Producer(Protocol):
     holder: Holder  # whose share of the broker's pools what it makes takes (core.tally)
 
 
+def fixed_entropy(size: int, /) -> bytes:
+    """The Entropy a broker has when given none: zeros, the same every run.
+    Enough for a test; the app passes the OS's (gateway/app.py), since a
+    restarted broker's message ids and temporary names must not repeat the
+    last run's."""
+    return bytes(size)
+
+
 class Broker:
     """Destinations and routing.  Clients act on it through :class:`Client`."""
 
@@ -57,6 +64,7 @@ class Broker:
         node: str | None = None,
         store: MessageStore | None = None,
         authorizer: Authorizer | None = None,
+        entropy: Entropy = fixed_entropy,
     ) -> None:
         self.clock = clock
         # None: no authorization map, every client may do everything.
@@ -74,11 +82,11 @@ class Broker:
         self.shared = SharedGroups(self.registry, self.store, self.settings)  # shared subscription groups
         # The last retained message of each topic (MQTT's retain flag), by name.
         self.retained = RetainedMessages(self.settings, self.stats)
-        self.temporaries = Temporaries(self.registry)
+        self.temporaries = Temporaries(self.registry, entropy(3).hex())
         self.transaction_bytes = 0  # held in every client's open transactions
         # Message ids stay unique across restarts without coordination.
         # No colon in ids: STOMP 1.1+ would have to escape it in every MESSAGE.
-        self._id_prefix = f"ID-{node or os.urandom(4).hex()}-"
+        self._id_prefix = f"ID-{node or entropy(4).hex()}-"
         self._seq = itertools.count(1)
         self._client_seq = itertools.count(1)
         # Idempotency keys of committed transactions, oldest first, each with
@@ -218,7 +226,7 @@ class Broker:
         if messages.__class__ is not Message or acks or commit_key is not None or to is not None:
             return self._enter_all(messages, producer, acks, commit_key, retain, dead_letter, to, holder)
         # The fast path: _enter_all's rules, for one message.
-        message: Message = messages  # type: ignore[assignment]
+        message: Message = messages
         address = message.address
         policies = self.policies
         policy = policies.base if policies.uniform else policies.for_address(address)

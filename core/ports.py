@@ -1,4 +1,4 @@
-"""The small interfaces through which the core speaks to the world.
+"""The small interfaces through which the core speaks to the world (and hears the time and chance).
 
 Implemented by ``gateway``, structurally.  The store port is
 ``core.storage.MessageStore``: a leaf module of plain records, so that
@@ -21,6 +21,14 @@ class Clock(Protocol):
     def wall_ms(self) -> int:
         """Milliseconds since the epoch; for message timestamps and expiry."""
         ...
+
+
+class Entropy(Protocol):
+    """Random bytes, for names that must not repeat from one run to the next
+    (message ids, temporary destinations).  ``os.urandom`` is one (the app
+    passes it); a test may pass a fixed one."""
+
+    def __call__(self, size: int, /) -> bytes: ...
 
 
 class Sink(Protocol):

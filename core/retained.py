@@ -198,6 +198,6 @@ def _collect(node: _Node, pattern: tuple[str, ...], i: int, out: list[Message], 
             if i > 0 or not segment.startswith("$"):
                 _collect(child, pattern, i + 1, out, limit)
     else:
-        child = node.children.get(part)
-        if child is not None:
-            _collect(child, pattern, i + 1, out, limit)
+        named = node.children.get(part)
+        if named is not None:
+            _collect(named, pattern, i + 1, out, limit)

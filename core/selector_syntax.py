@@ -279,11 +279,14 @@ class _Parser:
         if self.nesting > MAX_DEPTH:
             raise SelectorError(f"expected at most {MAX_DEPTH} levels of nesting", self.token.pos)
 
+    def at_end(self) -> bool:
+        return self.token.kind is TokenKind.EOF
+
     def selector(self) -> Node | None:
         if self.token.kind is TokenKind.EOF:
             return None
         node = self.logical(1)
-        if self.token.kind is not TokenKind.EOF:
+        if not self.at_end():  # a method, so mypy does not carry the check above past logical()
             raise self.fail("AND, OR or end of selector")
         return node
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import operator
 import re
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from core.selector_syntax import (
     MAX_SELECTOR_CHARS,
@@ -104,9 +104,9 @@ def as_number(value: Value) -> int | float | None:
 def as_bool(value: Value) -> bool | None:
     """``value`` as a truth value: booleans, and the strings 'true'/'false' in any case."""
     if type(value) is bool:
-        return value  # type: ignore[return-value]
+        return value
     if type(value) is str:
-        lowered = value.lower()  # type: ignore[union-attr]
+        lowered = value.lower()
         if lowered == "true":
             return True
         if lowered == "false":
@@ -114,7 +114,10 @@ def as_bool(value: Value) -> bool | None:
     return None
 
 
-_COMPARE_OPS: dict[str, Callable[[object, object], bool]] = {
+# operator's comparisons, typed over Any: compare() only ever hands one two
+# operands of a kind that compares (two bools, two strs, two numbers).
+Comparison = Callable[[Any, Any], bool]
+_COMPARE_OPS: dict[str, Comparison] = {
     "=": operator.eq,
     "<>": operator.ne,
     "<": operator.lt,
@@ -125,7 +128,7 @@ _COMPARE_OPS: dict[str, Callable[[object, object], bool]] = {
 _EQUALITY = frozenset({operator.eq, operator.ne})
 
 
-def compare(op: Callable[[object, object], bool], left: Value, right: Value) -> bool | None:
+def compare(op: Comparison, left: Value, right: Value) -> bool | None:
     """One comparison with JMS's UNKNOWN (None) for NULLs and mismatched types."""
     if left is None or right is None:
         return None
@@ -400,7 +403,7 @@ def _compile_like(node: Like) -> Eval:
         value = operand(m)
         if type(value) is not str:
             return None
-        return matches(value) is not negated  # type: ignore[arg-type]
+        return matches(value) is not negated
 
     return like
 

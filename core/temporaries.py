@@ -13,7 +13,6 @@ client could otherwise use it all up) but are capped per connection by
 
 from __future__ import annotations
 
-import os
 from typing import Protocol
 
 from core import names
@@ -32,10 +31,10 @@ class Owner(Protocol):
 class Temporaries:
     """The broker's private temporary destinations and their owners."""
 
-    def __init__(self, registry: QueueRegistry) -> None:
+    def __init__(self, registry: QueueRegistry, tag: str) -> None:
         self.registry = registry
         self.owners: dict[Address, Owner] = {}
-        self._tag = os.urandom(3).hex()
+        self._tag = tag  # this run's, from the broker's Entropy
 
     def claim(self, name: Address, client: Owner) -> Address:
         """A new private destination for ``client``'s temporary ``name``."""

@@ -202,7 +202,9 @@ async def _open_and_recover(config: Config, log: Any, seed: Seed | None = None) 
         log.warning("store_sync_never", detail="persistent messages are NOT safe from a crash; for tests only")
     clock = TrioClock()
     acl = parse_entries(config.auth.acl, groups=config.auth.groups)
-    broker = Broker(clock, config.broker, store=store, authorizer=Authorizer(acl) if acl else None)
+    # The OS's randomness: message ids and temporary names differ from the last run's.
+    broker = Broker(clock, config.broker, store=store, authorizer=Authorizer(acl) if acl else None,
+                    entropy=os.urandom)
     skipped = recovery.restore(broker, recovered)
     store.forget_redeliveries()
     for durable in broker.durables.values():  # persistent MQTT sessions keep their bound

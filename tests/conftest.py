@@ -213,7 +213,7 @@ def paho(broker_factory: Callable[..., BrokerHandle]) -> Iterator[Callable[..., 
 def raw_mqtt(broker_factory: Callable[..., BrokerHandle]) -> Iterator[Callable[..., Any]]:
     """Raw MQTT sockets on the project's codec: ``raw_mqtt(broker)``; with a
     ``client_id`` the socket has CONNECTed and checked CONNACK 0."""
-    from gateway.mqtt import packets
+    from gateway.mqtt.codec import packets
     from tests.support.mqtt_helpers import RawMqtt
 
     made: list[RawMqtt] = []

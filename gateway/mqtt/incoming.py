@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.mqtt import metadata
-from gateway.mqtt.packets import Publish
+from gateway.mqtt.codec.packets import Publish
 from gateway.mqtt.peer import Peer
-from gateway.mqtt.reasons import ReasonCode as R
+from gateway.mqtt.codec.reasons import ReasonCode as R
 
 
 # What to route: (topic, headers, Message Expiry Interval in seconds, 0 for

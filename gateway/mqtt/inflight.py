@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from gateway.mqtt import packets
+from gateway.mqtt.codec import packets
 
 MAX_PACKET_ID = 65535
 NO_IDS: frozenset[int] = frozenset()  # shared by the sessions that hold none

@@ -37,7 +37,8 @@ from core.clients import Client
 from core.errors import CoreError
 from core.messages import Message
 from core.tally import UNKNOWN_HOLDER, Holder, Shares
-from gateway.mqtt import metadata, packets, topics
+from gateway.mqtt import metadata, topics
+from gateway.mqtt.codec import packets
 from gateway.mqtt.settings import MqttSettings
 
 EXPIRY_NOTES = "mqtt-expiry"  # the store's namespace: client id -> when its kept session ends

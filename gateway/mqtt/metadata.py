@@ -27,7 +27,7 @@ import binascii
 import json
 
 from gateway.mqtt import topics
-from gateway.mqtt.packets import Properties
+from gateway.mqtt.codec.packets import Properties
 
 REPLY_TO = "reply-to"
 CORRELATION_ID = "correlation-id"

@@ -19,8 +19,8 @@ from typing import Any
 from gateway.mqtt import metadata
 from gateway.mqtt.codec import EMPTY_PROPERTIES, EMPTY_TOPIC_FIELD, publish_bytes
 from gateway.mqtt.peer import Peer
-from gateway.mqtt.properties import message_expiry_item, property_items
-from gateway.mqtt.wire import remaining_length
+from gateway.mqtt.codec.properties import message_expiry_item, property_items
+from gateway.mqtt.codec.wire import remaining_length
 
 
 def message_items(headers: dict[str, str] | None, expires_ms: int, now_ms: int) -> bytes:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 
 from gateway.mqtt.aliases import InboundAliases, OutboundAliases
-from gateway.mqtt.packets import Properties
+from gateway.mqtt.codec.packets import Properties
 from gateway.mqtt.settings import MqttSettings
 
 NEVER = 0xFFFFFFFF  # a Session Expiry Interval that never expires (v5 §3.1.2.11.2)

@@ -18,10 +18,11 @@ from typing import Any, Protocol
 from core.clients import Client
 from core.errors import CoreError, InvalidDestination, InvalidRequest, LimitExceeded, NotAuthorized
 from core.subscriptions import AckMode, Subscription
-from gateway.mqtt import packets, topics
+from gateway.mqtt import topics
+from gateway.mqtt.codec import packets
 from gateway.mqtt.codec import MqttConnection, validate_topic_filter
-from gateway.mqtt.properties import subscription_identifier_item
-from gateway.mqtt.reasons import ReasonCode as R
+from gateway.mqtt.codec.properties import subscription_identifier_item
+from gateway.mqtt.codec.reasons import ReasonCode as R
 from gateway.mqtt.registry import OWNER_PREFIX
 from gateway.mqtt.settings import MqttSettings
 from gateway.session.outbox import Outbox

@@ -18,7 +18,7 @@ import functools
 
 from core import names
 from core.names import Address
-from gateway.mqtt.encoders import topic_field
+from gateway.mqtt.codec.encoders import topic_field
 
 _ESCAPES = str.maketrans({"%": "%25", ".": "%2E", "*": "%2A", ">": "%3E"})
 _UNESCAPES = (("%2E", "."), ("%2A", "*"), ("%3E", ">"), ("%25", "%"))

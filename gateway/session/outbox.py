@@ -65,7 +65,7 @@ class Outbox:
         limit = len(chunks)
         gates = self._gates
         while gates and gates[0][1] <= durable_lsn:
-            gates.popleft()  # type: ignore[union-attr]
+            gates.popleft()
         if gates:
             limit = gates[0][0] - self._base
         taken = 0

@@ -28,8 +28,8 @@ class Frame:
     def __eq__(self, other: object) -> bool:
         return (
             type(other) is type(self)
-            and self.headers == other.headers  # type: ignore[attr-defined]
-            and self.body == other.body  # type: ignore[attr-defined]
+            and self.headers == other.headers
+            and self.body == other.body
         )
 
     def __hash__(self) -> int:  # pragma: no cover - frames are not dict keys

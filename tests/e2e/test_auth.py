@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.auth import hash_password
-from gateway.mqtt import packets as p
+from gateway.mqtt.codec import packets as p
 from tests.support.helpers import RawClient, encode_frame, wait_for
 
 USERS = [{"name": "app", "password_hash": hash_password("s3cret", iterations=1000)}]

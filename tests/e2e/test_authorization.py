@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.auth import hash_password
-from gateway.mqtt import packets as p
+from gateway.mqtt.codec import packets as p
 from tests.support.auth_helpers import ACL, ITER, USERS, login
 from tests.support.helpers import RawClient, unique, wait_for
 from tests.support.processes import free_port

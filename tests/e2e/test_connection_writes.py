@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 
-from gateway.mqtt import packets as p
+from gateway.mqtt.codec import packets as p
 from tests.support.helpers import TIMEOUT, encode_frame, unique
 from tests.support.mqtt_helpers import RawMqtt
 

@@ -127,7 +127,7 @@ def test_with_send_fail_if_no_space_a_full_queue_refuses_the_send(broker_factory
 
 
 def test_an_mqtt_publisher_is_held_back_by_a_slow_subscriber_too(broker_factory, raw_client, raw_mqtt):
-    from gateway.mqtt import packets
+    from gateway.mqtt.codec import packets
 
     broker = broker_factory(broker={"topic_high_water": 20, "topic_buffer_limit": 40},
                             stomp={"outbox_high_water_bytes": 8192})

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from gateway.mqtt import packets as p
+from gateway.mqtt.codec import packets as p
 from tests.support.helpers import unique, wait_for
 from tests.support.mqtt_helpers import RawMqtt
 

@@ -236,7 +236,7 @@ def test_a_kept_session_subscribing_again_gets_a_qos_2_message_once(broker, vers
 
 @needs_mosquitto
 def test_mosquitto_v5_retained_with_properties_and_retain_handling(broker):
-    from gateway.mqtt import packets as p
+    from gateway.mqtt.codec import packets as p
     from tests.support.mqtt_helpers import RawMqtt
 
     topic = f"{unique('mosq5')}/state"

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from gateway.mqtt import packets as p
+from gateway.mqtt.codec import packets as p
 from tests.support.helpers import unique
 from tests.support.mqtt5_helpers import Paho5, connect5, props
 from tests.support.mqtt_helpers import Paho

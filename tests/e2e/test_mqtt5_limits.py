@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from paho.mqtt.packettypes import PacketTypes
 
-from gateway.mqtt import packets as p
-from gateway.mqtt.wire import remaining_length
+from gateway.mqtt.codec import packets as p
+from gateway.mqtt.codec.wire import remaining_length
 from tests.support.helpers import unique
 from tests.support.mqtt5_helpers import Paho5, connect5, disconnect_code, props
 

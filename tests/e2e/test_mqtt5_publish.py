@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
-from gateway.mqtt import packets as p
-from gateway.mqtt.reasons import ReasonCode as R
+from gateway.mqtt.codec import packets as p
+from gateway.mqtt.codec.reasons import ReasonCode as R
 from tests.support.auth_helpers import ACL, USERS
 from tests.support.helpers import unique
 from tests.support.mqtt5_helpers import Paho5, connect5, disconnect_code, props

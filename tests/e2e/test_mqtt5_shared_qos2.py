@@ -12,7 +12,7 @@ member, and anything the group had handed back would have been ahead of it."""
 
 from __future__ import annotations
 
-from gateway.mqtt import packets as p
+from gateway.mqtt.codec import packets as p
 from tests.support.helpers import unique
 from tests.support.mqtt5_helpers import Paho5, connect5
 

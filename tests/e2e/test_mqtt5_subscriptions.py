@@ -4,8 +4,8 @@ Handling), Subscription Identifiers on delivery, and shared subscriptions
 
 from __future__ import annotations
 
-from gateway.mqtt import packets as p
-from gateway.mqtt.reasons import ReasonCode as R
+from gateway.mqtt.codec import packets as p
+from gateway.mqtt.codec.reasons import ReasonCode as R
 from tests.support.helpers import unique, wait_for
 from tests.support.mqtt5_helpers import Paho5, connect5, disconnect_code
 from tests.support.mqtt_helpers import Paho

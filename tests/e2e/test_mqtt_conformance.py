@@ -9,8 +9,8 @@ from __future__ import annotations
 import socket
 import time
 
-from gateway.mqtt import packets as p
-from gateway.mqtt.reasons import ReasonCode as R
+from gateway.mqtt.codec import packets as p
+from gateway.mqtt.codec.reasons import ReasonCode as R
 from tests.support.helpers import TIMEOUT, unique
 from tests.support.mqtt5_helpers import connect5, disconnect_code, until_closed
 

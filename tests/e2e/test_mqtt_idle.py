@@ -9,7 +9,7 @@ import signal
 import subprocess
 from collections import Counter
 
-from gateway.mqtt import packets
+from gateway.mqtt.codec import packets
 from tests.support.helpers import wait_for
 from tests.support.mqtt_helpers import RawMqtt
 from tests.support.processes import GATEWAY, accepting, free_port

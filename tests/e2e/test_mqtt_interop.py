@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from gateway.mqtt import packets as p
+from gateway.mqtt.codec import packets as p
 from tests.support.helpers import unique, wait_for
 from tests.support.mqtt_helpers import Paho, RawMqtt, run_amqtt
 from tests.support.processes import free_port

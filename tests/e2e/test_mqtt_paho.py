@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.auth import hash_password
 
-from gateway.mqtt import packets as p
+from gateway.mqtt.codec import packets as p
 from tests.support.helpers import unique, wait_for
 
 

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from gateway.auth import hash_password
-from gateway.mqtt import packets as p
+from gateway.mqtt.codec import packets as p
 from persistence import records
 from persistence.records import encode_subscription
 from persistence.settings import StoreSettings

@@ -7,8 +7,8 @@ while another holder is still served."""
 
 from __future__ import annotations
 
-from gateway.mqtt import packets as p
-from gateway.mqtt.reasons import ReasonCode as R
+from gateway.mqtt.codec import packets as p
+from gateway.mqtt.codec.reasons import ReasonCode as R
 from tests.support.auth_helpers import ACL, USERS
 from tests.support.helpers import unique, wait_for
 from tests.support.mqtt5_helpers import Paho5, connect5

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from gateway.auth import hash_password
-from gateway.mqtt import packets
+from gateway.mqtt.codec import packets
 from gateway.stomp import frames
 from tests.support.helpers import RawClient, encode_frame, unique, wait_for
 from tests.support.mqtt_helpers import RawMqtt

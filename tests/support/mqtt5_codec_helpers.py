@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from hypothesis import strategies as st
 
-from gateway.mqtt import packets as p
+from gateway.mqtt.codec import packets as p
 from gateway.mqtt.codec import MqttConnection, RemoteProtocolError, Role, State
-from gateway.mqtt.properties import BINARY, BYTE, MAX_VBI, PAIR, SPECS, STRING, U16, U32, VBI, WILL, Where
-from gateway.mqtt.reasons import DISCONNECT_CLIENT_ONLY, DISCONNECT_SERVER_ONLY, VALID
-from gateway.mqtt.wire import PT
+from gateway.mqtt.codec.properties import BINARY, BYTE, MAX_VBI, PAIR, SPECS, STRING, U16, U32, VBI, WILL, Where
+from gateway.mqtt.codec.reasons import DISCONNECT_CLIENT_ONLY, DISCONNECT_SERVER_ONLY, VALID
+from gateway.mqtt.codec.wire import PT
 
 CONNECT5_WIRE = b"\x10\x0e\x00\x04MQTT\x05\x02\x00\x3c\x00\x00\x01c"
 CONNACK5_WIRE = b"\x20\x03\x00\x00\x00"

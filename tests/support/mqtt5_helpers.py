@@ -13,7 +13,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from gateway.mqtt import packets as p
+from gateway.mqtt.codec import packets as p
 from tests.support.helpers import TIMEOUT, wait_for
 from tests.support.mqtt_helpers import RawMqtt
 

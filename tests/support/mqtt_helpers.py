@@ -14,7 +14,7 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 
-from gateway.mqtt import packets as p
+from gateway.mqtt.codec import packets as p
 from gateway.mqtt.codec import MqttConnection, Role
 from tests.support.helpers import TIMEOUT, wait_for
 

@@ -14,9 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.mqtt import codec
-from gateway.mqtt import packets as p
+from gateway.mqtt.codec import packets as p
 from gateway.mqtt.codec import LocalProtocolError, MqttConnection, RemoteProtocolError, Role, State
-from gateway.mqtt.wire import remaining_length
+from gateway.mqtt.codec.wire import remaining_length
 from tests.support.helpers import splits
 from tests.support.mqtt_codec_helpers import (
     CONNACKS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.mqtt import packets as p
+from gateway.mqtt.codec import packets as p
 from gateway.mqtt.codec import validate_topic_filter, validate_topic_name
 
 

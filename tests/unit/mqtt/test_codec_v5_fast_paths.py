@@ -12,11 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.mqtt import codec
-from gateway.mqtt import packets as p
-from gateway.mqtt import properties
+from gateway.mqtt.codec import packets as p
+from gateway.mqtt.codec import properties
 from gateway.mqtt.codec import LocalProtocolError, MqttConnection, RemoteProtocolError, Role
-from gateway.mqtt.decoders import DECODERS_V5
-from gateway.mqtt.wire import PT, remaining_length
+from gateway.mqtt.codec.decoders import DECODERS_V5
+from gateway.mqtt.codec.wire import PT, remaining_length
 from tests.support.helpers import splits
 from tests.support.mqtt5_codec_helpers import connected5, encode5, properties_for
 from tests.support.mqtt_codec_helpers import FAST

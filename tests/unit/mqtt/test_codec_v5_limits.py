@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from gateway import config
-from gateway.mqtt import packets as p
+from gateway.mqtt.codec import packets as p
 from gateway.mqtt.codec import MqttConnection, RemoteProtocolError, Role, State
-from gateway.mqtt.properties import Budget, read_properties
+from gateway.mqtt.codec.properties import Budget, read_properties
 from gateway.mqtt.settings import MqttSettings
-from gateway.mqtt.wire import PT, remaining_length
+from gateway.mqtt.codec.wire import PT, remaining_length
 from tests.support.mqtt5_codec_helpers import connected5
 
 PACKET_TOO_LARGE = 0x95

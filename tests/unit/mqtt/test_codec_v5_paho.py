@@ -18,7 +18,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from gateway.mqtt import packets as p
+from gateway.mqtt.codec import packets as p
 from gateway.mqtt.codec import MqttConnection, Role
 from tests.support.helpers import TIMEOUT
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.mqtt import packets as p
+from gateway.mqtt.codec import packets as p
 from gateway.mqtt.codec import LocalProtocolError, MqttConnection, RemoteProtocolError, Role, State
 from tests.support.mqtt5_codec_helpers import block, connected5, decode5, encode5, frame, refused5
 from tests.support.mqtt_codec_helpers import refused

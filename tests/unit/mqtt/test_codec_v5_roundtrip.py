@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
-from gateway.mqtt import packets as p
+from gateway.mqtt.codec import packets as p
 from gateway.mqtt.codec import EMPTY_PROPERTIES, MqttConnection, Role, encode_properties
-from gateway.mqtt.properties import SPECS, WILL, read_properties
-from gateway.mqtt.wire import PT
+from gateway.mqtt.codec.properties import SPECS, WILL, read_properties
+from gateway.mqtt.codec.wire import PT
 from tests.support.helpers import splits
 from tests.support.mqtt5_codec_helpers import (
     CONNACK5_WIRE,

@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 from core import names
 from core.broker import Broker
 from gateway.mqtt import codec, topics
-from gateway.mqtt import packets as p
+from gateway.mqtt.codec import packets as p
 from gateway.mqtt.codec import LocalProtocolError, MqttConnection, RemoteProtocolError, Role
-from gateway.mqtt.decoders import DECODERS_V311
+from gateway.mqtt.codec.decoders import DECODERS_V311
 from gateway.mqtt.session import MqttSession, MqttSettings, Registry
-from gateway.mqtt.wire import PT, remaining_length
+from gateway.mqtt.codec.wire import PT, remaining_length
 from tests.support.core_fakes import FakeClock
 from tests.support.helpers import splits
 from tests.support.mqtt_codec_helpers import FAST, connected

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.mqtt import packets
+from gateway.mqtt.codec import packets
 from gateway.mqtt.inflight import MAX_PACKET_ID, InFlight, RefusingPubRec, SessionState, Stage
 
 ACKS = (packets.PubAck, packets.PubRec, RefusingPubRec, packets.PubComp)

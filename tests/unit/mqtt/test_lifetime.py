@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from core.broker import Broker
-from gateway.mqtt import codec, packets
+from gateway.mqtt import codec
+from gateway.mqtt.codec import packets
 from gateway.mqtt.lifetime import CLOSED, EXPIRY_NOTES, NEVER, OPEN, Lifetimes, PendingWill, expiry_note, read_note
 from gateway.mqtt.registry import OWNER_PREFIX, Registry
 from gateway.mqtt.session import MqttSession, MqttSettings

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from core.broker import Broker
-from gateway.mqtt import codec, packets
+from gateway.mqtt import codec
+from gateway.mqtt.codec import packets
 from gateway.mqtt.inflight import Stage
 from gateway.mqtt.session import MqttSession, MqttSettings, Registry
 from tests.support.core_fakes import FakeClock

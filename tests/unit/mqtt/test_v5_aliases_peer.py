@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from gateway.mqtt.aliases import InboundAliases, OutboundAliases
-from gateway.mqtt.packets import Properties
+from gateway.mqtt.codec.packets import Properties
 from gateway.mqtt.peer import NEVER, UNLIMITED, connack_properties, negotiate, whole_packet_limit
 from gateway.mqtt.settings import MqttSettings
 

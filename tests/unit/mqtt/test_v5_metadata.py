@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from gateway.mqtt import metadata
-from gateway.mqtt.packets import Properties
+from gateway.mqtt.codec.packets import Properties
 
 NOW = 1_700_000_000_000
 

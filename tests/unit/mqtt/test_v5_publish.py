@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-from gateway.mqtt import packets as p
+from gateway.mqtt.codec import packets as p
 from gateway.mqtt.codec import MqttConnection, Role
 from gateway.mqtt.incoming import Refused, accept
 from gateway.mqtt.outgoing import fitted, message_items, publish_v5
-from gateway.mqtt.properties import subscription_identifier_item
+from gateway.mqtt.codec.properties import subscription_identifier_item
 from gateway.mqtt.peer import Peer, negotiate
-from gateway.mqtt.reasons import ReasonCode as R
+from gateway.mqtt.codec.reasons import ReasonCode as R
 from gateway.mqtt.settings import MqttSettings
 from tests.support.mqtt5_codec_helpers import CONNACK5_WIRE
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.mqtt import packets
+from gateway.mqtt.codec import packets
 from gateway.mqtt.subscribing import durable_name, parse_durable_name, shared_parts
 
 

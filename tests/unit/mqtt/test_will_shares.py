@@ -12,9 +12,10 @@ import pytest
 
 from core.broker import Broker
 from core.tally import ANONYMOUS, USER
-from gateway.mqtt import codec, packets
+from gateway.mqtt import codec
+from gateway.mqtt.codec import packets
 from gateway.mqtt.lifetime import Lifetimes, PendingWill, will_bytes, will_refusal
-from gateway.mqtt.reasons import ReasonCode as R
+from gateway.mqtt.codec.reasons import ReasonCode as R
 from gateway.mqtt.registry import Registry
 from gateway.mqtt.session import MqttSession, MqttSettings
 from tests.support.core_fakes import FakeClock, RecordingStore

@@ -1,6 +1,6 @@
 """Each MQTT 5.0 packet's variable header and payload, bytes to packet: the
 decoders that differ from 3.1.1's (PINGREQ and PINGRESP do not), which
-gateway.mqtt.decoders merges over its own into ``DECODERS_V5``, and the part
+gateway.mqtt.codec.decoders merges over its own into ``DECODERS_V5``, and the part
 of CONNECT after the protocol level, which its CONNECT decoder calls once it
 has read level 5.
 
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gateway.mqtt import packets as p
-from gateway.mqtt.properties import WILL, Budget, read_properties
-from gateway.mqtt.reasons import DISCONNECT_CLIENT_ONLY, DISCONNECT_SERVER_ONLY, VALID, ReasonCode
-from gateway.mqtt.wire import (
+from gateway.mqtt.codec import packets as p
+from gateway.mqtt.codec.properties import WILL, Budget, read_properties
+from gateway.mqtt.codec.reasons import DISCONNECT_CLIENT_ONLY, DISCONNECT_SERVER_ONLY, VALID, ReasonCode
+from gateway.mqtt.codec.wire import (
     PROTOCOL_ERROR,
     PT,
     FieldReader,
@@ -250,7 +250,7 @@ def _decode_auth(conn: Negotiated, buf: bytes, pos: int, end: int, flags: int) -
     return p.Auth(code, props)
 
 
-# Merged over the 3.1.1 table by gateway.mqtt.decoders (PINGREQ, PINGRESP and
+# Merged over the 3.1.1 table by gateway.mqtt.codec.decoders (PINGREQ, PINGRESP and
 # CONNECT, whose decoder reads the level first, are shared).
 DECODERS: dict[PT, Decoder] = {
     PT.CONNACK: _decode_connack,

@@ -14,13 +14,12 @@ same with an empty body (§3.14.2.1, §3.15.2.1).
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
 
-from gateway.mqtt import packets as p
-from gateway.mqtt.encoders import EMPTY_TOPIC_FIELD, publish_bytes, topic_field
-from gateway.mqtt.properties import WILL, encode_properties
-from gateway.mqtt.reasons import DISCONNECT_CLIENT_ONLY, DISCONNECT_SERVER_ONLY, VALID
-from gateway.mqtt.wire import (
+from gateway.mqtt.codec import packets as p
+from gateway.mqtt.codec.encoders import EMPTY_TOPIC_FIELD, ENCODERS, Encoder, publish_bytes, senders, topic_field
+from gateway.mqtt.codec.properties import WILL, encode_properties
+from gateway.mqtt.codec.reasons import DISCONNECT_CLIENT_ONLY, DISCONNECT_SERVER_ONLY, VALID
+from gateway.mqtt.codec.wire import (
     FIXED_FLAGS,
     PT,
     SENT_BY_V5,
@@ -35,7 +34,6 @@ from gateway.mqtt.wire import (
 )
 
 _U16 = struct.Struct(">H")
-Encoder = Callable[[Negotiated, p.Packet], bytes]
 
 
 def _reason(kind: PT, code: int) -> int:
@@ -158,12 +156,9 @@ def _encode_auth(conn: Negotiated, packet: p.Auth) -> bytes:
     return frame(PT.AUTH, bytes((code,)) + encode_properties(props, PT.AUTH))
 
 
-def _empty_encoder(kind: PT) -> Encoder:
-    whole = bytes((kind << 4, 0))
-    return lambda conn, packet: whole
-
-
+# 3.1.1's table with v5's encoders merged over it (PINGREQ and PINGRESP are shared).
 _ENCODERS: dict[type, tuple[PT, Encoder]] = {
+    **ENCODERS,
     p.Connect: (PT.CONNECT, _encode_connect),  # type: ignore[dict-item]
     p.ConnAck: (PT.CONNACK, _encode_connack),  # type: ignore[dict-item]
     p.Publish: (PT.PUBLISH, encode_publish_v5),  # type: ignore[dict-item]
@@ -175,11 +170,7 @@ _ENCODERS: dict[type, tuple[PT, Encoder]] = {
     p.SubAck: (PT.SUBACK, _encode_suback),  # type: ignore[dict-item]
     p.Unsubscribe: (PT.UNSUBSCRIBE, _encode_unsubscribe),  # type: ignore[dict-item]
     p.UnsubAck: (PT.UNSUBACK, _encode_unsuback),  # type: ignore[dict-item]
-    p.PingReq: (PT.PINGREQ, _empty_encoder(PT.PINGREQ)),
-    p.PingResp: (PT.PINGRESP, _empty_encoder(PT.PINGRESP)),
     p.Disconnect: (PT.DISCONNECT, _encode_disconnect),  # type: ignore[dict-item]
     p.Auth: (PT.AUTH, _encode_auth),  # type: ignore[dict-item]
 }
-SENDERS_V5 = {
-    role: {cls: encode for cls, (kind, encode) in _ENCODERS.items() if kind in SENT_BY_V5[role]} for role in Role
-}
+SENDERS_V5 = senders(_ENCODERS, SENT_BY_V5)

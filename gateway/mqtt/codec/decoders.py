@@ -5,7 +5,7 @@ byte, the packet order and the remaining length; a decoder sees exactly one
 packet's body, ``buf[pos:end]``, and the fixed header's flags.
 
 MQTT 5 is a second table, :data:`DECODERS_V5`, chosen by the connection once
-CONNECT fixed level 5: gateway.mqtt.decoders_v5's decoders merged over these.
+CONNECT fixed level 5: gateway.mqtt.codec.decoders_v5's decoders merged over these.
 The CONNECT decoder serves both: it reads the protocol name and level, then
 the rest as that level lays it out.
 """
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gateway.mqtt import decoders_v5
-from gateway.mqtt import packets as p
-from gateway.mqtt.wire import (
+from gateway.mqtt.codec import decoders_v5
+from gateway.mqtt.codec import packets as p
+from gateway.mqtt.codec.wire import (
     KNOWN_PROTOCOL_NAMES,
     MQTT5,
     PT,

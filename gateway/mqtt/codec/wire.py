@@ -14,7 +14,7 @@ import enum
 import struct
 from typing import Protocol
 
-from gateway.mqtt import packets as p
+from gateway.mqtt.codec import packets as p
 
 MAX_REMAINING_LENGTH = 268_435_455  # four bytes of seven bits (§2.2.3)
 MAX_PACKET_BYTES = 256 * 1024 * 1024
@@ -23,7 +23,7 @@ MAX_PACKET_BYTES = 256 * 1024 * 1024
 SUPPORTED_PROTOCOLS = frozenset({("MQTT", 4), ("MQIsdp", 3), ("MQTT", 5)})
 MQTT5 = 5  # the protocol level of MQTT 5.0
 MQTT31 = 3  # ... and of MQTT 3.1 ("MQIsdp")
-# The v5 reason codes the codec itself answers with (gateway.mqtt.reasons has them all).
+# The v5 reason codes the codec itself answers with (gateway.mqtt.codec.reasons has them all).
 MALFORMED = 0x81
 PROTOCOL_ERROR = 0x82
 PACKET_TOO_LARGE = 0x95
@@ -64,7 +64,7 @@ class Negotiated(Protocol):
     """What a packet's decoder or encoder sees of its connection: the protocol
     level, which decoding CONNECT fixes and encoding CONNACK reads, the
     role (some v5 rules depend on who sent the packet), and what one v5
-    packet's properties may hold (see gateway.mqtt.properties.Budget).  A
+    packet's properties may hold (see gateway.mqtt.codec.properties.Budget).  A
     protocol rather than the connection class, so the packet modules need
     not import the module that imports them."""
 

@@ -1,6 +1,6 @@
 """MQTT 5 properties (v5 §2.2.2): the table of every property (identifier,
 data type, the packets that may carry it, whether it may repeat), and the
-property block read into a :class:`~gateway.mqtt.packets.Properties` and
+property block read into a :class:`~gateway.mqtt.codec.packets.Properties` and
 written back from one.
 
 Refusals follow v5 §2.2.2.2: an identifier unknown or not valid for its
@@ -22,8 +22,8 @@ from __future__ import annotations
 import operator
 from typing import Any, NamedTuple
 
-from gateway.mqtt import packets as p
-from gateway.mqtt.wire import (
+from gateway.mqtt.codec import packets as p
+from gateway.mqtt.codec.wire import (
     MALFORMED,
     PACKET_TOO_LARGE,
     PROTOCOL_ERROR,
@@ -53,7 +53,7 @@ class Spec(NamedTuple):
     repeats: bool = False
 
 
-_PUB = frozenset({PT.PUBLISH, WILL})
+_PUB: frozenset[Where] = frozenset({PT.PUBLISH, WILL})
 _ACKS = frozenset({PT.PUBACK, PT.PUBREC, PT.PUBREL, PT.PUBCOMP, PT.SUBACK, PT.UNSUBACK})
 
 # v5 §2.2.2.2, in identifier order (the order they are written in).
@@ -264,7 +264,7 @@ def _over(budget: Budget | None, what: str) -> RemoteProtocolError:
 
 
 def _name(where: Where) -> str:
-    return "will properties" if where == WILL else PT(where).name
+    return where.name if isinstance(where, PT) else "will properties"  # the one str place is WILL
 
 
 # -- writing -------------------------------------------------------------------

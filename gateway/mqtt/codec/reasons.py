@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from gateway.mqtt.packets import PacketType as PT
+from gateway.mqtt.codec.packets import PacketType as PT
 
 
 class ReasonCode(IntEnum):

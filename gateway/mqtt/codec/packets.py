@@ -43,7 +43,7 @@ class PacketType(IntEnum):
 
 class ConnectReturnCode(IntEnum):
     """CONNACK return codes (3.1.1 §3.2.2.3); 6-255 are reserved.  MQTT 5 replaces
-    them with reason codes (gateway.mqtt.reasons.ReasonCode)."""
+    them with reason codes (gateway.mqtt.codec.reasons.ReasonCode)."""
 
     ACCEPTED = 0
     UNACCEPTABLE_PROTOCOL_VERSION = 1
@@ -80,7 +80,7 @@ class Properties:
     carries one per matching subscription, a SUBSCRIBE at most one) and
     ``user_properties`` (name, value) pairs in wire order, repeats allowed.
     Which packet may carry which, and the values allowed, are
-    gateway.mqtt.properties' table."""
+    gateway.mqtt.codec.properties' table."""
 
     payload_format_indicator: int | None = None
     message_expiry_interval: int | None = None
@@ -111,7 +111,7 @@ class Properties:
     shared_subscription_available: int | None = None
 
     def __repr__(self) -> str:  # only what is set: 27 fields of None say nothing
-        fields = (f"{name}={getattr(self, name)!r}" for name in self.__slots__)  # type: ignore[attr-defined]
+        fields = (f"{name}={getattr(self, name)!r}" for name in self.__slots__)
         return f"Properties({', '.join(f for f in fields if not f.endswith(('=None', '=()')))})"
 
 

@@ -2,7 +2,7 @@
 checking what the peer would refuse (LocalProtocolError) before any byte is
 made.  :data:`SENDERS` holds, for each role, the encoders of the packets that
 role may send; PUBLISH, the hot path, is :func:`encode_publish`, called
-directly by the connection.  MQTT 5's are gateway.mqtt.encoders_v5; the
+directly by the connection.  MQTT 5's are gateway.mqtt.codec.encoders_v5; the
 PUBLISH bytes are shared (:func:`publish_bytes` takes v5's property block).
 These write the 3.1.1 form and leave out what 3.1.1 has no room for (an
 ack's v5 reason code, properties), so a session may build one packet for
@@ -14,8 +14,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-from gateway.mqtt import packets as p
-from gateway.mqtt.wire import (
+from gateway.mqtt.codec import packets as p
+from gateway.mqtt.codec.wire import (
     FIXED_FLAGS,
     PT,
     SENT_BY,
@@ -31,6 +31,7 @@ from gateway.mqtt.wire import (
     string_field,
 )
 
+Encoder = Callable[[Negotiated, p.Packet], bytes]
 # The encoders' own struct, not wire's: CPython 3.11 compiles a method call on
 # a name bound by ``import`` as an attribute load (it takes the name for a
 # module), which costs PUBLISH, the hot path, a bound method each time.
@@ -67,7 +68,7 @@ def publish_bytes(
 ) -> bytes:
     """A whole PUBLISH, its topic already a :func:`topic_field`.  On a v5
     connection ``props`` is the property block, its length first
-    (gateway.mqtt.properties.encode_properties; ``b"\x00"`` for none); 3.1.1
+    (gateway.mqtt.codec.properties.encode_properties; ``b"\x00"`` for none); 3.1.1
     has none (``b""``)."""
     if props:
         return _publish_v5(field, payload, qos, retain, dup, packet_id, props)
@@ -173,7 +174,7 @@ def _encode_connack(conn: Negotiated, packet: p.ConnAck) -> bytes:
     return frame(PT.CONNACK, bytes((1 if present else 0, code)))
 
 
-def _ack_encoder(kind: PT) -> Callable[[Negotiated, p.Packet], bytes]:
+def _ack_encoder(kind: PT) -> Encoder:
     first = bytes((kind << 4 | FIXED_FLAGS[kind], 2))
 
     def encode(conn: Negotiated, packet: p.Packet) -> bytes:
@@ -202,12 +203,15 @@ def _encode_unsubscribe(conn: Negotiated, packet: p.Unsubscribe) -> bytes:
     return frame(PT.UNSUBSCRIBE, packet_id_field(packet.packet_id) + b"".join(string_field(t) for t in packet.topics))
 
 
-def _empty_encoder(kind: PT) -> Callable[[Negotiated, p.Packet], bytes]:
+def _empty_encoder(kind: PT) -> Encoder:
     whole = bytes((kind << 4, 0))
     return lambda conn, packet: whole
 
 
-_ENCODERS: dict[type, tuple[PT, Callable[[Negotiated, p.Packet], bytes]]] = {
+# The 3.1.1 table: packet class -> (its type, its encoder).  MQTT 5's
+# (gateway.mqtt.codec.encoders_v5) is this one with its own encoders merged
+# over it, as the decoders' tables are built.
+ENCODERS: dict[type, tuple[PT, Encoder]] = {
     p.Connect: (PT.CONNECT, _encode_connect),  # type: ignore[dict-item]
     p.ConnAck: (PT.CONNACK, _encode_connack),  # type: ignore[dict-item]
     p.Publish: (PT.PUBLISH, encode_publish),  # type: ignore[dict-item]
@@ -223,7 +227,11 @@ _ENCODERS: dict[type, tuple[PT, Callable[[Negotiated, p.Packet], bytes]]] = {
     p.PingResp: (PT.PINGRESP, _empty_encoder(PT.PINGRESP)),
     p.Disconnect: (PT.DISCONNECT, _empty_encoder(PT.DISCONNECT)),
 }
-SENDERS = {
-    role: {cls: encode for cls, (kind, encode) in _ENCODERS.items() if kind in SENT_BY[role]} for role in Role
-}
 
+
+def senders(encoders: dict[type, tuple[PT, Encoder]], sent_by: dict[Role, frozenset[PT]]) -> dict[Role, dict[type, Encoder]]:
+    """For each role, the encoders of the packets that role may send."""
+    return {role: {cls: encode for cls, (kind, encode) in encoders.items() if kind in sent_by[role]} for role in Role}
+
+
+SENDERS = senders(ENCODERS, SENT_BY)

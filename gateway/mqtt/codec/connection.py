@@ -15,11 +15,9 @@ Checks that need only the fixed header (packet type for this role, reserved
 flags, PUBLISH QoS and DUP, packet order, size limit) run as soon as that header
 is buffered, so a hostile first byte or length never makes us buffer a body.
 
-The codec is four modules, split by what each owns as h11 splits its own:
-``wire`` (errors, the fixed header's rules, the remaining length, the fields),
-``decoders`` and ``encoders`` (each packet's variable header and payload), and
-this one, the connection: buffering, the fixed header's parse, packet order.
-Its public names are all importable from here.
+This module is the connection: buffering, the fixed header's parse, packet
+order.  The rest of the codec is its sibling modules in this package (see its
+``__init__``), whose public names are all importable from the package.
 
 MQTT 5: the protocol level is fixed on the connection by CONNECT
 (``protocol_level``: decoding it on a server, encoding it on a client).  Level 5
@@ -36,23 +34,14 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator
 
-from gateway.mqtt import packets as p
-from gateway.mqtt.decoders import DECODERS_V5, DECODERS_V311
-from gateway.mqtt.encoders import (
-    EMPTY_TOPIC_FIELD,
-    SENDERS,
-    encode_publish,
-    puback_bytes,
-    publish_bytes,
-    topic_field,
-)
-from gateway.mqtt.encoders_v5 import SENDERS_V5, encode_publish_v5
-from gateway.mqtt.properties import EMPTY_PROPERTIES, encode_properties
-from gateway.mqtt.wire import (
+from gateway.mqtt.codec import packets as p
+from gateway.mqtt.codec.decoders import DECODERS_V5, DECODERS_V311
+from gateway.mqtt.codec.encoders import SENDERS, encode_publish
+from gateway.mqtt.codec.encoders_v5 import SENDERS_V5, encode_publish_v5
+from gateway.mqtt.codec.wire import (
     FIRST_BYTE,
     FIRST_BYTE_V31,
     FIRST_BYTE_V5,
-    KNOWN_PROTOCOL_NAMES,
     MALFORMED,
     MAX_PACKET_BYTES,
     MAX_REMAINING_LENGTH,
@@ -62,35 +51,10 @@ from gateway.mqtt.wire import (
     PT,
     SENT_BY,
     SENT_BY_V5,
-    SUPPORTED_PROTOCOLS,
     LocalProtocolError,
-    ProtocolError,
     RemoteProtocolError,
     Role,
-    validate_topic_filter,
-    validate_topic_name,
 )
-
-__all__ = [
-    "EMPTY_PROPERTIES",
-    "EMPTY_TOPIC_FIELD",
-    "KNOWN_PROTOCOL_NAMES",
-    "MAX_PACKET_BYTES",
-    "MAX_REMAINING_LENGTH",
-    "SUPPORTED_PROTOCOLS",
-    "LocalProtocolError",
-    "MqttConnection",
-    "ProtocolError",
-    "RemoteProtocolError",
-    "Role",
-    "State",
-    "encode_properties",
-    "puback_bytes",
-    "publish_bytes",
-    "topic_field",
-    "validate_topic_filter",
-    "validate_topic_name",
-]
 
 
 class State(enum.Enum):
