@@ -153,6 +153,9 @@ class NodeRecord:
     # The epoch of the primary this node saw go, once it applies no more of
     # that epoch's batches: its lsn is final for that vacancy.  None: not yet.
     vacancy: int | None = None
+    # A backup that follows the primary of this epoch but has no link to it
+    # (a live node says so; a dead one cannot): gateway/ha/isolation.py.
+    unlinked: int | None = None
 
     def __post_init__(self) -> None:
         check_node_id(self.node_id)
@@ -163,12 +166,16 @@ class NodeRecord:
             raise RecordError(f"role must be one of {[r.value for r in Role]}: {self.role!r:.80}")
         if self.vacancy is not None:
             check_counter("vacancy", self.vacancy)
+        if self.unlinked is not None:
+            check_counter("unlinked", self.unlinked)
 
     def to_json(self) -> bytes:
         fields: dict[str, Any] = {"node_id": self.node_id, "advertise": self.advertise, "epoch": self.epoch, "lsn": self.lsn,
                   "role": self.role.value}
         if self.vacancy is not None:
             fields["vacancy"] = self.vacancy
+        if self.unlinked is not None:
+            fields["unlinked"] = self.unlinked
         return encode_object(fields)
 
     @classmethod
@@ -180,7 +187,8 @@ class NodeRecord:
         except ValueError:
             raise RecordError(f"role must be one of {[r.value for r in Role]}: {fields.get('role')!r:.80}") from None
         return cls(node_id=fields.get("node_id"), advertise=fields.get("advertise"),
-                   epoch=fields.get("epoch"), lsn=fields.get("lsn"), role=role, vacancy=fields.get("vacancy"))
+                   epoch=fields.get("epoch"), lsn=fields.get("lsn"), role=role, vacancy=fields.get("vacancy"),
+                   unlinked=fields.get("unlinked"))
 
     def position(self) -> tuple[int, int]:
         """How much of the journal it holds, in election order."""

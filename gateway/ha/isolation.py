@@ -4,10 +4,13 @@ steps down, and how long it then stands aside (pure: no I/O, no clock).
 Cut off from every backup, a primary confirms nothing (``sync_replicas``
 backups must ack a batch before its receipt goes out), so every write fails
 for as long as the cut lasts, while the backups and ZooKeeper, a majority,
-could elect one of them.  So once it has had fewer than ``sync_replicas``
-backups linked for ``after_s``, and ZooKeeper still lists enough other nodes
-that may lead for an election without it (:func:`electable_without`), it
-steps down: it closes its clients, releases the lock and ends its run
+could elect one of them.  The backups know they are cut off: a backup that
+follows the primary of epoch E but has no link to it says so in its record
+(``unlinked = E``, gateway/ha/runtime.py).  So once, for ``after_s`` without
+a break, the primary has had fewer than ``sync_replicas`` backups linked
+while ZooKeeper listed enough other nodes that may lead and say they are
+unlinked from it for an election without it (:func:`cut_off_by`), it steps
+down: it closes its clients, releases the lock and ends its run
 (gateway/ha/node.py's ISOLATED).
 
 Why that is safe.  Stepping down is what a crash of the primary does to the
@@ -18,13 +21,14 @@ The batches only this node wrote were never confirmed, so no receipt went
 out for them; it drops them when it follows the new primary (catch-up by
 snapshot).
 
-Why it waits ``after_s`` (the ZooKeeper session timeout).  A backup that was
-killed, not cut, leaves its record in ZooKeeper until its session expires,
-within a session timeout of its link dropping; waiting that long, the
-primary counts only live nodes and does not step down for backups that are
-dead (no other node could lead then: writes wait for a backup to come
-back, as before).  A late look that still sees a dead node's record makes it
-step down in vain, which costs its clients a reconnect and nothing else.
+Why the backups' word, and not their records alone.  A backup that was
+killed or frozen leaves its record in ZooKeeper until its session expires, a
+session timeout and up to a server tick later; counted as a node that could
+lead, it would make the primary step down for backups that are dead, and no
+other node could lead then.  A dead backup says nothing: only live ones
+that lost their link mark themselves unlinked.  The wait (:func:`wait_s`, a
+session timeout) rides out a link that blinks and comes back, and a frozen
+backup that wakes and joins again before it links.
 
 Why it then stands aside (:data:`Role.STANDING_ASIDE`).  Its journal is the
 longest, so it would win the very election it left and be cut off again.
@@ -41,19 +45,29 @@ from collections.abc import Iterable
 from gateway.ha.election import NodeRecord, eligible
 
 
+def wait_s(session_timeout_s: float) -> float:
+    """How long a primary must have been cut off before it steps down."""
+    return session_timeout_s
+
+
 class Isolation:
-    """Since when a primary has had too few backups linked to confirm a batch."""
+    """Since when a primary has been cut off: too few backups linked to
+    confirm a batch, and enough other nodes in ZooKeeper to elect one."""
 
     def __init__(self, sync_replicas: int, after_s: float) -> None:
         self.sync_replicas = sync_replicas
         self.after_s = after_s
-        self.since: float | None = None  # when the count first fell short, while it stays short
+        self.since: float | None = None  # when both first held, while they hold
 
-    def linked(self, backups: int, now: float) -> bool:
-        """``backups`` are linked at ``now``: True once fewer than
-        ``sync_replicas`` have been for ``after_s`` without a break.  Never
-        with ``sync_replicas`` 0: such a primary confirms alone."""
-        if self.sync_replicas == 0 or backups >= self.sync_replicas:
+    def short(self, backups: int) -> bool:
+        """Too few of ``backups`` linked to confirm a batch?  Never with
+        ``sync_replicas`` 0: such a primary confirms alone."""
+        return self.sync_replicas > 0 and backups < self.sync_replicas
+
+    def observe(self, cut_off: bool, now: float) -> bool:
+        """At ``now`` it is ``cut_off`` (short of backups while others could
+        lead) or not: True once it has been for ``after_s`` without a break."""
+        if not cut_off:
             self.since = None
             return False
         if self.since is None:
@@ -61,10 +75,11 @@ class Isolation:
         return now - self.since >= self.after_s
 
 
-def electable_without(records: Iterable[NodeRecord], node_id: str, needed: int) -> bool:
-    """Could the group elect a primary without ``node_id``: at least
-    ``needed`` (election.quorum) live records of other nodes that may lead."""
-    return sum(1 for r in records if r.node_id != node_id and eligible(r)) >= needed
+def cut_off_by(records: Iterable[NodeRecord], node_id: str, epoch: int, needed: int) -> bool:
+    """Do at least ``needed`` (election.quorum) live nodes other than
+    ``node_id`` that may lead say they follow the primary of ``epoch`` with
+    no link to it: an election without it could succeed."""
+    return sum(1 for r in records if r.node_id != node_id and eligible(r) and r.unlinked == epoch) >= needed
 
 
 def stand_aside_s(session_timeout_s: float) -> float:

@@ -19,7 +19,7 @@ import trio
 from gateway.config import HaSettings
 from gateway.ha.coordinator import CoordinationError
 from gateway.ha.election import NodeRecord
-from gateway.ha.isolation import Isolation, electable_without
+from gateway.ha import isolation
 from gateway.ha.replicator import Replicator
 from gateway.ha.status import NodeStatus
 from gateway.ha.window import Recent
@@ -148,32 +148,38 @@ class PrimaryRole:
         host, port = replication_bind(self.ha)
         await self.replicator.run(host, port, ssl_context=self.ssl_context, task_status=task_status)
 
-    async def watch_isolation(self, read_nodes: Callable[[], dict[str, NodeRecord]], quorum: int,
+    async def watch_isolation(self, read_nodes: Callable[[], dict[str, NodeRecord]], epoch: int, quorum: int,
                               on_isolated: Callable[[str], None]) -> None:
-        """Count the linked backups every :data:`ISOLATION_CHECK_S`; once too
-        few have been for a ZooKeeper session timeout and ``read_nodes`` (the
-        coordinator's, blocking) lists ``quorum`` other nodes that may lead,
-        tell ``on_isolated`` why, once.  Said once, too, when the others are
-        not there either: it stays the primary, its receipts waiting."""
-        after_s = self.ha.zookeeper_session_timeout_s
-        isolation, told = Isolation(self.ha.sync_replicas, after_s), False
+        """Count the linked backups every :data:`ISOLATION_CHECK_S`; while
+        too few are, read ``read_nodes`` (the coordinator's, blocking) too,
+        and once ``quorum`` other nodes that may lead have said all along,
+        for :func:`isolation.wait_s`, that they are unlinked from this
+        primary (of ``epoch``), tell ``on_isolated`` why, once.  Said once,
+        too, when they do not: it stays the primary, its receipts waiting."""
+        after_s = isolation.wait_s(self.ha.zookeeper_session_timeout_s)
+        watch, told = isolation.Isolation(self.ha.sync_replicas, after_s), False
         while True:
             await trio.sleep(ISOLATION_CHECK_S)
             linked = len(self.replicator.peers) if self.replicator is not None else 0
-            if not isolation.linked(linked, trio.current_time()):
+            if not watch.short(linked):
+                watch.observe(False, trio.current_time())
                 told = False
                 continue
             try:
                 records = await trio.to_thread.run_sync(read_nodes, abandon_on_cancel=True)
             except CoordinationError:
-                continue  # ZooKeeper did not answer: the suspension path is the one for that
-            if electable_without(records.values(), self.ha.node_id, quorum):
-                on_isolated(f"{linked} of sync_replicas = {self.ha.sync_replicas} backups linked for "
-                            f"{after_s:g} s, while ZooKeeper lists enough other nodes to elect one")
+                # ZooKeeper did not answer: the suspension path is the one for
+                # that; the wait starts over once it answers.
+                watch.observe(False, trio.current_time())
+                continue
+            cut_off = isolation.cut_off_by(records.values(), self.ha.node_id, epoch, quorum)
+            if watch.observe(cut_off, trio.current_time()):
+                on_isolated(f"{linked} of sync_replicas = {self.ha.sync_replicas} backups linked, and {quorum} "
+                            f"other node(s) that may lead said they had no link to it, for {after_s:g} s")
                 return
-            if not told:
+            if not cut_off and not told:
                 self.log.warning("ha_backups_unlinked", linked=linked, sync_replicas=self.ha.sync_replicas,
-                                 detail="too few backups linked to confirm a batch, and too few other nodes in "
-                                        "ZooKeeper to elect one without this node: it stays the primary, receipts "
-                                        "waiting for a backup to link")
+                                 detail="too few backups linked to confirm a batch, and too few live nodes in "
+                                        "ZooKeeper say they are cut off from it to elect one without it: it stays "
+                                        "the primary, receipts waiting for a backup to link")
                 told = True

@@ -53,7 +53,7 @@ from gateway.config import Config
 from gateway.ha.coordinator import CoordinationError, Coordinator, LockUnreadable, StateCallbacks
 from gateway.ha import election
 from gateway.ha.election import NodeRecord, PrimaryRecord, Role
-from gateway.ha.node import Action, Event, State, step
+from gateway.ha.node import BACKUPS, Action, Event, State, step
 from gateway.ha.backup import Backup
 from gateway.ha import isolation, stepdown
 from gateway.ha.primary_role import PrimaryRole, split_host_port
@@ -101,6 +101,7 @@ class HaNode:
         self.following: str | None = None  # the advertise address followed
         self.backup_scope: trio.CancelScope | None = None
         self.backup_done: trio.Event | None = None
+        self.backup: Backup | None = None  # the one following, while it does
         self.running: app.Running | None = None
         self.primary: PrimaryRole | None = None
         self.fence_timer = trio.CancelScope()  # the armed FENCE_DUE, while suspended
@@ -204,8 +205,13 @@ class HaNode:
             role = Role.SYNCING  # a folder being replaced by a snapshot may not lead
         elif role is Role.BACKUP and isolation.standing_aside(self.stand_aside_until, trio.current_time()):
             role = Role.STANDING_ASIDE
+        # Following a primary with no link to it: said, so that a primary cut
+        # off from its backups knows a live node could lead (isolation.py).
+        unlinked = None
+        if self.state in BACKUPS and self.lock is not None and not (self.backup and self.backup.connected):
+            unlinked = self.lock.epoch
         return NodeRecord(self.ha.node_id, self.ha.advertise, epochs.epoch_of(f.history, f.last_lsn), f.last_lsn, role,
-                          self.vacancy)
+                          self.vacancy, unlinked)
 
     async def handle(self, event: Event, nursery: trio.Nursery) -> None:
         before = self.state
@@ -365,7 +371,7 @@ class HaNode:
                         recent=self.recent, secret=self.ha.cluster_secret, heartbeat_s=self.ha.link_heartbeat_s,
                         idle_timeout_s=self.ha.link_timeout_s, ssl_context=self.link_tls[1] if self.link_tls else None)
         done = trio.Event()
-        self.following, self.backup_done = advertise, done
+        self.following, self.backup_done, self.backup = advertise, done, backup
         with trio.CancelScope() as self.backup_scope:
             task_status.started()
             try:
@@ -379,7 +385,7 @@ class HaNode:
         if self.backup_scope is not None and self.backup_done is not None:
             self.backup_scope.cancel()
             await self.backup_done.wait()
-        self.backup_scope = self.backup_done = None
+        self.backup_scope = self.backup_done = self.backup = None
         self.following = None
 
     async def look(self) -> None:
@@ -421,7 +427,7 @@ class HaNode:
                 await self.changed.wait()
             # So an election sees what a backup holds; at most every POLL_S,
             # as every update wakes every node's watch.
-            if (self.state in (State.BACKUP_SYNCING, State.BACKUP_IN_SYNC)
+            if (self.state in BACKUPS
                     and trio.current_time() >= self.published_at + POLL_S):
                 try:
                     await self.act(Action.PUBLISH_LSN, nursery)
@@ -469,7 +475,7 @@ class HaNode:
 
         async with trio.open_nursery() as nursery:
             self.running = await nursery.start(broker)
-            nursery.start_soon(role.watch_isolation, self.coordinator.nodes,
+            nursery.start_soon(role.watch_isolation, self.coordinator.nodes, self.epoch,
                                election.quorum(self.ha.replicas, self.ha.sync_replicas), self.cut_off)
             if self.stopping:  # a signal while the broker was starting
                 self.running.stop()

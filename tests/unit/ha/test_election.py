@@ -23,7 +23,7 @@ counters = st.integers(0, election.MAX_COUNTER)
 records = st.builds(
     NodeRecord, node_id=node_ids, advertise=st.sampled_from(["10.0.0.1:7000", "[::1]:1", "gw-0.gw.ns.svc:65535"]),
     epoch=st.integers(0, 5), lsn=st.integers(0, 50), role=st.sampled_from(Role),
-    vacancy=st.none() | st.integers(0, 5),
+    vacancy=st.none() | st.integers(0, 5), unlinked=st.none() | st.integers(0, 5),
 )
 
 

@@ -4,50 +4,60 @@ from __future__ import annotations
 
 from gateway.ha import election
 from gateway.ha.election import NodeRecord, Role
-from gateway.ha.isolation import Isolation, electable_without, stand_aside_s, standing_aside
+from gateway.ha.isolation import Isolation, cut_off_by, stand_aside_s, standing_aside, wait_s
 
 
-def node(node_id: str, role: Role = Role.BACKUP) -> NodeRecord:
-    return NodeRecord(node_id=node_id, advertise=f"{node_id}:7000", epoch=1, lsn=5, role=role)
+def node(node_id: str, role: Role = Role.BACKUP, unlinked: int | None = 7) -> NodeRecord:
+    return NodeRecord(node_id=node_id, advertise=f"{node_id}:7000", epoch=1, lsn=5, role=role, unlinked=unlinked)
 
 
-def test_too_few_backups_linked_is_due_only_after_the_whole_wait_without_a_break() -> None:
-    isolation = Isolation(sync_replicas=1, after_s=4.0)
-    assert not isolation.linked(1, 0.0)
-    assert not isolation.linked(0, 10.0)  # the count fell short here
-    assert not isolation.linked(0, 13.9)
-    assert isolation.linked(0, 14.0)
-    assert not isolation.linked(1, 14.5)  # a backup linked again: the wait starts over
-    assert not isolation.linked(0, 15.0)
-    assert not isolation.linked(0, 18.9)
-    assert isolation.linked(0, 19.0)
+def test_it_steps_down_only_once_cut_off_for_the_whole_wait_without_a_break() -> None:
+    isolation = Isolation(sync_replicas=1, after_s=6.0)  # times as data, not a clock
+    assert not isolation.observe(False, 0.0)
+    assert not isolation.observe(True, 10.0)  # cut off from here
+    assert not isolation.observe(True, 15.9)
+    assert isolation.observe(True, 16.0)
+    assert not isolation.observe(False, 16.5)  # a backup linked again, or the others went: the wait starts over
+    assert not isolation.observe(True, 17.0)
+    assert not isolation.observe(True, 22.9)
+    assert isolation.observe(True, 23.0)
+
+
+def test_a_frozen_backup_that_wakes_and_joins_zookeeper_before_it_links_is_ridden_out() -> None:
+    # Frozen: its link drops (short) but it cannot say it is unlinked; awake,
+    # its session gone, it joins again saying so, and links again a moment later.
+    isolation = Isolation(sync_replicas=1, after_s=wait_s(3.0))
+    timeline = [(2.0, False), (4.0, False), (5.2, True), (5.9, True)]
+    assert [isolation.observe(cut_off, now) for now, cut_off in timeline] == [False] * len(timeline)
+    assert not isolation.short(1)  # linked again
 
 
 def test_it_counts_against_sync_replicas_not_against_one() -> None:
     isolation = Isolation(sync_replicas=2, after_s=1.0)
-    assert not isolation.linked(1, 0.0)
-    assert isolation.linked(1, 1.0)  # one of two: no batch can be confirmed
-    assert not isolation.linked(2, 1.5)
+    assert isolation.short(1) and not isolation.short(2)
 
 
-def test_a_primary_that_confirms_alone_is_never_isolated() -> None:
-    isolation = Isolation(sync_replicas=0, after_s=0.0)
-    assert not isolation.linked(0, 0.0)
-    assert not isolation.linked(0, 1000.0)
+def test_a_primary_that_confirms_alone_is_never_short() -> None:
+    assert not Isolation(sync_replicas=0, after_s=0.0).short(0)
 
 
-def test_the_group_can_elect_without_it_only_with_a_quorum_of_others_that_may_lead() -> None:
+def test_it_is_cut_off_only_when_a_quorum_of_live_nodes_that_may_lead_say_they_have_no_link_to_it() -> None:
     needed = election.quorum(3, 1)
     assert needed == 2
-    me = node("gw-0", Role.PRIMARY)
-    assert electable_without([me, node("gw-1"), node("gw-2")], "gw-0", needed)
-    # One backup dead (its record gone with its session): no election could do without it.
-    assert not electable_without([me, node("gw-1")], "gw-0", needed)
+    me = node("gw-0", Role.PRIMARY, unlinked=None)
+    assert cut_off_by([me, node("gw-1"), node("gw-2")], "gw-0", 7, needed)
+    # A backup dead or frozen says nothing: its record, until its session
+    # expires, is the one it had while linked.
+    assert not cut_off_by([me, node("gw-1"), node("gw-2", unlinked=None)], "gw-0", 7, needed)
+    # Unlinked from an older primary, not from this one.
+    assert not cut_off_by([me, node("gw-1"), node("gw-2", unlinked=6)], "gw-0", 7, needed)
+    # One backup gone altogether.
+    assert not cut_off_by([me, node("gw-1")], "gw-0", 7, needed)
     # A backup still copying a snapshot, or standing aside, may not lead: it does not count.
-    assert not electable_without([me, node("gw-1"), node("gw-2", Role.SYNCING)], "gw-0", needed)
-    assert not electable_without([me, node("gw-1"), node("gw-2", Role.STANDING_ASIDE)], "gw-0", needed)
-    # Its own record never counts for the others.
-    assert not electable_without([node("gw-0"), node("gw-1")], "gw-0", needed)
+    assert not cut_off_by([me, node("gw-1"), node("gw-2", Role.SYNCING)], "gw-0", 7, needed)
+    assert not cut_off_by([me, node("gw-1"), node("gw-2", Role.STANDING_ASIDE)], "gw-0", 7, needed)
+    # Its own record never counts.
+    assert not cut_off_by([node("gw-0"), node("gw-1")], "gw-0", 7, needed)
 
 
 def test_a_node_stands_aside_until_its_deadline_or_until_it_caught_up() -> None:
