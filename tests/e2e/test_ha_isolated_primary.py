@@ -12,40 +12,14 @@ whole cut: every receipt an ERROR, the backups waiting behind the lock."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-from tests.support.ha_nodes import WAIT_S, Node, wait_ready, wait_role
+from tests.support.ha_nodes import WAIT_S, Node, group_behind_proxies, wait_role
 from tests.support.helpers import RawClient
-from benchmarks.harness.link_proxy import LinkProxy
 from tests.support.processes import HOST
 from tests.support.zookeeper_helpers import ZooKeeperServer
 
 SESSION_TIMEOUT_S = 4  # the issue's: writes resume within 10 s of the cut (measured, not asserted here)
-
-
-@contextmanager
-def group_behind_proxies(tmp_path: Path, zookeeper: ZooKeeperServer) -> Iterator[tuple[Node, list[Node], LinkProxy]]:
-    """Three nodes (sync_replicas = 1), each reached by the others through its
-    own proxy: (the primary, its two in-sync backups, the primary's proxy)."""
-    proxies = [LinkProxy() for _ in range(3)]
-    nodes = [Node(tmp_path, f"gw-{i}", zookeeper, advertise=proxy.address, session_timeout_s=SESSION_TIMEOUT_S)
-             for i, proxy in enumerate(proxies)]
-    for node, proxy in zip(nodes, proxies):
-        proxy.target = node.replication_port
-        node.start()
-    try:
-        primary = wait_ready(nodes)
-        backups = [n for n in nodes if n is not primary]
-        for backup in backups:
-            wait_role(backup, "backup_in_sync")
-        yield primary, backups, proxies[nodes.index(primary)]
-    finally:
-        for node in nodes:
-            node.kill()
-        for proxy in proxies:
-            proxy.close()
 
 
 def send(client: RawClient, n: int) -> None:
@@ -64,7 +38,7 @@ def wait_log(node: Node, event: str, timeout: float = WAIT_S) -> None:
 
 def test_a_primary_cut_off_from_its_backups_steps_down_and_a_backup_leads_with_every_receipted_message(
         tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
-    with group_behind_proxies(tmp_path, zookeeper) as (primary, backups, proxy):
+    with group_behind_proxies(tmp_path, zookeeper, 3, session_timeout_s=SESSION_TIMEOUT_S) as (primary, backups, proxy):
         client = RawClient((HOST, primary.stomp_port), timeout=30)
         client.connect()
         for n in range(20):
@@ -119,7 +93,7 @@ def test_a_primary_cut_off_from_its_backups_steps_down_and_a_backup_leads_with_e
 
 def test_a_primary_whose_backups_are_dead_not_cut_stays_the_primary(
         tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
-    with group_behind_proxies(tmp_path, zookeeper) as (primary, backups, _proxy):
+    with group_behind_proxies(tmp_path, zookeeper, 3, session_timeout_s=SESSION_TIMEOUT_S) as (primary, backups, _proxy):
         for backup in backups:
             backup.kill()
         # Their records go with their sessions: no election could do without it.

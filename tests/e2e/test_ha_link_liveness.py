@@ -18,13 +18,10 @@ is for a handshake and one batch on loopback."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-from tests.support.ha_nodes import Node, wait_ready, wait_role
+from tests.support.ha_nodes import Node, group_behind_proxies, wait_ready, wait_role
 from tests.support.helpers import RawClient
-from benchmarks.harness.link_proxy import LinkProxy
 from tests.support.processes import HOST
 from tests.support.zookeeper_helpers import ZooKeeperServer
 
@@ -32,29 +29,6 @@ CUT_S = 1.0
 # Before the unfixed backup's own silence timer could have fired (5 s after
 # the last ping heard, at most 1 s before the cut), less a margin for clocks.
 RECEIPT_BY_S = 3.8
-
-
-@contextmanager
-def group_behind_proxies(tmp_path: Path, zookeeper: ZooKeeperServer) -> Iterator[tuple[Node, Node, LinkProxy]]:
-    """A primary and its in-sync backup (sync_replicas = 1), the backup
-    reaching the primary through the primary's proxy (each node advertises
-    its own): (primary, backup, the primary's proxy)."""
-    proxies = [LinkProxy(), LinkProxy()]
-    nodes = [Node(tmp_path, name, zookeeper, replicas=2, advertise=proxy.address)
-             for name, proxy in zip(("gw-0", "gw-1"), proxies)]
-    for node, proxy in zip(nodes, proxies):
-        proxy.target = node.replication_port
-        node.start()
-    try:
-        primary = wait_ready(nodes)
-        backup = next(n for n in nodes if n is not primary)
-        wait_role(backup, "backup_in_sync")
-        yield primary, backup, proxies[nodes.index(primary)]
-    finally:
-        for node in nodes:
-            node.kill()
-        for proxy in proxies:
-            proxy.close()
 
 
 def send(client: RawClient, n: int) -> None:
@@ -77,7 +51,7 @@ def taken_over_with(primary: Node, backup: Node, sent: int) -> None:
 
 def test_a_backup_follows_again_soon_after_a_silent_cut_heals_and_loses_nothing(
         tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
-    with group_behind_proxies(tmp_path, zookeeper) as (primary, backup, proxy):
+    with group_behind_proxies(tmp_path, zookeeper, 2, replicas=2) as (primary, (backup,), proxy):
         client = RawClient((HOST, primary.stomp_port), timeout=30)
         client.connect()
         send(client, 0)

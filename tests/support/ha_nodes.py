@@ -7,6 +7,8 @@ Kubernetes does (/readyz, /metrics)."""
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterator
+from contextlib import contextmanager
 import os
 import re
 import signal
@@ -15,7 +17,9 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
+from benchmarks.harness.link_proxy import LinkProxy
 from gateway.auth import hash_password
 from tests.support.processes import GATEWAY, HOST, free_port
 from tests.support.zookeeper_ensemble import ZooKeeperEnsemble
@@ -152,3 +156,30 @@ def wait_role(node: Node, role: str, timeout: float = WAIT_S) -> None:
             return
         time.sleep(0.1)
     raise AssertionError(f"{node.node_id} not {role} within {timeout} s (last {seen})\n" + node.log_tail())
+
+
+@contextmanager
+def group_behind_proxies(tmp_path: Path, zookeeper: ZooKeeperServer, size: int,
+                         **options: Any) -> Iterator[tuple[Node, list[Node], LinkProxy]]:
+    """``size`` nodes (``options`` as Node takes them), each reached by the
+    others through its own proxy (benchmarks/harness/link_proxy.py: each node
+    advertises it), so that cutting one node's proxy cuts its backups' links
+    to it: (the primary, its backups in sync, the primary's proxy)."""
+    proxies = [LinkProxy() for _ in range(size)]
+    nodes = [Node(tmp_path, f"gw-{i}", zookeeper, advertise=proxy.address, **options)
+             for i, proxy in enumerate(proxies)]
+    for node, proxy in zip(nodes, proxies):
+        proxy.target = node.replication_port
+        node.start()
+    try:
+        primary = wait_ready(nodes)
+        backups = [n for n in nodes if n is not primary]
+        for backup in backups:
+            wait_role(backup, "backup_in_sync")
+        yield primary, backups, proxies[nodes.index(primary)]
+    finally:
+        for node in nodes:
+            node.kill()
+        for proxy in proxies:
+            proxy.close()
+
