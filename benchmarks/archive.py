@@ -24,7 +24,7 @@ archive-publish  8 producers x 32 receipted persistent SENDs in flight (the
                  msgs/s and receipt latency of each.
 
 Each scenario starts its own broker (``gateway serve`` with a config that
-archives /topic/bench.a.> and a read user for the admin API), stops it with
+archives /topic/bench.a.> and a browse user for the admin API: reading an archive is reading messages), stops it with
 SIGTERM, and is bounded by --timeout.
 """
 
@@ -66,7 +66,7 @@ destination = "/topic/bench.a.>"
 archive = true
 
 [admin]
-users = [{{ name = "{name}", password_hash = "{hash}", role = "read" }}]
+users = [{{ name = "{name}", password_hash = "{hash}", role = "browse" }}]
 """
 
 
