@@ -50,7 +50,7 @@ class Watch(Protocol):
     def check(self) -> None: ...
 
 
-class Replicator(Protocol):
+class BatchSink(Protocol):
     """Where the committer hands each written batch: an HA primary's
     :class:`app.Replication`, whose replicator (gateway/ha/replicator.py)
     streams it to the backups."""
@@ -91,7 +91,7 @@ async def verify_passwords(checks: trio.MemoryReceiveChannel[Check], threads: tr
 
 async def commit(
     store: Store, server: Server, lot: trio.lowlevel.ParkingLot, log: Any, writes: metrics.Histogram,
-    threads: trio.CapacityLimiter, disk: Watch | None = None, replicator: Replicator | None = None,
+    threads: trio.CapacityLimiter, disk: Watch | None = None, replicator: BatchSink | None = None,
     on_broken: Callable[[str], None] | None = None,
 ) -> None:
     """Group commit: write (and fsync) whatever accumulated while the last
