@@ -65,7 +65,7 @@ NON_IO_GATEWAY = [p for p in files("gateway/**/*.py")
 
 
 def test_there_is_something_to_check() -> None:
-    assert CODECS and CORE and SESSIONS and HA_PURE and KAZOO_USERS
+    assert CODECS and CORE and SESSIONS and HA_PURE and KAZOO_USERS and WORKERS_PURE
 
 
 def codec_violations(path: Path, own: tuple[str, ...]) -> list[str]:
@@ -153,6 +153,17 @@ HA_PURE = files("gateway/ha/election.py", "gateway/ha/node.py", "gateway/ha/live
 def test_ha_decisions_are_pure(path: Path) -> None:
     assert offending(path, ("trio", "kazoo", "core", "persistence", "socket", "threading", "time", "structlog")) == []
     assert [n for n in imported_modules(path) if n.startswith("gateway") and not n.startswith("gateway.ha")] == []
+
+
+# The workers' decisions (which shard owns a key, the map, the CPU count):
+# plain functions and data, testable without a process or a socket.
+WORKERS_PURE = files("gateway/workers/shards.py", "gateway/workers/cpus.py")
+
+
+@pytest.mark.parametrize("path", WORKERS_PURE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_workers_decisions_are_pure(path: Path) -> None:
+    assert offending(path, ("trio", "kazoo", "core", "persistence", "socket", "threading", "structlog")) == []
+    assert [n for n in imported_modules(path) if n.startswith("gateway")] == []
 
 
 KAZOO_USERS = files("gateway/ha/coordinator.py")
