@@ -11,6 +11,8 @@ import socket
 import threading
 import time
 
+import trio
+
 from gateway.mqtt.codec import packets as p
 from tests.support.helpers import TIMEOUT, encode_frame, unique
 from tests.support.mqtt_helpers import RawMqtt
@@ -74,14 +76,21 @@ class HeldStore:
     def __init__(self, broker, monkeypatch) -> None:
         self.broker = broker
         self.release = threading.Event()
-        store = broker.running.store
-        write_batch = store.write_batch
+        write_batch = broker.running.store.write_batch
+        run_sync = trio.to_thread.run_sync
 
         def held_write(batch) -> None:
             assert self.release.wait(6 * TIMEOUT), "the test never released the store"
             write_batch(batch)
 
-        monkeypatch.setattr(store, "write_batch", held_write)
+        async def to_thread(fn, *args, **kwargs):
+            # The committer hands store.write_batch to a worker thread
+            # (gateway/tasks.py): held there, as a slow disk would. Patched
+            # at that call, not on the store: a compiled Store (make fast)
+            # has no instance attributes to replace.
+            return await run_sync(held_write if fn == write_batch else fn, *args, **kwargs)
+
+        monkeypatch.setattr(trio.to_thread, "run_sync", to_thread)
 
     def pending(self) -> bool:
         store = self.broker.running.store
