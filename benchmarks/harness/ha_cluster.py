@@ -25,7 +25,8 @@ from benchmarks.harness.link_proxy import LinkProxy
 GATEWAY = [sys.executable, "-m", "gateway"]  # the checkout's own code (run from ROOT)
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")  # Debian's zookeeper package
 ZOOKEEPER_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
-TICK_MS = 200  # so that short session timeouts are allowed ([2, 20] ticks)
+TICK_MS = 200
+RESTART_PAUSE_S = 1.0  # between two restarts of a node that exited on its own  # so that short session timeouts are allowed ([2, 20] ticks)
 
 
 def zookeeper_unavailable() -> str | None:
@@ -174,6 +175,10 @@ class Cluster:
         self.nodes: list[HaNode] = []
         self.down: set[str] = set()  # killed by the benchmark, restarted by it
         self.restarts = 0  # restarts of nodes that exited on their own
+        # (node id, exit code, when) of each such exit, for the report: a node
+        # that keeps exiting is restarted at most every RESTART_PAUSE_S, and said.
+        self.exits: list[tuple[str, int | None, float]] = []
+        self.restarted_at: dict[str, float] = {}
 
     def start(self) -> None:
         self.zookeeper.start()
@@ -185,8 +190,15 @@ class Cluster:
         return [n.stomp_port for n in self.nodes]
 
     def supervise(self) -> None:
+        now = time.monotonic()
         for node in self.nodes:
             if node.proc is not None and not node.alive and node.node_id not in self.down:
+                if now - self.restarted_at.get(node.node_id, -RESTART_PAUSE_S) < RESTART_PAUSE_S:
+                    continue  # as a supervisor's backoff: a node that keeps exiting is not restarted in a loop
+                self.exits.append((node.node_id, node.proc.returncode, now))
+                print(f"{node.node_id} exited on its own (code {node.proc.returncode}); restarting it\n"
+                      f"{node.log_tail(10)}", file=sys.stderr, flush=True)
+                self.restarted_at[node.node_id] = now
                 node.start()
                 self.restarts += 1
 

@@ -15,6 +15,7 @@ import socket
 import threading
 
 HOST = "127.0.0.1"
+MAX_PENDING = 16  # connections made during a cut, held until the heal (a SYN backlog's bound)
 
 
 class _Pair:
@@ -22,6 +23,7 @@ class _Pair:
         self.client = client
         self.upstream: socket.socket | None = None
         self.dead = False
+        self.halves_done = 0  # directions whose end was passed on
 
 
 class LinkProxy:
@@ -71,12 +73,17 @@ class LinkProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            self._sockets.append(client)
             pair = _Pair(client)
             with self._lock:
                 if self._cut:
+                    if len(self._pending) >= MAX_PENDING:
+                        # A full SYN backlog: the attempt fails, and nothing piles up here.
+                        client.close()
+                        continue
+                    self._sockets.append(client)
                     self._pending.append(pair)
                     continue
+                self._sockets.append(client)
             self._start(pair)
 
     def _start(self, pair: _Pair) -> None:
@@ -93,8 +100,7 @@ class LinkProxy:
         threading.Thread(target=self._pump, args=(pair, pair.client, upstream), daemon=True).start()
         threading.Thread(target=self._pump, args=(pair, upstream, pair.client), daemon=True).start()
 
-    @staticmethod
-    def _pump(pair: _Pair, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, pair: _Pair, src: socket.socket, dst: socket.socket) -> None:
         while True:
             try:
                 data = src.recv(65536)
@@ -107,8 +113,28 @@ class LinkProxy:
             try:
                 if data:
                     dst.sendall(data)
-                else:
-                    dst.shutdown(socket.SHUT_WR)
-                    return
+                    continue
+                dst.shutdown(socket.SHUT_WR)
             except OSError:
+                pass
+            self._ended(pair)
+            return
+
+    def _ended(self, pair: _Pair) -> None:
+        """One direction of a live pair is over; once both are, its sockets
+        are closed, so that a long run's reconnects do not pile up here."""
+        with self._lock:
+            pair.halves_done += 1
+            if pair.halves_done < 2 or pair.dead:
                 return
+            if pair in self._pairs:
+                self._pairs.remove(pair)
+            for sock in (pair.client, pair.upstream):
+                if sock is not None and sock in self._sockets:
+                    self._sockets.remove(sock)
+        for sock in (pair.client, pair.upstream):
+            if sock is not None:
+                try:
+                    sock.close()
+                except OSError:
+                    pass
